@@ -1,0 +1,28 @@
+// `tessera <command>`: thin entry point; the work lives in the libraries.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/logging.h"
+
+namespace tessera::cli {
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "error: %s\n", what.c_str());
+  return 1;
+}
+
+}  // namespace tessera::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: one transformer inference split across edge devices"};
+  app.require_subcommand(1);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "debug, info, warn, error or off")->capture_default_str();
+  tessera::cli::add_model_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return 0;
+}

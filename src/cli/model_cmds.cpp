@@ -1,0 +1,197 @@
+// Single-device commands: run, generate, bench-local, gen-model.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include "cli/commands.h"
+#include "core/io.h"
+#include "core/logging.h"
+#include "kernels/gemm.h"
+#include "model/gen_model.h"
+#include "runtime/single_device.h"
+
+namespace tessera::cli {
+
+namespace {
+
+struct RunFlags {
+  runtime::RunRequest req;
+  std::string ids, token_types;
+  bool json = false;
+  int64_t generate = 0;
+  bool greedy = false;
+};
+
+void add_input_options(CLI::App* cmd, RunFlags& f) {
+  cmd->add_option("--model", f.req.model_dir, "Hugging Face model folder")->required();
+  cmd->add_option("--text", f.req.text, "input text (tokenized with the model's tokenizer)");
+  cmd->add_option("--ids", f.ids, "token ids, comma-separated");
+  cmd->add_option("--token-types", f.token_types, "BERT token type ids, comma-separated");
+  cmd->add_option("--image", f.req.image_path, "PNG or JPEG image (ViT)");
+  cmd->add_option("--pixels", f.req.pixels_path, "safetensors with pixel_values [1,3,H,W] (ViT)");
+  cmd->add_option("--threads", f.req.threads, "compute threads")->capture_default_str();
+}
+
+int finish_parse(RunFlags& f) {
+  if (!f.ids.empty()) {
+    auto ids = runtime::parse_id_list(f.ids);
+    if (!ids.ok()) return fail(ids.status().to_string());
+    f.req.ids = *ids;
+  }
+  if (!f.token_types.empty()) {
+    auto tt = runtime::parse_id_list(f.token_types);
+    if (!tt.ok()) return fail(tt.status().to_string());
+    f.req.token_types = *tt;
+  }
+  return 0;
+}
+
+int run_command(RunFlags& f) {
+  if (int rc = finish_parse(f)) return rc;
+  f.req.generate_tokens = f.generate;
+  f.req.gen.greedy = f.greedy || f.req.gen.greedy;
+  auto r = runtime::run_single(f.req);
+  if (!r.ok()) return fail(r.status().to_string());
+  if (f.json) {
+    std::cout << runtime::to_json(*r).dump() << '\n';
+  } else {
+    std::cout << runtime::format_human(*r);
+  }
+  return 0;
+}
+
+void add_run(CLI::App& app) {
+  auto f = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand("run", "run one inference");
+  add_input_options(cmd, *f);
+  cmd->add_option("--dump", f->req.dump_path, "write logits and hidden.L to a safetensors file");
+  cmd->add_flag("--json", f->json, "machine-readable output");
+  cmd->add_option("--generate", f->generate, "GPT-2: generate N new tokens");
+  cmd->add_flag("--greedy", f->greedy, "greedy decoding (default samples with --top-k/--top-p)");
+  cmd->add_option("--top-k", f->req.gen.top_k, "sample from the k most likely tokens");
+  cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
+  cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
+  cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
+  f->req.gen.greedy = false;
+  cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
+}
+
+void add_generate(CLI::App& app) {
+  auto f = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand("generate", "GPT-2 generation; prints the generated ids, comma-separated");
+  add_input_options(cmd, *f);
+  cmd->add_option("--max-new-tokens", f->generate, "new tokens")->required();
+  cmd->add_flag("--greedy", f->greedy, "greedy decoding");
+  cmd->add_option("--top-k", f->req.gen.top_k, "sample from the k most likely tokens");
+  cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
+  cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
+  cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
+  cmd->callback([f] {
+    int rc = finish_parse(*f);
+    if (rc == 0) {
+      f->req.generate_tokens = f->generate;
+      f->req.gen.greedy = f->greedy;
+      auto r = runtime::run_single(f->req);
+      if (!r.ok()) {
+        rc = fail(r.status().to_string());
+      } else {
+        for (size_t i = 0; i < r->generated.size(); ++i) std::cout << (i ? "," : "") << r->generated[i];
+        std::cout << '\n';
+      }
+    }
+    throw CLI::RuntimeError(rc);
+  });
+}
+
+struct BenchFlags {
+  std::string model;
+  int64_t seq = 128;
+  int threads = 1;
+  int reps = 10;
+  int warmup = 2;
+  bool json = false;
+};
+
+int bench_local(const BenchFlags& b) {
+  auto m = model::Transformer::load(b.model);
+  if (!m.ok()) return fail(m.status().to_string());
+  if (b.threads < 1 || b.reps < 1) return fail("--threads and --reps must be >= 1");
+  const auto& c = m->config();
+  model::ModelInput in;
+  std::mt19937_64 rng(1);
+  if (c.family == model::Family::kVit) {
+    in.pixels = core::Tensor::zeros_f32({1, c.channels, c.image_size, c.image_size});
+    std::normal_distribution<float> nd;
+    for (int64_t i = 0; i < in.pixels.numel(); ++i) in.pixels.f32()[i] = nd(rng);
+  } else {
+    if (b.seq < 1 || b.seq > c.max_positions) return fail("--seq must be in [1, max_position_embeddings]");
+    for (int64_t i = 0; i < b.seq; ++i) in.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab)));
+  }
+  kernels::set_blas_threads(b.threads);
+  core::ThreadPool pool(b.threads);
+  std::vector<double> ms;
+  for (int i = 0; i < b.warmup + b.reps; ++i) {
+    core::Timer t;
+    auto out = m->forward(in, {}, &pool);
+    if (!out.ok()) return fail(out.status().to_string());
+    if (i >= b.warmup) ms.push_back(t.ms());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  const int64_t rows = c.family == model::Family::kVit ? c.max_rows() : b.seq;
+  if (b.json) {
+    nlohmann::json j = {{"model", b.model}, {"model_type", model::family_name(c.family)}, {"rows", rows},
+                        {"threads", b.threads}, {"reps", b.reps}, {"median_ms", median}, {"min_ms", ms.front()},
+                        {"max_ms", ms.back()}};
+    std::cout << j.dump() << '\n';
+  } else {
+    std::printf("%s rows=%lld threads=%d reps=%d median=%.2f ms min=%.2f ms max=%.2f ms\n", model::family_name(c.family),
+                static_cast<long long>(rows), b.threads, b.reps, median, ms.front(), ms.back());
+  }
+  return 0;
+}
+
+void add_bench_local(CLI::App& app) {
+  auto b = std::make_shared<BenchFlags>();
+  CLI::App* cmd = app.add_subcommand("bench-local", "single-device latency: median and min over repetitions");
+  cmd->add_option("--model", b->model, "Hugging Face model folder")->required();
+  cmd->add_option("--seq", b->seq, "sequence length (text models)")->capture_default_str();
+  cmd->add_option("--threads", b->threads, "compute threads")->capture_default_str();
+  cmd->add_option("--reps", b->reps, "timed repetitions")->capture_default_str();
+  cmd->add_option("--warmup", b->warmup, "untimed repetitions first")->capture_default_str();
+  cmd->add_flag("--json", b->json, "machine-readable output");
+  cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
+}
+
+void add_gen_model(CLI::App& app) {
+  auto o = std::make_shared<model::GenModelOptions>();
+  CLI::App* cmd = app.add_subcommand("gen-model", "write a Hugging Face model folder with seeded random weights");
+  std::string presets;
+  for (const auto& p : model::gen_model_presets()) presets += (presets.empty() ? "" : ", ") + p;
+  cmd->add_option("--preset", o->preset, presets)->required();
+  cmd->add_option("--out", o->out_dir, "output folder")->required();
+  cmd->add_option("--layers", o->layers, "override the layer count");
+  cmd->add_option("--hidden", o->hidden, "override the hidden size");
+  cmd->add_option("--heads", o->heads, "override the head count");
+  cmd->add_option("--vocab", o->vocab, "override the vocabulary size");
+  cmd->add_option("--intermediate", o->intermediate, "override the FFN size (default 4 x hidden)");
+  cmd->add_option("--labels", o->labels, "override the number of classes");
+  cmd->add_option("--seed", o->seed, "weight seed")->capture_default_str();
+  cmd->callback([o] {
+    const auto st = model::gen_model(*o);
+    if (!st.ok()) throw CLI::RuntimeError(fail(st.to_string()));
+    std::printf("wrote %s (%s)\n", o->out_dir.c_str(), o->preset.c_str());
+  });
+}
+
+}  // namespace
+
+void add_model_commands(CLI::App& app) {
+  add_run(app);
+  add_generate(app);
+  add_bench_local(app);
+  add_gen_model(app);
+}
+
+}  // namespace tessera::cli

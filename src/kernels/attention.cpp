@@ -1,0 +1,75 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+
+namespace tessera::kernels {
+
+int64_t attention_scratch_floats(int64_t n_q, int64_t n_kv, int64_t heads) { return n_q * n_kv * heads; }
+
+void masked_softmax_row_f32(float* row, int64_t n, int64_t visible_end) {
+  TESSERA_CHECK(visible_end >= 1 && visible_end <= n);
+  softmax_rows_f32(row, 1, visible_end);
+  std::fill(row + visible_end, row + n, 0.0f);
+}
+
+namespace {
+
+// Softmax of score rows [row_begin, row_end) of a [group, n_q, n_kv] block.
+void softmax_block(const AttentionArgs& a, float* scores, int64_t row_begin, int64_t row_end) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* row = scores + r * a.n_kv;
+    if (!a.causal) {
+      softmax_rows_f32(row, 1, a.n_kv);
+      continue;
+    }
+    const int64_t qpos = a.q_pos0 + r % a.n_q;
+    const int64_t visible = std::clamp<int64_t>(qpos - a.kv_pos0 + 1, 0, a.n_kv);
+    if (visible == 0) {  // nothing visible: the row contributes zeros
+      std::fill(row, row + a.n_kv, 0.0f);
+      continue;
+    }
+    masked_softmax_row_f32(row, a.n_kv, visible);
+  }
+}
+
+}  // namespace
+
+void attention_f32(core::ThreadPool* pool, const AttentionArgs& a, float* scratch, int64_t scratch_floats) {
+  TESSERA_CHECK(a.n_q >= 0 && a.n_kv >= 0 && a.heads > 0 && a.head_dim > 0);
+  const int64_t width = a.heads * a.head_dim;
+  TESSERA_CHECK(a.ldq >= width && a.ldk >= width && a.ldv >= width && a.ldo >= width);
+  if (a.n_q == 0) return;
+  if (a.n_kv == 0) {
+    for (int64_t i = 0; i < a.n_q; ++i) std::fill(a.out + i * a.ldo, a.out + i * a.ldo + width, 0.0f);
+    return;
+  }
+  const int64_t per_head = a.n_q * a.n_kv;
+  TESSERA_CHECK_MSG(scratch != nullptr && scratch_floats >= per_head, "attention scratch too small");
+  const int64_t group = std::min<int64_t>(a.heads, scratch_floats / per_head);
+  for (int64_t h0 = 0; h0 < a.heads; h0 += group) {
+    const int64_t g = std::min(group, a.heads - h0);
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t col = (h0 + h) * a.head_dim;
+      gemm_f32(false, true, a.n_q, a.n_kv, a.head_dim, a.scale, a.q + col, a.ldq, a.k + col, a.ldk, 0.0f,
+               scratch + h * per_head, a.n_kv);
+    }
+    if (pool != nullptr) {
+      pool->parallel_for(g * a.n_q, [&](int64_t b, int64_t e) { softmax_block(a, scratch, b, e); });
+    } else {
+      softmax_block(a, scratch, 0, g * a.n_q);
+    }
+    for (int64_t h = 0; h < g; ++h) {
+      const int64_t col = (h0 + h) * a.head_dim;
+      gemm_f32(false, false, a.n_q, a.head_dim, a.n_kv, 1.0f, scratch + h * per_head, a.n_kv, a.v + col, a.ldv,
+               0.0f, a.out + col, a.ldo);
+    }
+  }
+}
+
+}  // namespace tessera::kernels

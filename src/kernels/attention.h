@@ -1,0 +1,40 @@
+// Multi-head scaled dot-product attention over strided Q, K, V (e.g. the
+// column blocks of a fused QKV buffer). Scratch is supplied by the caller so
+// the hot loop never allocates.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::core { class ThreadPool; }
+
+namespace tessera::kernels {
+
+struct AttentionArgs {
+  const float* q = nullptr;  // [n_q, heads*head_dim], row stride ldq
+  int64_t ldq = 0;
+  const float* k = nullptr;  // [n_kv, heads*head_dim], row stride ldk
+  int64_t ldk = 0;
+  const float* v = nullptr;  // [n_kv, heads*head_dim], row stride ldv
+  int64_t ldv = 0;
+  float* out = nullptr;  // [n_q, heads*head_dim], row stride ldo
+  int64_t ldo = 0;
+  int64_t n_q = 0, n_kv = 0, heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  // Causal: query i (global position q_pos0 + i) sees key j (position
+  // kv_pos0 + j) only when kv_pos0 + j <= q_pos0 + i.
+  bool causal = false;
+  int64_t q_pos0 = 0;
+  int64_t kv_pos0 = 0;
+};
+
+// Floats of scratch that let all heads run in one pass; less also works
+// (heads are then processed in groups), down to one head's n_q * n_kv.
+int64_t attention_scratch_floats(int64_t n_q, int64_t n_kv, int64_t heads);
+
+void attention_f32(core::ThreadPool* pool, const AttentionArgs& args, float* scratch, int64_t scratch_floats);
+
+// Masks then normalises one row of scores in place (used by strategies that
+// build their own score rows). Entries with visible[j] == false get weight 0.
+void masked_softmax_row_f32(float* row, int64_t n, int64_t visible_end);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,37 @@
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+
+#include "core/check.h"
+
+namespace tessera::kernels {
+
+void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+int blas_threads() { return openblas_get_num_threads(); }
+
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  TESSERA_CHECK(m >= 0 && n >= 0 && k >= 0);
+  TESSERA_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS leaves C untouched when k == 0 only if beta == 1
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda > 0 ? lda : 1), b, static_cast<blasint>(ldb > 0 ? ldb : 1), beta, c,
+              static_cast<blasint>(ldc > 0 ? ldc : 1));
+}
+
+void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
+  TESSERA_CHECK(a.x != nullptr || a.m == 0);
+  TESSERA_CHECK(a.w != nullptr && a.y != nullptr);
+  TESSERA_CHECK(a.ldx >= a.k && a.ldw >= a.k && a.ldy >= a.n);
+  gemm_f32(false, true, a.m, a.n, a.k, 1.0f, a.x, a.ldx, a.w, a.ldw, 0.0f, a.y, a.ldy);
+  if (a.bias == nullptr && a.act == Activation::kNone && a.residual == nullptr) return;
+  bias_act_residual_f32_mt(pool, a.y, a.m, a.n, a.ldy, a.bias, a.act, a.residual, a.ldr);
+}
+
+}  // namespace tessera::kernels

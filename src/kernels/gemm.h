@@ -1,0 +1,35 @@
+// Every matrix product in Tessera goes through OpenBLAS's cblas_sgemm.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/elementwise.h"
+
+namespace tessera::kernels {
+
+// Threads OpenBLAS may use for one call (process-wide setting).
+void set_blas_threads(int threads);
+int blas_threads();
+
+// C[m,n] = alpha * op(A) op(B) + beta * C, row-major, with checks.
+void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// A dense layer in Hugging Face's layout: W is [n, k] (out, in).
+struct LinearArgs {
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t m = 0, k = 0, ldx = 0;
+  const float* w = nullptr;  // [n, k], row stride ldw
+  int64_t n = 0, ldw = 0;
+  const float* bias = nullptr;      // [n] or null
+  Activation act = Activation::kNone;
+  const float* residual = nullptr;  // [m, n] added after the activation, or null
+  int64_t ldr = 0;
+  float* y = nullptr;  // [m, n], row stride ldy
+  int64_t ldy = 0;
+};
+
+// y = act(x W^T + bias) + residual; the epilogue is one pass over y.
+void linear_f32(core::ThreadPool* pool, const LinearArgs& args);
+
+}  // namespace tessera::kernels

@@ -1,0 +1,167 @@
+#include "model/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/io.h"
+
+namespace tessera::model {
+
+using core::Result;
+using nlohmann::json;
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::kBert: return "bert";
+    case Family::kGpt2: return "gpt2";
+    case Family::kVit: return "vit";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::max_rows() const {
+  if (family == Family::kVit) {
+    const int64_t side = image_size / patch_size;
+    return side * side + 1;
+  }
+  return max_positions;
+}
+
+namespace {
+
+// Reads an integer field within [lo, hi]; `fallback` when absent (<0: required).
+Result<int64_t> get_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t fallback = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return core::parse_error(std::string("config.json: missing '") + key + "'");
+  }
+  if (!j[key].is_number_integer()) return core::parse_error(std::string("config.json: '") + key + "' is not an integer");
+  const int64_t v = j[key].get<int64_t>();
+  if (v < lo || v > hi)
+    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " outside [" +
+                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+Result<kernels::Activation> parse_activation(const std::string& name) {
+  if (name == "gelu") return kernels::Activation::kGeluErf;
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast")
+    return kernels::Activation::kGeluTanh;
+  return core::unimplemented("config.json: activation '" + name + "' is not supported (gelu, gelu_new)");
+}
+
+Result<std::vector<std::string>> parse_labels(const json& j) {
+  std::vector<std::string> labels;
+  if (j.contains("id2label") && j["id2label"].is_object()) {
+    const size_t n = j["id2label"].size();
+    if (n > 1000000) return core::out_of_range("config.json: too many labels");
+    labels.resize(n);
+    for (auto it = j["id2label"].begin(); it != j["id2label"].end(); ++it) {
+      size_t id = 0;
+      try {
+        id = std::stoul(it.key());
+      } catch (...) {
+        return core::parse_error("config.json: id2label key '" + it.key() + "' is not an integer");
+      }
+      if (id >= n || !it.value().is_string()) return core::parse_error("config.json: id2label is not a dense 0..n-1 map");
+      labels[id] = it.value().get<std::string>();
+    }
+  } else if (j.contains("num_labels")) {
+    TESSERA_ASSIGN_OR_RETURN(int64_t n, get_int(j, "num_labels", 1, 1000000));
+    for (int64_t i = 0; i < n; ++i) labels.push_back("LABEL_" + std::to_string(i));
+  }
+  return labels;
+}
+
+Result<HeadKind> parse_head(const std::string& arch, Family family) {
+  static const struct { const char* name; Family family; HeadKind head; } kArchs[] = {
+      {"BertModel", Family::kBert, HeadKind::kNone},
+      {"BertForSequenceClassification", Family::kBert, HeadKind::kSequenceClassification},
+      {"GPT2Model", Family::kGpt2, HeadKind::kNone},
+      {"GPT2LMHeadModel", Family::kGpt2, HeadKind::kLmHead},
+      {"ViTModel", Family::kVit, HeadKind::kNone},
+      {"ViTForImageClassification", Family::kVit, HeadKind::kImageClassification},
+  };
+  for (const auto& a : kArchs)
+    if (arch == a.name && family == a.family) return a.head;
+  return core::unimplemented("config.json: architecture '" + arch + "' is not supported for model_type '" +
+                             family_name(family) + "'");
+}
+
+Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
+  constexpr int64_t kMaxDim = 1 << 16;
+  if (c.family == Family::kGpt2) {
+    TESSERA_ASSIGN_OR_RETURN(c.hidden, get_int(j, "n_embd", 1, kMaxDim));
+    TESSERA_ASSIGN_OR_RETURN(c.heads, get_int(j, "n_head", 1, 1024));
+    TESSERA_ASSIGN_OR_RETURN(c.layers, get_int(j, "n_layer", 1, 1024));
+    TESSERA_ASSIGN_OR_RETURN(c.intermediate, get_int(j, "n_inner", 1, 1 << 18, 4 * c.hidden));
+    TESSERA_ASSIGN_OR_RETURN(c.max_positions, get_int(j, "n_positions", 1, 1 << 20));
+    TESSERA_ASSIGN_OR_RETURN(c.vocab, get_int(j, "vocab_size", 1, 1 << 24));
+    c.eps = j.value("layer_norm_epsilon", 1e-5f);
+    TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(j.value("activation_function", std::string("gelu_new"))));
+    if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"].get<int64_t>();
+    c.scale_attn_weights = j.value("scale_attn_weights", true);
+    c.scale_attn_by_inverse_layer_idx = j.value("scale_attn_by_inverse_layer_idx", false);
+    if (j.value("reorder_and_upcast_attn", false)) return core::unimplemented("config.json: reorder_and_upcast_attn is not supported");
+    return c;
+  }
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, get_int(j, "hidden_size", 1, kMaxDim));
+  TESSERA_ASSIGN_OR_RETURN(c.heads, get_int(j, "num_attention_heads", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.layers, get_int(j, "num_hidden_layers", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.intermediate, get_int(j, "intermediate_size", 1, 1 << 18));
+  c.eps = j.value("layer_norm_eps", 1e-12f);
+  TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(j.value("hidden_act", std::string("gelu"))));
+  if (c.family == Family::kBert) {
+    TESSERA_ASSIGN_OR_RETURN(c.max_positions, get_int(j, "max_position_embeddings", 1, 1 << 20));
+    TESSERA_ASSIGN_OR_RETURN(c.vocab, get_int(j, "vocab_size", 1, 1 << 24));
+    TESSERA_ASSIGN_OR_RETURN(c.type_vocab, get_int(j, "type_vocab_size", 1, 1 << 16, 2));
+    const std::string pos = j.value("position_embedding_type", std::string("absolute"));
+    if (pos != "absolute") return core::unimplemented("config.json: position_embedding_type '" + pos + "' is not supported");
+    return c;
+  }
+  TESSERA_ASSIGN_OR_RETURN(c.image_size, get_int(j, "image_size", 1, 1 << 14));
+  TESSERA_ASSIGN_OR_RETURN(c.patch_size, get_int(j, "patch_size", 1, 1 << 14));
+  TESSERA_ASSIGN_OR_RETURN(c.channels, get_int(j, "num_channels", 1, 64, 3));
+  c.qkv_bias = j.value("qkv_bias", true);
+  if (c.image_size % c.patch_size != 0) return core::invalid_argument("config.json: image_size is not a multiple of patch_size");
+  c.max_positions = c.max_rows();
+  return c;
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_config(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return core::parse_error("config.json is not a valid JSON object");
+  try {
+    if (!j.contains("model_type") || !j["model_type"].is_string()) return core::parse_error("config.json: missing 'model_type'");
+    const std::string type = j["model_type"].get<std::string>();
+    ModelConfig c;
+    if (type == "bert") c.family = Family::kBert;
+    else if (type == "gpt2") c.family = Family::kGpt2;
+    else if (type == "vit") c.family = Family::kVit;
+    else return core::unimplemented("config.json: model_type '" + type + "' is not supported (bert, gpt2, vit)");
+    TESSERA_ASSIGN_OR_RETURN(c, parse_family_fields(j, c));
+    if (c.hidden % c.heads != 0)
+      return core::invalid_argument("config.json: hidden size " + std::to_string(c.hidden) + " is not divisible by " +
+                                    std::to_string(c.heads) + " heads");
+    if (!(c.eps > 0.0f) || c.eps > 1.0f) return core::out_of_range("config.json: layer norm epsilon out of range");
+    TESSERA_ASSIGN_OR_RETURN(c.labels, parse_labels(j));
+    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+        j["architectures"][0].is_string()) {
+      c.architecture = j["architectures"][0].get<std::string>();
+      TESSERA_ASSIGN_OR_RETURN(c.head, parse_head(c.architecture, c.family));
+    }
+    if ((c.head == HeadKind::kSequenceClassification || c.head == HeadKind::kImageClassification) && c.labels.empty())
+      c.labels = {"LABEL_0", "LABEL_1"};  // HF's default num_labels
+    return c;
+  } catch (const json::exception& e) {
+    return core::parse_error(std::string("config.json: ") + e.what());
+  }
+}
+
+Result<ModelConfig> load_config(const std::string& model_dir) {
+  TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(model_dir + "/config.json"));
+  return parse_config(text);
+}
+
+}  // namespace tessera::model

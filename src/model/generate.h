@@ -1,0 +1,36 @@
+// GPT-2 text generation with a KV cache: one prefill over the prompt, then
+// one-token decode steps.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "model/transformer.h"
+
+namespace tessera::model {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  bool greedy = true;
+  int64_t top_k = 0;          // 0: no top-k filter
+  float top_p = 1.0f;         // 1: no nucleus filter
+  float temperature = 1.0f;
+  uint64_t seed = 0;
+  int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
+  // Called with each new token (streaming output); may be empty.
+  std::function<void(int64_t)> on_token;
+};
+
+// Picks the next token from one row of logits (greedy, or sampled after
+// temperature, top-k and top-p filtering).
+int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& opts, uint64_t* rng_state);
+
+// Returns prompt + generated ids (stops after EOS, which is kept, or after
+// max_new_tokens, or at the model's maximum length).
+core::Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,
+                                            const GenerateOptions& opts, core::ThreadPool* pool);
+
+}  // namespace tessera::model

@@ -1,0 +1,72 @@
+// safetensors files: an 8-byte little-endian header length, a JSON header
+// {name: {dtype, shape, data_offsets}}, then the data. Files are mmap'd and
+// every header field is validated before any tensor is handed out.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace tessera::model {
+
+struct TensorInfo {
+  core::DType dtype;
+  core::Shape shape;
+  size_t begin = 0;  // offsets into the data section
+  size_t end = 0;
+};
+
+class SafeTensorsFile {
+ public:
+  // Maps and validates the file (header size, JSON, dtypes, shapes, offsets
+  // inside the data section, no overlaps).
+  static core::Result<SafeTensorsFile> open(const std::string& path);
+  // Same validation on bytes in memory (the buffer is kept alive).
+  static core::Result<SafeTensorsFile> from_bytes(std::shared_ptr<const std::string> bytes,
+                                                  const std::string& name = "<memory>");
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return infos_.count(name) != 0; }
+  const TensorInfo* info(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // A view of the tensor's bytes (no copy); it keeps the mapping alive.
+  core::Result<core::Tensor> get(const std::string& name) const;
+  // The tensor as f32: F32 is borrowed, F16/BF16 are converted into a copy.
+  core::Result<core::Tensor> get_f32(const std::string& name) const;
+
+ private:
+  core::Status parse(const char* base, size_t size);
+
+  std::string path_;
+  std::shared_ptr<void> mapping_;
+  const char* data_ = nullptr;  // start of the data section
+  size_t data_size_ = 0;
+  std::map<std::string, TensorInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes tensors (any dtype) in safetensors format, names sorted.
+core::Status write_safetensors(const std::string& path, const std::map<std::string, core::Tensor>& tensors,
+                               const std::map<std::string, std::string>& metadata = {});
+
+// A set of files: a single model.safetensors or the shards listed in
+// model.safetensors.index.json ({"weight_map": {name: file}}).
+class TensorStore {
+ public:
+  static core::Result<TensorStore> open_dir(const std::string& dir);
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  std::vector<std::string> names() const;
+  const TensorInfo* info(const std::string& name) const;
+  core::Result<core::Tensor> get_f32(const std::string& name) const;
+
+ private:
+  std::vector<SafeTensorsFile> files_;
+  std::map<std::string, size_t> where_;
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,280 @@
+#include "model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+
+namespace tessera::model {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+using kernels::Activation;
+using kernels::LinearArgs;
+
+namespace {
+
+constexpr int64_t kScoreScratchCap = 16ll << 20;  // floats; more heads are run in groups
+
+void ensure_rows(Tensor& t, int64_t rows, int64_t cols) {
+  if (t.empty() || t.dim(0) < rows || t.dim(1) != cols) t = Tensor::zeros_f32({std::max<int64_t>(rows, 1), cols});
+}
+
+// y = act(x W^T + b) + residual over n rows, all with dense row strides.
+void linear(core::ThreadPool* pool, const float* x, int64_t n, const Tensor& w, const Tensor& b, Activation act,
+            const float* residual, float* y) {
+  LinearArgs a;
+  a.x = x;
+  a.m = n;
+  a.k = w.dim(1);
+  a.ldx = a.k;
+  a.w = w.f32();
+  a.n = w.dim(0);
+  a.ldw = a.k;
+  a.bias = b.empty() ? nullptr : b.f32();
+  a.act = act;
+  a.residual = residual;
+  a.ldr = a.n;
+  a.y = y;
+  a.ldy = a.n;
+  kernels::linear_f32(pool, a);
+}
+
+}  // namespace
+
+void Workspace::ensure(const ModelConfig& c, int64_t n, int64_t n_kv) {
+  ensure_rows(qkv, n, 3 * c.hidden);
+  ensure_rows(ctx, n, c.hidden);
+  ensure_rows(h, n, c.hidden);
+  ensure_rows(a, n, c.hidden);
+  ensure_rows(ffn, n, c.intermediate);
+  const int64_t want = std::max(n * n_kv, std::min(kernels::attention_scratch_floats(n, n_kv, c.heads), kScoreScratchCap));
+  if (scores.empty() || scores.numel() < want) scores = Tensor::zeros_f32({std::max<int64_t>(want, 1)});
+}
+
+Result<Transformer> Transformer::load(const std::string& dir, const LoadOptions& opts) {
+  TESSERA_ASSIGN_OR_RETURN(ModelConfig config, load_config(dir));
+  TESSERA_ASSIGN_OR_RETURN(TensorStore store, TensorStore::open_dir(dir));
+  TESSERA_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(store, config, opts));
+  return Transformer(std::move(config), std::move(weights));
+}
+
+Status Transformer::validate_input(const ModelInput& in) const {
+  const ModelConfig& c = config_;
+  if (c.family == Family::kVit) {
+    if (in.pixels.empty()) return core::invalid_argument("ViT needs an image (pixel_values)");
+    if (in.pixels.dtype() != core::DType::kF32) return core::invalid_argument("pixel_values must be F32");
+    const core::Shape want{1, c.channels, c.image_size, c.image_size};
+    if (in.pixels.shape() != want)
+      return core::invalid_argument("pixel_values has shape " + core::shape_to_string(in.pixels.shape()) +
+                                    ", expected " + core::shape_to_string(want));
+    return core::ok_status();
+  }
+  if (in.ids.empty()) return core::invalid_argument("empty input: no token ids");
+  const int64_t n = static_cast<int64_t>(in.ids.size());
+  if (n > c.max_positions)
+    return core::out_of_range("sequence of " + std::to_string(n) + " tokens is longer than max_position_embeddings (" +
+                              std::to_string(c.max_positions) + ")");
+  for (int64_t id : in.ids)
+    if (id < 0 || id >= c.vocab)
+      return core::out_of_range("token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
+  if (!in.token_types.empty()) {
+    if (c.family != Family::kBert) return core::invalid_argument("token types are only for BERT");
+    if (in.token_types.size() != in.ids.size())
+      return core::invalid_argument(std::to_string(in.token_types.size()) + " token types for " + std::to_string(n) + " tokens");
+    for (int64_t t : in.token_types)
+      if (t < 0 || t >= c.type_vocab)
+        return core::out_of_range("token type " + std::to_string(t) + " outside [0, " + std::to_string(c.type_vocab) + ")");
+  }
+  return core::ok_status();
+}
+
+Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = weights_;
+  const int64_t F = c.hidden;
+  if (w.pos_emb.empty()) return core::internal_error("embeddings are not loaded on this device");
+  if (c.family == Family::kVit) {
+    TESSERA_RETURN_IF_ERROR(validate_input(in));
+    const int64_t p = c.patch_size, side = c.image_size / p, np = side * side, C = c.channels;
+    const int64_t patch_len = C * p * p;
+    Tensor patches = Tensor::zeros_f32({np, patch_len});
+    const float* px = in.pixels.f32();
+    for (int64_t py = 0; py < side; ++py)
+      for (int64_t pxi = 0; pxi < side; ++pxi) {
+        float* row = patches.f32() + (py * side + pxi) * patch_len;
+        for (int64_t ch = 0; ch < C; ++ch)
+          for (int64_t ky = 0; ky < p; ++ky)
+            std::memcpy(row + (ch * p + ky) * p, px + (ch * c.image_size + py * p + ky) * c.image_size + pxi * p,
+                        static_cast<size_t>(p) * sizeof(float));
+      }
+    Tensor x = Tensor::zeros_f32({np + 1, F});
+    std::memcpy(x.f32(), w.cls_token.f32(), static_cast<size_t>(F) * sizeof(float));
+    linear(nullptr, patches.f32(), np, w.patch_w, w.patch_b, Activation::kNone, nullptr, x.f32() + F);
+    const float* pos = w.pos_emb.f32();
+    for (int64_t i = 0; i < (np + 1) * F; ++i) x.f32()[i] += pos[i];
+    return x;
+  }
+  const int64_t n = static_cast<int64_t>(in.ids.size());
+  if (n == 0) return core::invalid_argument("empty input: no token ids");
+  if (pos0 < 0 || pos0 + n > c.max_positions)
+    return core::out_of_range("positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) +
+                              " exceed max_position_embeddings (" + std::to_string(c.max_positions) + ")");
+  for (int64_t id : in.ids)
+    if (id < 0 || id >= c.vocab) return core::out_of_range("token id " + std::to_string(id) + " outside the vocabulary");
+  Tensor x = Tensor::zeros_f32({n, F});
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = x.f32() + i * F;
+    const float* we = w.word_emb.f32() + in.ids[static_cast<size_t>(i)] * F;
+    const float* pe = w.pos_emb.f32() + (pos0 + i) * F;
+    for (int64_t j = 0; j < F; ++j) row[j] = we[j] + pe[j];
+    if (c.family == Family::kBert) {
+      const int64_t tt = in.token_types.empty() ? 0 : in.token_types[static_cast<size_t>(i)];
+      if (tt < 0 || tt >= c.type_vocab) return core::out_of_range("token type " + std::to_string(tt) + " out of range");
+      const float* te = w.type_emb.f32() + tt * F;
+      for (int64_t j = 0; j < F; ++j) row[j] += te[j];
+    }
+  }
+  if (c.family == Family::kBert)
+    kernels::layernorm_f32(x.f32(), x.f32(), n, F, w.emb_ln_g.f32(), w.emb_ln_b.f32(), c.eps);
+  return x;
+}
+
+float Transformer::attention_scale(int64_t l) const {
+  float s = 1.0f;
+  if (config_.family != Family::kGpt2 || config_.scale_attn_weights)
+    s = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+  if (config_.family == Family::kGpt2 && config_.scale_attn_by_inverse_layer_idx) s /= static_cast<float>(l + 1);
+  return s;
+}
+
+KvCache Transformer::make_cache() const {
+  KvCache cache;
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    cache.k.push_back(Tensor::zeros_f32({config_.max_positions, config_.hidden}));
+    cache.v.push_back(Tensor::zeros_f32({config_.max_positions, config_.hidden}));
+  }
+  return cache;
+}
+
+// ws.ctx = attention(in W_qkv^T + b) for the rows of `in`.
+void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
+                                  core::ThreadPool* pool) const {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const int64_t n = in.dim(0), F = config_.hidden;
+  linear(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, ws.qkv.f32());
+  kernels::AttentionArgs a;
+  a.q = ws.qkv.f32();
+  a.ldq = 3 * F;
+  a.k = ws.qkv.f32() + F;
+  a.v = ws.qkv.f32() + 2 * F;
+  a.ldk = a.ldv = 3 * F;
+  a.n_kv = n;
+  a.kv_pos0 = pos0;
+  if (cache != nullptr) {
+    float* kc = cache->k[static_cast<size_t>(l)].f32();
+    float* vc = cache->v[static_cast<size_t>(l)].f32();
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(kc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
+      std::memcpy(vc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
+    }
+    a.k = kc;
+    a.v = vc;
+    a.ldk = a.ldv = F;
+    a.n_kv = pos0 + n;
+    a.kv_pos0 = 0;
+  }
+  a.out = ws.ctx.f32();
+  a.ldo = F;
+  a.n_q = n;
+  a.heads = config_.heads;
+  a.head_dim = config_.head_dim();
+  a.scale = attention_scale(l);
+  a.causal = config_.causal();
+  a.q_pos0 = pos0;
+  kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
+}
+
+void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  TESSERA_CHECK_MSG(!w.qkv_w.empty(), "layer " << l << " is not loaded on this device");
+  const int64_t n = x.dim(0), F = c.hidden;
+  TESSERA_CHECK(x.rank() == 2 && x.dim(1) == F);
+  if (n == 0) return;
+  ws.ensure(c, n, cache ? pos0 + n : n);
+  if (c.pre_layernorm()) {
+    kernels::layernorm_f32_mt(pool, x.f32(), ws.a.f32(), n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
+    attention_block(l, ws.a.rows(0, n), pos0, cache, ws, pool);
+    linear(pool, ws.ctx.f32(), n, w.attn_out_w, w.attn_out_b, Activation::kNone, x.f32(), ws.h.f32());
+    kernels::layernorm_f32_mt(pool, ws.h.f32(), ws.a.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+    linear(pool, ws.a.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
+    linear(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, ws.h.f32(), x.f32());
+    return;
+  }
+  attention_block(l, x, pos0, cache, ws, pool);
+  linear(pool, ws.ctx.f32(), n, w.attn_out_w, w.attn_out_b, Activation::kNone, x.f32(), ws.h.f32());
+  kernels::layernorm_f32_mt(pool, ws.h.f32(), ws.h.f32(), n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
+  linear(pool, ws.h.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
+  linear(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, ws.h.f32(), x.f32());
+  kernels::layernorm_f32_mt(pool, x.f32(), x.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+}
+
+void Transformer::finish_hidden(Tensor& x, core::ThreadPool* pool) const {
+  if (config_.family != Family::kGpt2) return;
+  kernels::layernorm_f32_mt(pool, x.f32(), x.f32(), x.dim(0), config_.hidden, weights_.final_ln_g.f32(),
+                            weights_.final_ln_b.f32(), config_.eps);
+}
+
+Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* out, core::ThreadPool* pool) const {
+  const ModelConfig& c = config_;
+  const ModelWeights& w = weights_;
+  const int64_t F = c.hidden, n = last.dim(0);
+  if (c.family == Family::kGpt2) {
+    if (c.head != HeadKind::kLmHead) return core::ok_status();
+    if (w.lm_head_w.empty()) return core::internal_error("the LM head is not loaded on this device");
+    const int64_t rows = last_row_only ? 1 : n;
+    out->logits = Tensor::zeros_f32({rows, c.vocab});
+    linear(pool, last.f32() + (n - rows) * F, rows, w.lm_head_w, Tensor(), Activation::kNone, nullptr, out->logits.f32());
+    return core::ok_status();
+  }
+  // BERT pools the raw CLS row; ViT normalises first.
+  Tensor cls = Tensor::zeros_f32({1, F});
+  std::memcpy(cls.f32(), last.f32(), static_cast<size_t>(F) * sizeof(float));
+  if (c.family == Family::kVit) {
+    if (w.final_ln_g.empty()) return core::internal_error("the final layer norm is not loaded on this device");
+    kernels::layernorm_f32(cls.f32(), cls.f32(), 1, F, w.final_ln_g.f32(), w.final_ln_b.f32(), c.eps);
+  }
+  if (!w.pooler_w.empty()) {
+    out->pooler = Tensor::zeros_f32({1, F});
+    linear(nullptr, cls.f32(), 1, w.pooler_w, w.pooler_b, Activation::kTanh, nullptr, out->pooler.f32());
+  }
+  if (c.head == HeadKind::kNone) return core::ok_status();
+  if (w.classifier_w.empty()) return core::internal_error("the classifier is not loaded on this device");
+  const Tensor& feat = c.family == Family::kBert ? out->pooler : cls;
+  out->logits = Tensor::zeros_f32({1, c.num_labels()});
+  linear(nullptr, feat.f32(), 1, w.classifier_w, w.classifier_b, Activation::kNone, nullptr, out->logits.f32());
+  return core::ok_status();
+}
+
+Result<ForwardOutput> Transformer::forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool) const {
+  TESSERA_RETURN_IF_ERROR(validate_input(in));
+  TESSERA_ASSIGN_OR_RETURN(Tensor x, embed(in, 0));
+  ForwardOutput out;
+  Workspace ws;
+  if (opts.all_hidden) out.hidden.push_back(x.clone());
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    layer(l, x, 0, nullptr, ws, pool);
+    if (opts.all_hidden && l + 1 < config_.layers) out.hidden.push_back(x.clone());
+  }
+  finish_hidden(x, pool);
+  out.hidden.push_back(x);
+  if (opts.logits) TESSERA_RETURN_IF_ERROR(head(x, opts.last_row_logits, &out, pool));
+  return out;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,83 @@
+// The single-device forward pass for BERT, GPT-2 and ViT. Layers run on a
+// block of rows at given global positions, so strategies that split the
+// sequence reuse the same code; buffers live in a Workspace that is sized
+// once and reused across layers.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace tessera::model {
+
+struct ModelInput {
+  std::vector<int64_t> ids;          // BERT, GPT-2
+  std::vector<int64_t> token_types;  // BERT; empty = all zeros
+  core::Tensor pixels;               // ViT: F32 [1, C, H, W]
+};
+
+// Scratch buffers for one layer over n rows attending to n_kv rows.
+struct Workspace {
+  core::Tensor qkv, ctx, h, a, ffn, scores;
+  void ensure(const ModelConfig& c, int64_t n, int64_t n_kv);
+};
+
+// Keys and values of past positions, one [max_positions, F] pair per layer.
+struct KvCache {
+  std::vector<core::Tensor> k, v;
+  int64_t length = 0;
+};
+
+struct ForwardOptions {
+  bool all_hidden = false;    // keep every hidden state (HF output_hidden_states)
+  bool logits = true;         // run the head
+  bool last_row_logits = false;  // GPT-2: logits of the last position only
+};
+
+struct ForwardOutput {
+  std::vector<core::Tensor> hidden;  // [N, F] each: all L+1, or just hidden.L
+  core::Tensor logits;               // BERT/ViT [1, labels]; GPT-2 [N or 1, vocab]
+  core::Tensor pooler;               // [1, F] when the model has a pooler
+};
+
+class Transformer {
+ public:
+  Transformer(ModelConfig config, ModelWeights weights) : config_(std::move(config)), weights_(std::move(weights)) {}
+  // config.json + safetensors of a Hugging Face folder.
+  static core::Result<Transformer> load(const std::string& dir, const LoadOptions& opts = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  // Checks ids, token types, lengths and pixel shapes against the config.
+  core::Status validate_input(const ModelInput& in) const;
+  // Embedding rows [N, F]; text rows start at global position pos0.
+  core::Result<core::Tensor> embed(const ModelInput& in, int64_t pos0 = 0) const;
+  // Layer l on rows x [n, F] (updated in place) at positions pos0..pos0+n-1.
+  // With a cache, keys/values are appended and attention covers the cache.
+  void layer(int64_t l, core::Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const;
+  // Hugging Face's last hidden state from the last layer's output: GPT-2
+  // applies ln_f (in place); BERT and ViT return x unchanged.
+  void finish_hidden(core::Tensor& x, core::ThreadPool* pool) const;
+  // Head on the last hidden state (as finish_hidden left it).
+  core::Status head(const core::Tensor& last, bool last_row_only, ForwardOutput* out, core::ThreadPool* pool) const;
+
+  core::Result<ForwardOutput> forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool) const;
+
+  KvCache make_cache() const;
+  float attention_scale(int64_t l) const;
+
+ private:
+  void attention_block(int64_t l, const core::Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
+                       core::ThreadPool* pool) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+};
+
+}  // namespace tessera::model
