@@ -29,6 +29,44 @@ void tanh_row(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = fast_tanh(x[i]);
 }
 
+// Reductions with 16 independent lanes: without -ffast-math the compiler
+// will not reorder a single accumulator, and these loops would stay scalar.
+constexpr int kLanes = 16;
+
+float sum_f32(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
+  float s = 0.0f;
+  for (; i < n; ++i) s += x[i];
+  for (float a : acc) s += a;
+  return s;
+}
+
+float max_f32(const float* x, int64_t n) {
+  float acc[kLanes];
+  for (float& a : acc) a = x[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = acc[j] > x[i + j] ? acc[j] : x[i + j];
+  float m = x[0];
+  for (; i < n; ++i) m = m > x[i] ? m : x[i];
+  for (float a : acc) m = m > a ? m : a;
+  return m;
+}
+
+float sq_dev_sum_f32(const float* x, int64_t n, float mean) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += (x[i + j] - mean) * (x[i + j] - mean);
+  float s = 0.0f;
+  for (; i < n; ++i) s += (x[i] - mean) * (x[i] - mean);
+  for (float a : acc) s += a;
+  return s;
+}
+
 }  // namespace
 
 void activation_f32(float* x, int64_t n, Activation act) {
@@ -63,15 +101,8 @@ void layernorm_f32(const float* x, float* out, int64_t rows, int64_t cols, const
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;
     float* o = out + r * cols;
-    float mean = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) mean += in[c];
-    mean /= static_cast<float>(cols);
-    float var = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      const float d = in[c] - mean;
-      var += d * d;
-    }
-    var /= static_cast<float>(cols);
+    const float mean = sum_f32(in, cols) / static_cast<float>(cols);
+    const float var = sq_dev_sum_f32(in, cols, mean) / static_cast<float>(cols);
     const float inv = 1.0f / std::sqrt(var + eps);
     for (int64_t c = 0; c < cols; ++c) o[c] = (in[c] - mean) * inv * gamma[c] + beta[c];
   }
@@ -81,14 +112,9 @@ void softmax_rows_f32(float* x, int64_t rows, int64_t cols) {
   TESSERA_CHECK(rows >= 0 && cols > 0);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * cols;
-    float mx = row[0];
-    for (int64_t c = 1; c < cols; ++c) mx = std::max(mx, row[c]);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      row[c] = fast_exp(row[c] - mx);
-      sum += row[c];
-    }
-    const float inv = 1.0f / sum;
+    const float mx = max_f32(row, cols);
+    for (int64_t c = 0; c < cols; ++c) row[c] = fast_exp(row[c] - mx);
+    const float inv = 1.0f / sum_f32(row, cols);
     for (int64_t c = 0; c < cols; ++c) row[c] *= inv;
   }
 }

@@ -3,15 +3,16 @@
 // the GEMMs around them. Accuracy is checked against libm in the tests.
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 namespace tessera::kernels {
 
 // e^x, relative error ~2e-7 on [-87, 88]; clamps outside.
 inline float fast_exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  // Round to nearest by the 1.5 * 2^23 trick: vectorises, unlike floorf.
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -20,9 +21,7 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
   return p * scale;
 }
 

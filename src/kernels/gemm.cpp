@@ -9,6 +9,19 @@ namespace tessera::kernels {
 void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
 int blas_threads() { return openblas_get_num_threads(); }
 
+std::string blas_core_name() { return openblas_get_corename(); }
+
+std::string better_blas_core() {
+  const std::string core = blas_core_name();
+  if (core != "Prescott" && core != "Core2" && core != "Nehalem") return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
+
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   TESSERA_CHECK(m >= 0 && n >= 0 && k >= 0);

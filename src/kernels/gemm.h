@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/elementwise.h"
 
@@ -10,6 +11,13 @@ namespace tessera::kernels {
 // Threads OpenBLAS may use for one call (process-wide setting).
 void set_blas_threads(int threads);
 int blas_threads();
+// The kernel family OpenBLAS picked at load time (e.g. "SkylakeX").
+std::string blas_core_name();
+// Debian's OpenBLAS 0.3.21 does not recognise CPUs released after it and
+// falls back to its generic "Prescott" kernels (4x slower here). When that
+// happened and the CPU has AVX-512 (or AVX2), returns the core to request
+// through OPENBLAS_CORETYPE; otherwise an empty string.
+std::string better_blas_core();
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major, with checks.
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
