@@ -1,6 +1,9 @@
 #include "kernels/gemm.h"
 
 #include <cblas.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include "core/check.h"
 
@@ -20,6 +23,14 @@ std::string better_blas_core() {
     return "SkylakeX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
   return "";
+}
+
+void reexec_with_better_blas_core(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("TESSERA_KEEP_BLAS_CORE") != nullptr) return;
+  const std::string core = better_blas_core();
+  if (core.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  ::execv("/proc/self/exe", argv);  // on failure, go on with the kernels we have
 }
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -18,6 +18,10 @@ std::string blas_core_name();
 // happened and the CPU has AVX-512 (or AVX2), returns the core to request
 // through OPENBLAS_CORETYPE; otherwise an empty string.
 std::string better_blas_core();
+// OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded; to correct such a
+// fallback, sets it and restarts the process (execv of /proc/self/exe) once.
+// A user's own OPENBLAS_CORETYPE, or TESSERA_KEEP_BLAS_CORE=1, always wins.
+void reexec_with_better_blas_core(char** argv);
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major, with checks.
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

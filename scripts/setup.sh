@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Tessera needs (only the missing ones), builds
+# it, generates a model with random weights and runs the demo on it.
+#   scripts/setup.sh              everything
+#   scripts/setup.sh --deps-only  just the packages
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake ninja-build pkg-config git
+  libopenblas-dev libzmq3-dev cppzmq-dev coinor-libcbc-dev nlohmann-json3-dev libcli11-dev
+  libspdlog-dev libtomlplusplus-dev libcpp-httplib-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+[ "${1:-}" = "--deps-only" ] && exit 0
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+
+bin=build/bin/tessera
+models=build/models
+mkdir -p "$models"
+[ -f "$models/bert-demo/model.safetensors" ] || $bin gen-model --preset bert-base --layers 4 --out "$models/bert-demo"
+[ -f "$models/gpt2-demo/model.safetensors" ] || $bin gen-model --preset gpt2 --layers 4 --out "$models/gpt2-demo"
+echo
+echo "== BERT classification (4-layer bert-base shape, random weights), 2 threads"
+$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." --threads 2
+echo
+echo "== GPT-2 greedy generation (4-layer gpt2 shape, random weights)"
+$bin generate --model "$models/gpt2-demo" --ids 464,3290,318 --max-new-tokens 8 --greedy

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the Release build, then the same tests built
+# with AddressSanitizer + UndefinedBehaviorSanitizer. Extra arguments go to
+# ctest (e.g. -L unit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+
+run_suite() {
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+  ctest --test-dir "$dir" --output-on-failure -j"$jobs" "${ctest_args[@]}"
+}
+
+ctest_args=("$@")
+echo "== Release build"
+run_suite build -DCMAKE_BUILD_TYPE=Release
+echo "== ASan + UBSan build"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_BUILD_BENCH=OFF

@@ -1,0 +1,153 @@
+// The `tessera` binary end to end: real outputs against the Hugging Face
+// fixtures, and every kind of bad input giving a one-line error and a
+// non-zero exit (never a crash).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "core/io.h"
+#include "model/safetensors.h"
+
+namespace tessera {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+const std::string kBin = TESSERA_BIN;
+
+struct CmdResult {
+  int code = -1;
+  bool signaled = false;
+  std::string out, err;
+};
+
+CmdResult run(const std::string& args) {
+  const std::string dir = ::testing::TempDir();
+  const std::string out = dir + "/cli_out.txt", err = dir + "/cli_err.txt";
+  const int status = std::system((kBin + " " + args + " >" + out + " 2>" + err).c_str());
+  CmdResult r;
+  r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = core::read_file(out).value();
+  r.err = core::read_file(err).value();
+  return r;
+}
+
+std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+// A copy of a fixture folder whose file `file` is replaced by `content`.
+std::string broken_copy(const std::string& fixture, const std::string& file, const std::string& content) {
+  const std::string dir = tmp("broken-" + fixture + "-" + std::to_string(std::hash<std::string>{}(file + content) % 100000));
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir + " && cp " + kData + "/" + fixture + "/*.json " + kData + "/" + fixture +
+               "/model.safetensors " + dir + "/ && chmod -R u+w " + dir)
+                  .c_str());
+  EXPECT_TRUE(core::write_file(dir + "/" + file, content).ok());
+  return dir;
+}
+
+std::string ids_arg(const core::Tensor& t) {
+  std::string s;
+  for (int64_t i = 0; i < t.numel(); ++i) s += (i ? "," : "") + std::to_string(t.i64()[i]);
+  return s;
+}
+
+float max_diff(const core::Tensor& a, const core::Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
+}
+
+TEST(CliTest, DumpReproducesFixturesForAllFamilies) {
+  auto bert = model::SafeTensorsFile::open(kData + "/bert-tiny/cases.safetensors").value();
+  auto r = run("run --model " + kData + "/bert-tiny --ids " + ids_arg(bert.get("s33.input_ids").value()) + " --token-types " +
+               ids_arg(bert.get("s33.token_type_ids").value()) + " --dump " + tmp("bert.safetensors") + " --threads 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto dump = model::SafeTensorsFile::open(tmp("bert.safetensors")).value();
+  EXPECT_LT(max_diff(dump.get("hidden.2").value(), bert.get("s33.hidden.2").value()), 1e-4f);
+  EXPECT_LT(max_diff(dump.get("logits").value(), bert.get("s33.logits").value()), 1e-4f);
+
+  auto gpt = model::SafeTensorsFile::open(kData + "/gpt2-tiny/cases.safetensors").value();
+  r = run("run --model " + kData + "/gpt2-tiny --ids " + ids_arg(gpt.get("s13.input_ids").value()) + " --dump " +
+          tmp("gpt.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  dump = model::SafeTensorsFile::open(tmp("gpt.safetensors")).value();
+  EXPECT_LT(max_diff(dump.get("hidden.2").value(), gpt.get("s13.hidden.2").value()), 1e-4f);
+  EXPECT_LT(max_diff(dump.get("logits").value(), gpt.get("s13.logits").value()), 1e-4f);
+
+  auto vit = model::SafeTensorsFile::open(kData + "/vit-tiny/cases.safetensors").value();
+  std::map<std::string, core::Tensor> px{{"pixel_values", vit.get("c0.pixel_values").value()}};
+  ASSERT_TRUE(model::write_safetensors(tmp("pixels.safetensors"), px).ok());
+  r = run("run --model " + kData + "/vit-tiny --pixels " + tmp("pixels.safetensors") + " --dump " + tmp("vit.safetensors") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"label\""), std::string::npos);
+  dump = model::SafeTensorsFile::open(tmp("vit.safetensors")).value();
+  EXPECT_LT(max_diff(dump.get("hidden.2").value(), vit.get("c0.hidden.2").value()), 1e-4f);
+  EXPECT_LT(max_diff(dump.get("logits").value(), vit.get("c0.logits").value()), 1e-4f);
+}
+
+TEST(CliTest, GenerateReproducesGreedyFixture) {
+  auto gpt = model::SafeTensorsFile::open(kData + "/gpt2-tiny/cases.safetensors").value();
+  const auto prompt = gpt.get("generate.prompt").value();
+  const auto want = gpt.get("generate.output").value();
+  auto r = run("generate --model " + kData + "/gpt2-tiny --ids " + ids_arg(prompt) + " --max-new-tokens " +
+               std::to_string(want.numel() - prompt.numel()) + " --greedy");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string all = ids_arg(want);
+  const std::string tail = all.substr(ids_arg(prompt).size() + 1);
+  EXPECT_EQ(r.out, tail + "\n");
+}
+
+TEST(CliTest, TextInputIsTokenized) {
+  const std::string dir = broken_copy("gpt2-tiny", "tokenizer.json",
+                                      core::read_file(kData + "/tokenizers/bytelevel_bpe/tokenizer.json").value());
+  auto r = run("run --model " + dir + " --text 'Hello world' --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"input_ids\":["), std::string::npos) << r.out;
+}
+
+struct BadInput {
+  const char* what;
+  std::string args;
+  const char* message_part;
+};
+
+TEST(CliTest, BadInputsGiveOneLineErrors) {
+  const std::string bert = kData + "/bert-tiny";
+  std::string truncated = core::read_file(bert + "/model.safetensors").value().substr(0, 5000);
+  std::string past_end = std::string("\xff\xff\xff\x00\x00\x00\x00\x00", 8) + "{}";
+  const std::string gpt2_with_tokenizer = broken_copy(
+      "gpt2-tiny", "tokenizer.json", core::read_file(kData + "/tokenizers/bytelevel_bpe/tokenizer.json").value());
+  const std::string png = tmp("garbage.png");
+  ASSERT_TRUE(core::write_file(png, "this is not an image at all").ok());
+  const BadInput cases[] = {
+      {"no such model", "run --model /nonexistent --ids 1", "cannot open"},
+      {"truncated weights", "run --model " + broken_copy("bert-tiny", "model.safetensors", truncated) + " --ids 1", "outside the data section"},
+      {"header past end", "run --model " + broken_copy("bert-tiny", "model.safetensors", past_end) + " --ids 1", "past the end"},
+      {"bad config json", "run --model " + broken_copy("bert-tiny", "config.json", "{\"model_type\": \"bert\",") + " --ids 1", "not a valid JSON"},
+      {"unknown architecture", "run --model " + broken_copy("bert-tiny", "config.json", R"({"model_type":"t5"})") + " --ids 1", "not supported"},
+      {"too long", "run --model " + bert + " --ids " + "$(seq -s, 1 129)", "longer than max_position_embeddings"},
+      {"id out of vocab", "run --model " + bert + " --ids 1,99999", "outside the vocabulary"},
+      {"garbage ids", "run --model " + bert + " --ids 1,x", "not an integer"},
+      {"empty input", "run --model " + bert + " --ids ''", "exactly one input"},
+      {"invalid utf-8", "run --model " + gpt2_with_tokenizer + " --text \"$(printf 'ab\\377\\376')\"", "UTF-8"},
+      {"undecodable image", "run --model " + kData + "/vit-tiny --image " + png, "image"},
+      {"text to vit", "run --model " + kData + "/vit-tiny --ids 1,2", "ViT"},
+      {"two inputs", "run --model " + bert + " --ids 1 --text hi", "exactly one input"},
+  };
+  for (const auto& c : cases) {
+    const CmdResult r = run(c.args);
+    EXPECT_FALSE(r.signaled) << c.what << ": crashed";
+    EXPECT_NE(r.code, 0) << c.what;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << c.what << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.what << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message_part), std::string::npos) << c.what << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace tessera
