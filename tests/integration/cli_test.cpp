@@ -3,6 +3,7 @@
 // non-zero exit (never a crash).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -25,9 +26,14 @@ struct CmdResult {
   std::string out, err;
 };
 
+// Per-test paths: ctest runs tests of this binary in parallel processes.
+std::string tmp(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
+}
+
 CmdResult run(const std::string& args) {
-  const std::string dir = ::testing::TempDir();
-  const std::string out = dir + "/cli_out.txt", err = dir + "/cli_err.txt";
+  const std::string out = tmp("cli_out.txt"), err = tmp("cli_err.txt");
   const int status = std::system((kBin + " " + args + " >" + out + " 2>" + err).c_str());
   CmdResult r;
   r.signaled = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) >= 128);
@@ -36,8 +42,6 @@ CmdResult run(const std::string& args) {
   r.err = core::read_file(err).value();
   return r;
 }
-
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
 // A copy of a fixture folder whose file `file` is replaced by `content`.
 std::string broken_copy(const std::string& fixture, const std::string& file, const std::string& content) {
