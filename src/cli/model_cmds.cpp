@@ -131,9 +131,10 @@ int bench_local(const BenchFlags& b) {
   kernels::set_blas_threads(b.threads);
   core::ThreadPool pool(b.threads);
   std::vector<double> ms;
+  model::Workspace ws;
   for (int i = 0; i < b.warmup + b.reps; ++i) {
     core::Timer t;
-    auto out = m->forward(in, {}, &pool);
+    auto out = m->forward(in, {}, &pool, ws);
     if (!out.ok()) return fail(out.status().to_string());
     if (i >= b.warmup) ms.push_back(t.ms());
   }

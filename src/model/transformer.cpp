@@ -262,10 +262,15 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
 }
 
 Result<ForwardOutput> Transformer::forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool) const {
+  Workspace ws;
+  return forward(in, opts, pool, ws);
+}
+
+Result<ForwardOutput> Transformer::forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool,
+                                           Workspace& ws) const {
   TESSERA_RETURN_IF_ERROR(validate_input(in));
   TESSERA_ASSIGN_OR_RETURN(Tensor x, embed(in, 0));
   ForwardOutput out;
-  Workspace ws;
   if (opts.all_hidden) out.hidden.push_back(x.clone());
   for (int64_t l = 0; l < config_.layers; ++l) {
     layer(l, x, 0, nullptr, ws, pool);

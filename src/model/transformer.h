@@ -68,6 +68,9 @@ class Transformer {
   core::Status head(const core::Tensor& last, bool last_row_only, ForwardOutput* out, core::ThreadPool* pool) const;
 
   core::Result<ForwardOutput> forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool) const;
+  // Same, reusing the caller's buffers across calls (no allocation once warm).
+  core::Result<ForwardOutput> forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool,
+                                      Workspace& ws) const;
 
   KvCache make_cache() const;
   float attention_scale(int64_t l) const;

@@ -1,0 +1,304 @@
+// Group, handles and the user-thread side of GroupCore (posting sends and
+// receives, mailboxes, statistics). The I/O thread lives in engine.cpp.
+#include "comm/group.h"
+
+#include <algorithm>
+
+#include "comm/group_core.h"
+#include "core/io.h"
+
+namespace tessera::comm {
+
+namespace detail {
+
+void Completion::complete(core::Status s) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    done = true;
+    status = std::move(s);
+  }
+  cv.notify_all();
+}
+
+bool Completion::wait_until(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu);
+  return cv.wait_until(lock, deadline, [this] { return done; });
+}
+
+bool Completion::is_done() {
+  std::lock_guard<std::mutex> lock(mu);
+  return done;
+}
+
+void RecvState::complete_with(core::Tensor t) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    done = true;
+    tensor = std::move(t);
+  }
+  cv.notify_all();
+}
+
+namespace {
+
+core::Status check_peer_tag(int peer, int tag, int rank, int world) {
+  if (peer < 0 || peer >= world || peer == rank) {
+    return core::invalid_argument("peer " + std::to_string(peer) + " is not another rank of this group of " +
+                                  std::to_string(world));
+  }
+  if (tag < 0 || static_cast<uint32_t>(tag) >= kMaxTag) return core::invalid_argument("tag out of range: " + std::to_string(tag));
+  return core::ok_status();
+}
+
+}  // namespace
+
+std::shared_ptr<SendState> GroupCore::post_send(OpKind op, int peer, int tag, core::Tensor tensor) {
+  auto state = std::make_shared<SendState>();
+  core::Status st = check_peer_tag(peer, tag, rank_, world_);
+  if (st.ok() && tensor.rank() > kMaxDims) {
+    st = core::invalid_argument("tensor rank " + std::to_string(tensor.rank()) + " exceeds " + std::to_string(kMaxDims));
+  }
+  if (st.ok() && tensor.nbytes() > options_.max_message_bytes) {
+    st = core::invalid_argument("tensor of " + std::to_string(tensor.nbytes()) + " bytes exceeds max_message_bytes");
+  }
+  if (st.ok() && tensor.nbytes() > 0 && tensor.raw() == nullptr) st = core::invalid_argument("tensor has no data");
+  if (!st.ok()) {
+    state->complete(st);
+    return state;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_.empty()) st = core::network_error(fatal_);
+    else if (closing_) st = core::network_error("group is closed");
+    else if (peers_[peer].lost) st = core::network_error(peers_[peer].reason);
+    if (st.ok()) {
+      Outgoing o;
+      o.kind = FrameKind::kData;
+      o.op = op;
+      o.peer = peer;
+      o.tag = static_cast<uint32_t>(tag);
+      o.tensor = std::move(tensor);
+      o.state = state;
+      inbox_.push_back(std::move(o));
+    }
+  }
+  if (!st.ok()) state->complete(st);
+  else wake();
+  return state;
+}
+
+std::shared_ptr<RecvState> GroupCore::post_recv(OpKind op, int peer, int tag) {
+  auto state = std::make_shared<RecvState>();
+  state->peer = peer;
+  state->op = op;
+  state->tag = static_cast<uint32_t>(tag);
+  core::Status st = check_peer_tag(peer, tag, rank_, world_);
+  if (!st.ok()) {
+    state->complete(st);
+    return state;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Mailbox& box = mailboxes_[MailKey{peer, op, state->tag}];
+  if (!box.unexpected.empty()) {
+    state->complete_with(std::move(box.unexpected.front()));
+    box.unexpected.pop_front();
+  } else if (!fatal_.empty()) {
+    state->complete(core::network_error(fatal_));
+  } else if (peers_[peer].lost) {
+    state->complete(core::network_error(peers_[peer].reason));
+  } else if (op != OpKind::kP2P && !broken_.empty()) {
+    state->complete(core::network_error(broken_));
+  } else if (closed_) {
+    state->complete(core::network_error("group is closed"));
+  } else {
+    box.posted.push_back(state);
+  }
+  return state;
+}
+
+void GroupCore::withdraw(const std::shared_ptr<RecvState>& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = mailboxes_.find(MailKey{state->peer, state->op, state->tag});
+  if (it == mailboxes_.end()) return;
+  auto& posted = it->second.posted;
+  posted.erase(std::remove(posted.begin(), posted.end(), state), posted.end());
+  std::lock_guard<std::mutex> slock(state->mu);
+  if (state->done && state->status.ok() && !state->consumed) {
+    // Delivered but never collected: give it to the next receive.
+    it->second.unexpected.push_front(std::move(state->tensor));
+    state->consumed = true;
+  }
+}
+
+bool GroupCore::peer_alive(int peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer < 0 || peer >= world_) return false;
+  return peer == rank_ || !peers_[peer].lost;
+}
+
+CommStats GroupCore::stats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void GroupCore::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CommStats fresh;
+  fresh.rank = rank_;
+  fresh.world = world_;
+  fresh.per_peer.assign(static_cast<size_t>(world_), TrafficCounters{});
+  stats_ = fresh;
+}
+
+void GroupCore::add_blocked(double seconds) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.blocked_seconds += seconds;
+}
+
+void GroupCore::record_op(OpKind op, double seconds, bool ok) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  OpStats& s = stats_.op(op);
+  ++s.calls;
+  if (!ok) ++s.failures;
+  s.seconds += seconds;
+}
+
+}  // namespace detail
+
+// ---- handles ---------------------------------------------------------------
+
+SendHandle::SendHandle(std::shared_ptr<detail::SendState> state, std::shared_ptr<detail::GroupCore> core)
+    : state_(std::move(state)), core_(std::move(core)) {}
+
+bool SendHandle::ready() const { return state_ && state_->is_done(); }
+
+core::Status SendHandle::wait(Millis timeout) {
+  if (!state_) return core::invalid_argument("wait on an empty SendHandle");
+  core::Timer timer;
+  const bool done = state_->wait_until(detail::Clock::now() + timeout);
+  if (core_) core_->add_blocked(timer.ms() / 1000.0);
+  if (!done) return core::timeout_error("send not taken by the transport within " + std::to_string(timeout.count()) + " ms");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->status;
+}
+
+RecvHandle::RecvHandle(std::shared_ptr<detail::RecvState> state, std::shared_ptr<detail::GroupCore> core)
+    : state_(std::move(state)), core_(std::move(core)) {}
+
+RecvHandle::~RecvHandle() { release(); }
+
+RecvHandle& RecvHandle::operator=(RecvHandle&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+    core_ = std::move(other.core_);
+  }
+  return *this;
+}
+
+void RecvHandle::release() {
+  if (state_ && core_) {
+    bool collected;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      collected = state_->consumed || (state_->done && !state_->status.ok());
+    }
+    if (!collected) core_->withdraw(state_);
+  }
+  state_.reset();
+  core_.reset();
+}
+
+bool RecvHandle::ready() const { return state_ && state_->is_done(); }
+
+core::Result<core::Tensor> RecvHandle::wait(Millis timeout) {
+  if (!state_) return core::invalid_argument("wait on an empty RecvHandle");
+  core::Timer timer;
+  const bool done = state_->wait_until(detail::Clock::now() + timeout);
+  if (core_) core_->add_blocked(timer.ms() / 1000.0);
+  if (!done) {
+    return core::timeout_error("no message from rank " + std::to_string(state_->peer) + " (" + op_name(state_->op) +
+                               ", tag " + std::to_string(state_->tag) + ") within " + std::to_string(timeout.count()) +
+                               " ms");
+  }
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->status.ok()) return state_->status;
+  state_->consumed = true;
+  return state_->tensor;
+}
+
+// ---- Group -----------------------------------------------------------------
+
+Group::Group(GroupOptions options, std::shared_ptr<detail::GroupCore> core)
+    : options_(std::move(options)), rank_(options_.rank),
+      world_(static_cast<int>(options_.endpoints.size())), core_(std::move(core)) {}
+
+core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
+  const int world = static_cast<int>(options.endpoints.size());
+  if (world < 1) return core::invalid_argument("group needs at least one endpoint");
+  if (options.rank < 0 || options.rank >= world) {
+    return core::invalid_argument("rank " + std::to_string(options.rank) + " outside a group of " + std::to_string(world));
+  }
+  if (!options.links.empty() && options.links.world() != world) {
+    return core::invalid_argument("link matrix is for " + std::to_string(options.links.world()) + " ranks, group has " +
+                                  std::to_string(world));
+  }
+  if (options.max_message_bytes == 0) return core::invalid_argument("max_message_bytes must be positive");
+  const auto deadline = detail::Clock::now() + options.connect_timeout;
+  auto core = std::make_shared<detail::GroupCore>(options);
+  TESSERA_RETURN_IF_ERROR(core->start());
+  core::Status st = core->wait_formed(deadline);
+  if (!st.ok()) {
+    core->shutdown();
+    return st;
+  }
+  return std::unique_ptr<Group>(new Group(std::move(options), std::move(core)));
+}
+
+Group::~Group() { close(); }
+
+void Group::close() {
+  if (core_) core_->shutdown();
+}
+
+core::Status Group::send(int peer, int tag, core::Tensor tensor, Millis timeout) {
+  return isend(peer, tag, std::move(tensor)).wait(timeout);
+}
+
+core::Result<core::Tensor> Group::recv(int peer, int tag, Millis timeout) { return irecv(peer, tag).wait(timeout); }
+
+SendHandle Group::isend_op(OpKind op, int peer, int tag, core::Tensor tensor) {
+  return SendHandle(core_->post_send(op, peer, tag, std::move(tensor)), core_);
+}
+
+RecvHandle Group::irecv_op(OpKind op, int peer, int tag) { return RecvHandle(core_->post_recv(op, peer, tag), core_); }
+
+bool Group::peer_alive(int peer) const { return core_->peer_alive(peer); }
+CommStats Group::stats() const { return core_->stats(); }
+void Group::reset_stats() { core_->reset_stats(); }
+void Group::record_op(OpKind op, double seconds, bool ok) { core_->record_op(op, seconds, ok); }
+
+core::Result<std::vector<std::string>> pick_local_endpoints(int n) {
+  std::vector<std::string> out;
+  try {
+    zmq::context_t ctx(1);
+    std::vector<zmq::socket_t> holders;
+    // Hold every socket until all ports are known so the kernel cannot hand
+    // the same port out twice.
+    for (int i = 0; i < n; ++i) {
+      holders.emplace_back(ctx, zmq::socket_type::router);
+      holders.back().set(zmq::sockopt::linger, 0);
+      holders.back().bind("tcp://127.0.0.1:*");
+      out.push_back(holders.back().get(zmq::sockopt::last_endpoint));
+    }
+    for (auto& s : holders) s.close();
+    ctx.close();
+  } catch (const zmq::error_t& e) {
+    return core::network_error(std::string("picking local ports: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,86 @@
+#include "comm/keys.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "core/io.h"
+
+namespace tessera::comm {
+
+namespace {
+constexpr const char* kFormat = "tessera-cluster-key";
+}
+
+core::Result<ClusterKey> generate_cluster_key() {
+  char pub[41] = {}, sec[41] = {};
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    return core::internal_error(std::string("zmq_curve_keypair: ") + zmq_strerror(zmq_errno()) +
+                                " (libzmq built without CURVE?)");
+  }
+  ClusterKey key{pub, sec};
+  std::memset(sec, 0, sizeof(sec));
+  return key;
+}
+
+core::Status validate_cluster_key(const ClusterKey& key) {
+  if (key.public_z85.size() != 40 || key.secret_z85.size() != 40) {
+    return core::invalid_argument("cluster key: keys must be 40 Z85 characters");
+  }
+  uint8_t bin[32];
+  if (zmq_z85_decode(bin, key.public_z85.c_str()) == nullptr ||
+      zmq_z85_decode(bin, key.secret_z85.c_str()) == nullptr) {
+    return core::invalid_argument("cluster key: not valid Z85");
+  }
+  char derived[41] = {};
+  if (zmq_curve_public(derived, key.secret_z85.c_str()) != 0) {
+    return core::invalid_argument("cluster key: cannot derive the public key");
+  }
+  if (key.public_z85 != derived) return core::invalid_argument("cluster key: public key does not match secret key");
+  return core::ok_status();
+}
+
+core::Status write_key_file(const std::string& path, const ClusterKey& key, bool overwrite) {
+  TESSERA_RETURN_IF_ERROR(validate_cluster_key(key));
+  nlohmann::json j = {{"format", kFormat}, {"version", 1}, {"curve_public", key.public_z85},
+                      {"curve_secret", key.secret_z85}};
+  const std::string text = j.dump(2) + "\n";
+  // Created 0600 from the start: the secret must never be world-readable.
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL);
+  const int fd = ::open(path.c_str(), flags, 0600);
+  if (fd < 0) return core::io_error("cannot create key file '" + path + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      return core::io_error("cannot write key file '" + path + "': " + err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) return core::io_error("cannot close key file '" + path + "'");
+  return core::ok_status();
+}
+
+core::Result<ClusterKey> read_key_file(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat) {
+    return core::parse_error("key file '" + path + "': not a tessera cluster key file");
+  }
+  if (!j.contains("curve_public") || !j["curve_public"].is_string() || !j.contains("curve_secret") ||
+      !j["curve_secret"].is_string()) {
+    return core::parse_error("key file '" + path + "': missing curve_public/curve_secret");
+  }
+  ClusterKey key{j["curve_public"].get<std::string>(), j["curve_secret"].get<std::string>()};
+  core::Status st = validate_cluster_key(key);
+  if (!st.ok()) return st.with_context(path);
+  return key;
+}
+
+}  // namespace tessera::comm

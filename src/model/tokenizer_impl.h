@@ -1,0 +1,146 @@
+// Private to the tokenizer sources: Unicode helpers, the pipeline shared by
+// every model (added tokens -> normalizer -> model -> template) and the
+// per-model factories. Mirrors the stages of Hugging Face `tokenizers`.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/tokenizer.h"
+
+namespace tessera::model::tok {
+
+using Json = nlohmann::json;
+
+// ---- UTF-8 ----
+struct Utf8Step {
+  char32_t cp;  // U+FFFD when !valid
+  size_t len;   // bytes consumed; for invalid input, the maximal invalid subpart
+  bool valid;
+};
+Utf8Step next_utf8(std::string_view s, size_t pos);
+// Strict: an invalid byte sequence is an invalid_argument error naming its offset.
+core::Result<std::u32string> utf8_to_u32(std::string_view text);
+void append_utf8(char32_t cp, std::string& out);
+std::string u32_to_utf8(std::u32string_view text);
+// Like Rust's String::from_utf8_lossy: invalid sequences become U+FFFD.
+std::string utf8_lossy(std::string_view bytes);
+
+// ---- Unicode character classes (tables derived from UnicodeData 14) ----
+bool is_whitespace(char32_t c);       // White_Space, which is also Oniguruma's \s
+bool is_letter(char32_t c);           // \p{L}
+bool is_number(char32_t c);           // \p{N}
+bool is_punctuation(char32_t c);      // ASCII punctuation or \p{P}
+bool is_control(char32_t c);          // BERT's "other" chars: Cc, Cf, Co; not \t \n \r
+bool is_nonspacing_mark(char32_t c);  // \p{Mn}
+bool is_cjk_ideograph(char32_t c);    // the ranges BERT pads with spaces
+void append_lowercase(char32_t c, std::u32string& out);
+// NFD of `c` without its nonspacing marks (what BERT's strip_accents keeps).
+void append_without_accents(char32_t c, std::u32string& out);
+
+// ---- Pipeline configuration ----
+struct NormalizerConfig {
+  bool clean_text = false;
+  bool handle_chinese_chars = false;
+  bool strip_accents = false;
+  bool lowercase = false;
+};
+std::u32string normalize(std::u32string_view text, const NormalizerConfig& cfg);
+
+struct AddedToken {
+  int64_t id = 0;
+  std::string content;
+  bool special = false;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = false;  // matched after normalization rather than on raw text
+};
+
+enum class DecoderKind { kNone, kWordPiece, kByteLevel };
+struct DecoderConfig {
+  DecoderKind kind = DecoderKind::kNone;
+  std::string prefix = "##";
+  bool cleanup = true;
+};
+
+// Heterogeneous lookup so string_views need no temporary std::string.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+struct Vocab {
+  std::unordered_map<std::string, int64_t, StringHash, std::equal_to<>> ids;
+  std::unordered_map<int64_t, std::string> tokens;
+  std::optional<int64_t> find(std::string_view token) const;
+  void add(const std::string& token, int64_t id);
+};
+// {"token": id, ...}; ids must be in [0, 2^31) so merges can pack id pairs.
+core::Result<Vocab> vocab_from_json(const Json& obj, const std::string& where);
+
+struct TokenizerParts {
+  Vocab vocab;  // the model's own vocab
+  std::vector<AddedToken> added;
+  NormalizerConfig normalizer;
+  std::vector<int64_t> template_prefix;  // single-sequence template: prefix $A suffix
+  std::vector<int64_t> template_suffix;
+  DecoderConfig decoder;
+};
+// added_tokens, normalizer, post_processor and decoder of a tokenizer.json.
+core::Status parse_common(const Json& root, TokenizerParts& parts);
+
+// Typed JSON lookups that never throw: missing or null gives `fallback`, a wrong type an error.
+core::Result<bool> json_bool(const Json& obj, const char* key, bool fallback);
+core::Result<int64_t> json_int(const Json& obj, const char* key, int64_t fallback);
+core::Result<std::string> json_string(const Json& obj, const char* key, std::string fallback);
+core::Result<std::optional<std::string>> json_opt_string(const Json& obj, const char* key);
+
+// ---- Shared encode/decode pipeline ----
+class TokenizerBase : public Tokenizer {
+ public:
+  explicit TokenizerBase(TokenizerParts parts);
+  core::Result<std::vector<int64_t>> encode(std::string_view text, bool add_special_tokens) const override;
+  core::Result<std::vector<std::string>> id_to_tokens(const std::vector<int64_t>& ids) const override;
+  core::Result<std::string> decode(const std::vector<int64_t>& ids, bool skip_special) const override;
+  int64_t vocab_size() const override;
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+
+ protected:
+  // Appends the ids of one normalized piece of text free of added tokens.
+  virtual core::Status encode_piece(std::u32string_view piece, std::vector<int64_t>& ids) const = 0;
+  const Vocab& model_vocab() const { return parts_.vocab; }
+
+ private:
+  struct Segment {
+    std::u32string_view text;
+    std::optional<int64_t> id;  // set when the segment is an added token
+  };
+  std::vector<Segment> split_added(std::u32string_view text, bool normalized) const;
+  std::optional<size_t> longest_added_at(std::u32string_view text, size_t pos, bool normalized) const;
+  const std::string* find_token(int64_t id) const;
+
+  TokenizerParts parts_;
+  std::vector<std::u32string> match_text_;  // per added token, as matched
+  std::unordered_map<char32_t, std::vector<size_t>> raw_index_;  // first char -> added tokens, longest first
+  std::unordered_map<char32_t, std::vector<size_t>> normalized_index_;
+  Vocab added_vocab_;
+  std::unordered_set<int64_t> special_ids_;
+};
+
+// ---- Decoders ----
+std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::string& prefix, bool cleanup);
+std::string decode_byte_level(const std::vector<std::string>& tokens);
+
+// ---- Model factories (model/tokenizer_wordpiece.cpp, model/tokenizer_bpe.cpp) ----
+core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root);
+core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root);
+
+}  // namespace tessera::model::tok
