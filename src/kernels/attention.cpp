@@ -18,24 +18,27 @@ void masked_softmax_row_f32(float* row, int64_t n, int64_t visible_end) {
   std::fill(row + visible_end, row + n, 0.0f);
 }
 
+void attention_softmax_rows_f32(float* scores, int64_t rows, int64_t n_kv, bool causal, int64_t q_pos0, int64_t kv_pos0) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = scores + r * n_kv;
+    if (!causal) {
+      softmax_rows_f32(row, 1, n_kv);
+      continue;
+    }
+    const int64_t visible = std::clamp<int64_t>(q_pos0 + r - kv_pos0 + 1, 0, n_kv);
+    if (visible == 0) {  // nothing visible: the row contributes zeros
+      std::fill(row, row + n_kv, 0.0f);
+      continue;
+    }
+    masked_softmax_row_f32(row, n_kv, visible);
+  }
+}
+
 namespace {
 
-// Softmax of score rows [row_begin, row_end) of a [group, n_q, n_kv] block.
 void softmax_block(const AttentionArgs& a, float* scores, int64_t row_begin, int64_t row_end) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    float* row = scores + r * a.n_kv;
-    if (!a.causal) {
-      softmax_rows_f32(row, 1, a.n_kv);
-      continue;
-    }
-    const int64_t qpos = a.q_pos0 + r % a.n_q;
-    const int64_t visible = std::clamp<int64_t>(qpos - a.kv_pos0 + 1, 0, a.n_kv);
-    if (visible == 0) {  // nothing visible: the row contributes zeros
-      std::fill(row, row + a.n_kv, 0.0f);
-      continue;
-    }
-    masked_softmax_row_f32(row, a.n_kv, visible);
-  }
+  attention_softmax_rows_f32(scores + row_begin * a.n_kv, row_end - row_begin, a.n_kv, a.causal, a.q_pos0 + row_begin,
+                             a.kv_pos0);
 }
 
 }  // namespace

@@ -33,6 +33,10 @@ int64_t attention_scratch_floats(int64_t n_q, int64_t n_kv, int64_t heads);
 
 void attention_f32(core::ThreadPool* pool, const AttentionArgs& args, float* scratch, int64_t scratch_floats);
 
+// Softmax of score rows [rows, n_kv] for queries at positions q_pos0.. and
+// keys at kv_pos0..; with `causal`, keys after the query get weight 0.
+void attention_softmax_rows_f32(float* scores, int64_t rows, int64_t n_kv, bool causal, int64_t q_pos0, int64_t kv_pos0);
+
 // Masks then normalises one row of scores in place (used by strategies that
 // build their own score rows). Entries with visible[j] == false get weight 0.
 void masked_softmax_row_f32(float* row, int64_t n, int64_t visible_end);

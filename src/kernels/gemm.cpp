@@ -59,3 +59,27 @@ void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
 }
 
 }  // namespace tessera::kernels
+
+namespace tessera::kernels {
+
+void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const core::Tensor& w, const core::Tensor& bias,
+                     Activation act, const float* residual, float* y) {
+  TESSERA_CHECK(w.rank() == 2);
+  LinearArgs a;
+  a.x = x;
+  a.m = n;
+  a.k = w.dim(1);
+  a.ldx = a.k;
+  a.w = w.f32();
+  a.n = w.dim(0);
+  a.ldw = a.k;
+  a.bias = bias.empty() ? nullptr : bias.f32();
+  a.act = act;
+  a.residual = residual;
+  a.ldr = a.n;
+  a.y = y;
+  a.ldy = a.n;
+  linear_f32(pool, a);
+}
+
+}  // namespace tessera::kernels

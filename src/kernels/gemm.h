@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/tensor.h"
 #include "kernels/elementwise.h"
 
 namespace tessera::kernels {
@@ -43,5 +44,10 @@ struct LinearArgs {
 
 // y = act(x W^T + bias) + residual; the epilogue is one pass over y.
 void linear_f32(core::ThreadPool* pool, const LinearArgs& args);
+
+// The dense case: x [n, w.dim(1)], y and residual [n, w.dim(0)], packed rows;
+// an empty bias tensor means no bias.
+void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const core::Tensor& w, const core::Tensor& bias,
+                     Activation act, const float* residual, float* y);
 
 }  // namespace tessera::kernels

@@ -57,9 +57,9 @@ Filter make_filter(int in_size, int out_size) {
 
 uint8_t to_u8(float v) { return static_cast<uint8_t>(std::clamp(std::floor(v + 0.5f), 0.0f, 255.0f)); }
 
-// One axis of the separable resize over interleaved RGB. `step` is the
-// distance (in pixels) between neighbours along the axis, `line_step`
-// between lines; the output is packed with the resized axis as given.
+// One axis of the separable resize over packed RGB: `lines` independent lines
+// of `in_len` pixels become `out_len` pixels; *_step is the distance in pixels
+// between neighbours along the axis, *_line_step between lines.
 struct AxisPass {
   int lines, in_len, out_len;
   size_t in_step, in_line_step, out_step, out_line_step;

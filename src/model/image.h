@@ -27,14 +27,15 @@ struct ImagePreprocess {
 core::Result<ImagePreprocess> load_image_preprocess(const std::string& model_dir, int model_image_size);
 
 // PNG/JPEG/BMP/... (stb_image) -> pixel_values F32 [1,3,H,W]: converted to
-// RGB, resized, then rescaled and normalized.
+// RGB (alpha dropped, like PIL's convert("RGB")), resized, then rescaled and
+// normalized. JPEG EXIF orientation is not applied.
 core::Result<core::Tensor> load_image(const std::string& path, const ImagePreprocess& pp);
 
 // The same from packed 8-bit RGB (width*height*3 bytes, row-major).
 // Resizing is PIL's BILINEAR: a triangle filter on half-pixel centres whose
 // support widens when shrinking (antialiasing), applied horizontally then
 // vertically with 8-bit rounding after each pass. It matches PIL up to PIL's
-// fixed-point rounding (at most 1/255 apart).
+// fixed-point weights (a pixel can differ by one 8-bit level).
 core::Result<core::Tensor> preprocess_rgb(const uint8_t* rgb, int width, int height, const ImagePreprocess& pp);
 
 }  // namespace tessera::model

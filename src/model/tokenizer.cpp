@@ -33,6 +33,7 @@ struct DecompositionBlock {
 
 // Tables generated from Python's unicodedata (Unicode 14). Category ranges
 // are merged across unassigned code points, which real text does not use.
+// clang-format off
 constexpr CodeRange kLetterRanges[] = {
     {0x41, 0x5A}, {0x61, 0x7A}, {0xAA, 0xAA}, {0xB5, 0xB5}, {0xBA, 0xBA}, {0xC0, 0xD6},
     {0xD8, 0xF6}, {0xF8, 0x2C1}, {0x2C6, 0x2D1}, {0x2E0, 0x2E4}, {0x2EC, 0x2EC}, {0x2EE, 0x2EE},
@@ -407,6 +408,7 @@ constexpr CodeTriple kTwoPartDecompositions[] = {
     {0x115BB, 0x115B9, 0x115AF}, {0x11938, 0x11935, 0x11930}, {0x1D15E, 0x1D157, 0x1D165},
     {0x1D15F, 0x1D158, 0x1D165}, {0x1D1BB, 0x1D1B9, 0x1D165}, {0x1D1BC, 0x1D1BA, 0x1D165},
 };
+// clang-format on
 
 template <size_t N>
 bool in_ranges(const CodeRange (&table)[N], char32_t c) {
@@ -429,8 +431,8 @@ void append_hangul_jamo(char32_t c, std::u32string& out) {
 
 template <typename Entry, size_t N>
 const Entry* find_entry(const Entry (&table)[N], char32_t c) {
-  const auto* it = std::lower_bound(std::begin(table), std::end(table), c,
-                                    [](const Entry& e, char32_t v) { return e.from < v; });
+  const auto* it =
+      std::lower_bound(std::begin(table), std::end(table), c, [](const Entry& e, char32_t v) { return e.from < v; });
   return (it != std::end(table) && it->from == c) ? it : nullptr;
 }
 
@@ -541,8 +543,7 @@ std::string utf8_lossy(std::string_view bytes) {
 
 bool is_whitespace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 bool is_letter(char32_t c) {
@@ -901,7 +902,7 @@ std::optional<size_t> TokenizerBase::longest_added_at(std::u32string_view text, 
 
 namespace {
 
-bool is_word_char(char32_t c) { return is_letter(c) || is_number(c) || c == U'_'; }
+bool is_word_char(char32_t c) { return is_letter(c) || is_number(c) || is_nonspacing_mark(c) || c == U'_'; }
 
 // single_word tokens only match when not glued to letters or digits.
 bool stands_alone(std::u32string_view text, size_t begin, size_t end) {
@@ -981,9 +982,12 @@ core::Result<std::string> TokenizerBase::decode(const std::vector<int64_t>& ids,
     tokens.push_back(*token);
   }
   switch (parts_.decoder.kind) {
-    case DecoderKind::kWordPiece: return decode_wordpiece(tokens, parts_.decoder.prefix, parts_.decoder.cleanup);
-    case DecoderKind::kByteLevel: return decode_byte_level(tokens);
-    case DecoderKind::kNone: break;
+    case DecoderKind::kWordPiece:
+      return decode_wordpiece(tokens, parts_.decoder.prefix, parts_.decoder.cleanup);
+    case DecoderKind::kByteLevel:
+      return decode_byte_level(tokens);
+    case DecoderKind::kNone:
+      break;
   }
   std::string out;  // no decoder: HF joins tokens with spaces
   for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];

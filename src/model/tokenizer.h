@@ -19,8 +19,7 @@ class Tokenizer {
   // Text -> ids. add_special_tokens applies the post-processor template when
   // the tokenizer has one (e.g. [CLS] ... [SEP]); otherwise nothing is added.
   // Text that is not valid UTF-8 is an invalid_argument error.
-  virtual core::Result<std::vector<int64_t>> encode(std::string_view text,
-                                                    bool add_special_tokens = true) const = 0;
+  virtual core::Result<std::vector<int64_t>> encode(std::string_view text, bool add_special_tokens = true) const = 0;
   // The token strings for ids (as the vocab spells them); an unknown id is an error.
   virtual core::Result<std::vector<std::string>> id_to_tokens(const std::vector<int64_t>& ids) const = 0;
   // Ids -> text (WordPiece: joins with spaces and merges "##" continuations,

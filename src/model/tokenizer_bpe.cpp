@@ -42,7 +42,12 @@ uint64_t pair_key(int64_t left, int64_t right) {
 class MergeWord {
  public:
   MergeWord(std::vector<int64_t>& symbols, const MergeMap& merges)
-      : symbols_(symbols), merges_(merges), n_(static_cast<int>(symbols.size())), next_(n_), prev_(n_), alive_(n_, true) {
+      : symbols_(symbols),
+        merges_(merges),
+        n_(static_cast<int>(symbols.size())),
+        next_(n_),
+        prev_(n_),
+        alive_(n_, true) {
     for (int i = 0; i < n_; ++i) next_[i] = i + 1 < n_ ? i + 1 : -1, prev_[i] = i - 1;
   }
 
@@ -235,8 +240,7 @@ class BpeTokenizer final : public TokenizerBase {
   std::optional<int64_t> unk_id_;
 };
 
-core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab,
-                                                               const std::string& prefix) {
+core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab, const std::string& prefix) {
   MergeMap merges;
   for (size_t rank = 0; rank < list.size(); ++rank) {
     const auto& [left, right] = list[rank];
@@ -256,7 +260,8 @@ core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab,
 
 core::Result<std::unique_ptr<Tokenizer>> make_bpe(TokenizerParts parts, BpeConfig cfg, const MergeList& list) {
   TESSERA_ASSIGN_OR_RETURN(auto merges, build_merges(list, parts.vocab, cfg.prefix));
-  return std::unique_ptr<Tokenizer>(std::make_unique<BpeTokenizer>(std::move(parts), std::move(cfg), std::move(merges)));
+  return std::unique_ptr<Tokenizer>(
+      std::make_unique<BpeTokenizer>(std::move(parts), std::move(cfg), std::move(merges)));
 }
 
 // "a b" strings or ["a", "b"] pairs.

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/tokenizer.h"
 
@@ -128,7 +127,7 @@ class TokenizerBase : public Tokenizer {
   const std::string* find_token(int64_t id) const;
 
   TokenizerParts parts_;
-  std::vector<std::u32string> match_text_;  // per added token, as matched
+  std::vector<std::u32string> match_text_;                       // per added token, as matched
   std::unordered_map<char32_t, std::vector<size_t>> raw_index_;  // first char -> added tokens, longest first
   std::unordered_map<char32_t, std::vector<size_t>> normalized_index_;
   Vocab added_vocab_;

@@ -88,13 +88,12 @@ core::Result<WordPieceConfig> wordpiece_config(const Json& root) {
   TESSERA_ASSIGN_OR_RETURN(int64_t max_chars, json_int(model, "max_input_chars_per_word", 100));
   if (max_chars < 0) return core::parse_error("max_input_chars_per_word must not be negative");
   cfg.max_input_chars_per_word = static_cast<size_t>(max_chars);
-  const Json* pre = root.contains("pre_tokenizer") ? &root["pre_tokenizer"] : nullptr;
-  if (pre != nullptr && pre->is_null()) pre = nullptr;
-  cfg.split_words = pre != nullptr;
-  TESSERA_ASSIGN_OR_RETURN(std::string pre_type, pre ? json_string(*pre, "type", "") : std::string());
-  if (pre != nullptr && pre_type != "BertPreTokenizer") {
+  const auto pre = root.find("pre_tokenizer");
+  cfg.split_words = pre != root.end() && !pre->is_null();
+  if (!cfg.split_words) return cfg;
+  TESSERA_ASSIGN_OR_RETURN(const std::string pre_type, json_string(*pre, "type", ""));
+  if (pre_type != "BertPreTokenizer")
     return core::unimplemented("unsupported pre_tokenizer '" + pre_type + "' for WordPiece");
-  }
   return cfg;
 }
 
@@ -105,7 +104,7 @@ namespace {
 // HF's WordPiece decoder cleanup: drops the space before punctuation and contractions.
 std::string cleanup_tokenization(std::string text) {
   static const std::pair<std::string_view, std::string_view> kRules[] = {
-      {" .", "."},   {" ?", "?"},   {" !", "!"},   {" ,", ","},          {" ' ", "'"},  {" n't", "n't"},
+      {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
       {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (const auto& [from, to] : kRules) {
     for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
@@ -120,12 +119,8 @@ std::string cleanup_tokenization(std::string text) {
 std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::string& prefix, bool cleanup) {
   std::string out;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    std::string token = tokens[i];
-    if (i > 0 && token.starts_with(prefix)) {
-      token.erase(0, prefix.size());
-    } else if (i > 0) {
-      token.insert(0, " ");
-    }
+    const std::string& raw = tokens[i];
+    std::string token = i == 0 ? raw : raw.starts_with(prefix) ? raw.substr(prefix.size()) : " " + raw;
     out += cleanup ? cleanup_tokenization(std::move(token)) : token;  // per token, as HF does
   }
   return out;
@@ -152,7 +147,8 @@ core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::str
     if (end == std::string::npos) end = text.size();
     std::string line = text.substr(pos, end - pos);
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
-    if (!tok::utf8_to_u32(line).ok()) return core::parse_error(path + ": line " + std::to_string(id + 1) + " is not UTF-8");
+    if (!tok::utf8_to_u32(line).ok())
+      return core::parse_error(path + ": line " + std::to_string(id + 1) + " is not UTF-8");
     parts.vocab.add(line, id);
     pos = end + 1;
   }
@@ -164,9 +160,11 @@ core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::str
   }
   const auto cls = parts.vocab.find("[CLS]"), sep = parts.vocab.find("[SEP]");
   if (cls && sep) parts.template_prefix = {*cls}, parts.template_suffix = {*sep};
-  parts.normalizer = {.clean_text = true, .handle_chinese_chars = true, .strip_accents = lowercase, .lowercase = lowercase};
+  parts.normalizer = {
+      .clean_text = true, .handle_chinese_chars = true, .strip_accents = lowercase, .lowercase = lowercase};
   parts.decoder = {.kind = tok::DecoderKind::kWordPiece, .prefix = "##", .cleanup = true};
-  return std::unique_ptr<Tokenizer>(std::make_unique<tok::WordPieceTokenizer>(std::move(parts), tok::WordPieceConfig{}));
+  return std::unique_ptr<Tokenizer>(
+      std::make_unique<tok::WordPieceTokenizer>(std::move(parts), tok::WordPieceConfig{}));
 }
 
 }  // namespace tessera::model

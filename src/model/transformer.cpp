@@ -14,7 +14,6 @@ using core::Result;
 using core::Status;
 using core::Tensor;
 using kernels::Activation;
-using kernels::LinearArgs;
 
 namespace {
 
@@ -22,26 +21,6 @@ constexpr int64_t kScoreScratchCap = 16ll << 20;  // floats; more heads are run 
 
 void ensure_rows(Tensor& t, int64_t rows, int64_t cols) {
   if (t.empty() || t.dim(0) < rows || t.dim(1) != cols) t = Tensor::zeros_f32({std::max<int64_t>(rows, 1), cols});
-}
-
-// y = act(x W^T + b) + residual over n rows, all with dense row strides.
-void linear(core::ThreadPool* pool, const float* x, int64_t n, const Tensor& w, const Tensor& b, Activation act,
-            const float* residual, float* y) {
-  LinearArgs a;
-  a.x = x;
-  a.m = n;
-  a.k = w.dim(1);
-  a.ldx = a.k;
-  a.w = w.f32();
-  a.n = w.dim(0);
-  a.ldw = a.k;
-  a.bias = b.empty() ? nullptr : b.f32();
-  a.act = act;
-  a.residual = residual;
-  a.ldr = a.n;
-  a.y = y;
-  a.ldy = a.n;
-  kernels::linear_f32(pool, a);
 }
 
 }  // namespace
@@ -114,7 +93,7 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
       }
     Tensor x = Tensor::zeros_f32({np + 1, F});
     std::memcpy(x.f32(), w.cls_token.f32(), static_cast<size_t>(F) * sizeof(float));
-    linear(nullptr, patches.f32(), np, w.patch_w, w.patch_b, Activation::kNone, nullptr, x.f32() + F);
+    kernels::linear_rows_f32(nullptr, patches.f32(), np, w.patch_w, w.patch_b, Activation::kNone, nullptr, x.f32() + F);
     const float* pos = w.pos_emb.f32();
     for (int64_t i = 0; i < (np + 1) * F; ++i) x.f32()[i] += pos[i];
     return x;
@@ -166,7 +145,7 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
                                   core::ThreadPool* pool) const {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
   const int64_t n = in.dim(0), F = config_.hidden;
-  linear(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, ws.qkv.f32());
+  kernels::linear_rows_f32(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, ws.qkv.f32());
   kernels::AttentionArgs a;
   a.q = ws.qkv.f32();
   a.ldq = 3 * F;
@@ -199,29 +178,45 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
 }
 
-void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {
+void Transformer::layer_input(int64_t l, const float* x, int64_t n, float* out, core::ThreadPool* pool) const {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  if (config_.pre_layernorm()) {
+    kernels::layernorm_f32_mt(pool, x, out, n, config_.hidden, w.ln1_g.f32(), w.ln1_b.f32(), config_.eps);
+  } else if (out != x && n > 0) {
+    std::memcpy(out, x, static_cast<size_t>(n * config_.hidden) * sizeof(float));
+  }
+}
+
+void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
+                             core::ThreadPool* pool) const {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  TESSERA_CHECK_MSG(!w.qkv_w.empty(), "layer " << l << " is not loaded on this device");
-  const int64_t n = x.dim(0), F = c.hidden;
-  TESSERA_CHECK(x.rank() == 2 && x.dim(1) == F);
+  const int64_t F = c.hidden;
   if (n == 0) return;
-  ws.ensure(c, n, cache ? pos0 + n : n);
+  ws.ensure(c, n, 1);
+  float* h = ws.h.f32();
+  kernels::linear_rows_f32(pool, ctx, n, w.attn_out_w, w.attn_out_b, Activation::kNone, x, h);
   if (c.pre_layernorm()) {
-    kernels::layernorm_f32_mt(pool, x.f32(), ws.a.f32(), n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
-    attention_block(l, ws.a.rows(0, n), pos0, cache, ws, pool);
-    linear(pool, ws.ctx.f32(), n, w.attn_out_w, w.attn_out_b, Activation::kNone, x.f32(), ws.h.f32());
-    kernels::layernorm_f32_mt(pool, ws.h.f32(), ws.a.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    linear(pool, ws.a.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
-    linear(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, ws.h.f32(), x.f32());
+    kernels::layernorm_f32_mt(pool, h, ws.a.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+    kernels::linear_rows_f32(pool, ws.a.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
+    kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, h, out);
     return;
   }
-  attention_block(l, x, pos0, cache, ws, pool);
-  linear(pool, ws.ctx.f32(), n, w.attn_out_w, w.attn_out_b, Activation::kNone, x.f32(), ws.h.f32());
-  kernels::layernorm_f32_mt(pool, ws.h.f32(), ws.h.f32(), n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
-  linear(pool, ws.h.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
-  linear(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, ws.h.f32(), x.f32());
-  kernels::layernorm_f32_mt(pool, x.f32(), x.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+  kernels::layernorm_f32_mt(pool, h, h, n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
+  kernels::linear_rows_f32(pool, h, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
+  kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, h, out);
+  kernels::layernorm_f32_mt(pool, out, out, n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+}
+
+void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {
+  TESSERA_CHECK_MSG(!weights_.layers[static_cast<size_t>(l)].qkv_w.empty(), "layer " << l << " is not loaded on this device");
+  const int64_t n = x.dim(0);
+  TESSERA_CHECK(x.rank() == 2 && x.dim(1) == config_.hidden);
+  if (n == 0) return;
+  ws.ensure(config_, n, cache ? pos0 + n : n);
+  layer_input(l, x.f32(), n, ws.a.f32(), pool);
+  attention_block(l, ws.a.rows(0, n), pos0, cache, ws, pool);
+  layer_tail(l, x.f32(), ws.ctx.f32(), n, x.f32(), ws, pool);
 }
 
 void Transformer::finish_hidden(Tensor& x, core::ThreadPool* pool) const {
@@ -239,7 +234,7 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
     if (w.lm_head_w.empty()) return core::internal_error("the LM head is not loaded on this device");
     const int64_t rows = last_row_only ? 1 : n;
     out->logits = Tensor::zeros_f32({rows, c.vocab});
-    linear(pool, last.f32() + (n - rows) * F, rows, w.lm_head_w, Tensor(), Activation::kNone, nullptr, out->logits.f32());
+    kernels::linear_rows_f32(pool, last.f32() + (n - rows) * F, rows, w.lm_head_w, Tensor(), Activation::kNone, nullptr, out->logits.f32());
     return core::ok_status();
   }
   // BERT pools the raw CLS row; ViT normalises first.
@@ -251,13 +246,13 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
   }
   if (!w.pooler_w.empty()) {
     out->pooler = Tensor::zeros_f32({1, F});
-    linear(nullptr, cls.f32(), 1, w.pooler_w, w.pooler_b, Activation::kTanh, nullptr, out->pooler.f32());
+    kernels::linear_rows_f32(nullptr, cls.f32(), 1, w.pooler_w, w.pooler_b, Activation::kTanh, nullptr, out->pooler.f32());
   }
   if (c.head == HeadKind::kNone) return core::ok_status();
   if (w.classifier_w.empty()) return core::internal_error("the classifier is not loaded on this device");
   const Tensor& feat = c.family == Family::kBert ? out->pooler : cls;
   out->logits = Tensor::zeros_f32({1, c.num_labels()});
-  linear(nullptr, feat.f32(), 1, w.classifier_w, w.classifier_b, Activation::kNone, nullptr, out->logits.f32());
+  kernels::linear_rows_f32(nullptr, feat.f32(), 1, w.classifier_w, w.classifier_b, Activation::kNone, nullptr, out->logits.f32());
   return core::ok_status();
 }
 

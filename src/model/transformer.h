@@ -61,6 +61,14 @@ class Transformer {
   // Layer l on rows x [n, F] (updated in place) at positions pos0..pos0+n-1.
   // With a cache, keys/values are appended and attention covers the cache.
   void layer(int64_t l, core::Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const;
+  // The pieces of a layer, for strategies that split it across devices:
+  // what attention reads (LN1(x) for pre-LN families, x itself for BERT) ...
+  void layer_input(int64_t l, const float* x, int64_t n, float* out, core::ThreadPool* pool) const;
+  // ... and everything after attention on n rows: output projection,
+  // residuals, norms and FFN. x: the layer's input rows, ctx: attention
+  // context rows; `out` may alias `x`.
+  void layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
+                  core::ThreadPool* pool) const;
   // Hugging Face's last hidden state from the last layer's output: GPT-2
   // applies ln_f (in place); BERT and ViT return x unchanged.
   void finish_hidden(core::Tensor& x, core::ThreadPool* pool) const;

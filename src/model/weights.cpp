@@ -249,7 +249,35 @@ void infer_head(ModelConfig& c, const TensorStore& store, const std::string& pre
   }
 }
 
+// Copies columns [c0, c1) of a [rows, cols] matrix.
+Tensor columns(const Tensor& t, int64_t c0, int64_t c1) {
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  Tensor out = Tensor::zeros_f32({rows, c1 - c0});
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.f32() + r * (c1 - c0), t.f32() + r * cols + c0, static_cast<size_t>(c1 - c0) * sizeof(float));
+  return out;
+}
+
+// Copies rows [r0, r1) (any rank >= 1 tensor).
+Tensor row_copy(const Tensor& t, int64_t r0, int64_t r1) { return t.rows(r0, r1).clone(); }
+
 }  // namespace
+
+LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_t h0, int64_t h1, int64_t c0, int64_t c1) {
+  LayerWeights s = full;
+  std::vector<Tensor> w, b;
+  for (int64_t part = 0; part < 3; ++part) {
+    w.push_back(full.qkv_w.rows(part * F + h0 * hd, part * F + h1 * hd));
+    b.push_back(full.qkv_b.rows(part * F + h0 * hd, part * F + h1 * hd));
+  }
+  s.qkv_w = (h1 > h0) ? concat_rows(w) : Tensor::zeros_f32({0, F});
+  s.qkv_b = (h1 > h0) ? concat_rows(b) : Tensor::zeros_f32({0});
+  s.attn_out_w = columns(full.attn_out_w, h0 * hd, h1 * hd);
+  s.ffn_in_w = row_copy(full.ffn_in_w, c0, c1);
+  s.ffn_in_b = row_copy(full.ffn_in_b, c0, c1);
+  s.ffn_out_w = columns(full.ffn_out_w, c0, c1);
+  return s;
+}
 
 size_t LayerWeights::bytes() const {
   size_t b = 0;
@@ -295,13 +323,24 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   if (opts.layer_begin < 0 || opts.layer_begin > end || end > c.layers)
     return core::out_of_range("layer range [" + std::to_string(opts.layer_begin) + "," + std::to_string(end) +
                               ") outside the model's " + std::to_string(c.layers) + " layers");
+  std::vector<int64_t> layers = opts.only_layers;
+  if (layers.empty())
+    for (int64_t l = opts.layer_begin; l < end; ++l) layers.push_back(l);
+  const int64_t h1 = opts.head_end < 0 ? c.heads : opts.head_end;
+  const int64_t f1 = opts.ffn_end < 0 ? c.intermediate : opts.ffn_end;
+  if (opts.head_begin < 0 || opts.head_begin > h1 || h1 > c.heads || opts.ffn_begin < 0 || opts.ffn_begin > f1 ||
+      f1 > c.intermediate)
+    return core::out_of_range("tensor-parallel shard outside the model's heads or FFN columns");
+  const bool sharded = opts.head_begin > 0 || h1 < c.heads || opts.ffn_begin > 0 || f1 < c.intermediate;
   Loader ld(store, c, prefix);
   ModelWeights w;
   w.layers.resize(static_cast<size_t>(c.layers));
-  for (int64_t l = opts.layer_begin; l < end; ++l) {
+  for (int64_t l : layers) {
+    if (l < 0 || l >= c.layers) return core::out_of_range("layer " + std::to_string(l) + " outside the model");
     auto lw = ld.load_layer(l);
     if (!lw.ok()) return lw.status();
-    w.layers[static_cast<size_t>(l)] = std::move(lw).value();
+    w.layers[static_cast<size_t>(l)] =
+        sharded ? shard_layer(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : std::move(lw).value();
   }
   if (opts.embeddings || opts.head) {
     if (c.family == Family::kBert) {

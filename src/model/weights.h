@@ -41,10 +41,20 @@ struct ModelWeights {
 // needs the embeddings and the head.
 struct LoadOptions {
   int64_t layer_begin = 0;
-  int64_t layer_end = -1;  // -1: all layers
+  int64_t layer_end = -1;          // -1: all layers
+  std::vector<int64_t> only_layers;  // when set, exactly these layers (pipelines)
   bool embeddings = true;
   bool head = true;
+  // Tensor-parallel shard: heads [head_begin, head_end) and FFN columns
+  // [ffn_begin, ffn_end) of every layer (-1: all). Output biases and norms
+  // stay whole; they are applied once after the AllReduce.
+  int64_t head_begin = 0, head_end = -1;
+  int64_t ffn_begin = 0, ffn_end = -1;
 };
+
+// The tensor-parallel shard of a whole layer (see LoadOptions).
+LayerWeights shard_layer(const LayerWeights& full, int64_t hidden, int64_t head_dim, int64_t head_begin, int64_t head_end,
+                         int64_t ffn_begin, int64_t ffn_end);
 
 // Reads the tensors of `config` from `store`, checking every name and shape;
 // unknown tensors are an error (a few buffers HF writes are ignored).

@@ -1,0 +1,156 @@
+#include "parallel/local_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "core/check.h"
+#include "core/io.h"
+
+namespace tessera::parallel {
+
+using core::Status;
+
+class LocalMember final : public Synchronizer {
+ public:
+  LocalMember(LocalGroup* g, int rank) : g_(g), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int world() const override { return g_->world_; }
+
+  Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) override {
+    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+    stats_.add(CollectiveKind::kAllgather, ring_allgather_sent(counts, cols, rank_));
+    return exchange(mine, [&](const std::vector<const float*>& slots) {
+      int64_t at = 0;
+      for (int r = 0; r < world(); ++r) {
+        copy(all + at * cols, slots[static_cast<size_t>(r)], counts[static_cast<size_t>(r)] * cols);
+        at += counts[static_cast<size_t>(r)];
+      }
+    });
+  }
+
+  Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all, int root) override {
+    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+    if (rank_ != root) stats_.add(CollectiveKind::kGather, counts[static_cast<size_t>(rank_)] * cols);
+    return exchange(mine, [&](const std::vector<const float*>& slots) {
+      if (rank_ != root) return;
+      int64_t at = 0;
+      for (int r = 0; r < world(); ++r) {
+        copy(all + at * cols, slots[static_cast<size_t>(r)], counts[static_cast<size_t>(r)] * cols);
+        at += counts[static_cast<size_t>(r)];
+      }
+    });
+  }
+
+  Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine, int root) override {
+    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+    if (rank_ == root) {
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      stats_.add(CollectiveKind::kScatter, (total - counts[static_cast<size_t>(root)]) * cols);
+    }
+    return exchange(all, [&](const std::vector<const float*>& slots) {
+      const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0});
+      copy(mine, slots[static_cast<size_t>(root)] + at * cols, counts[static_cast<size_t>(rank_)] * cols);
+    });
+  }
+
+  Status allreduce_sum(float* data, int64_t n) override {
+    stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank_));
+    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+    TESSERA_RETURN_IF_ERROR(exchange(data, [&](const std::vector<const float*>& slots) {
+      for (int r = 0; r < world(); ++r)  // rank order: every rank gets identical bits
+        for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][i];
+    }));
+    copy(data, sum.data(), n);
+    return core::ok_status();
+  }
+
+  Status broadcast(float* data, int64_t n, int root) override {
+    if (rank_ == root) stats_.add(CollectiveKind::kBroadcast, n * (world() - 1));
+    return exchange(data, [&](const std::vector<const float*>& slots) {
+      if (rank_ != root) copy(data, slots[static_cast<size_t>(root)], n);
+    });
+  }
+
+  Status send(int peer, const float* data, int64_t n) override {
+    if (peer < 0 || peer >= world() || peer == rank_) return core::invalid_argument("bad peer " + std::to_string(peer));
+    stats_.add(CollectiveKind::kSendRecv, n);
+    std::lock_guard<std::mutex> lock(g_->mu_);
+    g_->mail_[{rank_, peer}].emplace_back(data, data + n);
+    g_->cv_.notify_all();
+    return core::ok_status();
+  }
+
+  Status recv(int peer, float* data, int64_t n) override {
+    if (peer < 0 || peer >= world() || peer == rank_) return core::invalid_argument("bad peer " + std::to_string(peer));
+    core::Timer t;
+    std::unique_lock<std::mutex> lock(g_->mu_);
+    auto& box = g_->mail_[{peer, rank_}];
+    if (!g_->cv_.wait_for(lock, g_->timeout_, [&] { return !box.empty(); }))
+      return core::timeout_error("rank " + std::to_string(rank_) + ": no message from rank " + std::to_string(peer));
+    std::vector<float> msg = std::move(box.front());
+    box.pop_front();
+    stats_.blocked_ms += t.ms();
+    if (static_cast<int64_t>(msg.size()) != n)
+      return core::invalid_argument("expected " + std::to_string(n) + " floats from rank " + std::to_string(peer) + ", got " +
+                                    std::to_string(msg.size()));
+    copy(data, msg.data(), n);
+    return core::ok_status();
+  }
+
+ private:
+  static void copy(float* dst, const float* src, int64_t n) {
+    if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  }
+
+  Status check_counts(const std::vector<int64_t>& counts) const {
+    if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
+    for (int64_t c : counts)
+      if (c < 0) return core::invalid_argument("negative count");
+    return core::ok_status();
+  }
+
+  // Publishes `mine`, waits for every rank, runs `read` on all slots, waits again.
+  template <typename Fn>
+  Status exchange(const float* mine, Fn read) {
+    core::Timer t;
+    {
+      std::lock_guard<std::mutex> lock(g_->mu_);
+      g_->slots_[static_cast<size_t>(rank_)] = mine;
+    }
+    TESSERA_RETURN_IF_ERROR(g_->barrier());
+    read(g_->slots_);
+    TESSERA_RETURN_IF_ERROR(g_->barrier());
+    stats_.blocked_ms += t.ms();
+    return core::ok_status();
+  }
+
+  LocalGroup* g_;
+  int rank_;
+};
+
+LocalGroup::LocalGroup(int world, std::chrono::milliseconds timeout)
+    : world_(world), timeout_(timeout), slots_(static_cast<size_t>(world), nullptr), out_slots_(static_cast<size_t>(world)) {
+  TESSERA_CHECK(world >= 1);
+}
+
+std::unique_ptr<Synchronizer> LocalGroup::member(int rank) {
+  TESSERA_CHECK(rank >= 0 && rank < world_);
+  return std::make_unique<LocalMember>(this, rank);
+}
+
+Status LocalGroup::barrier() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t gen = generation_;
+  if (++arrived_ == world_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return core::ok_status();
+  }
+  if (!cv_.wait_for(lock, timeout_, [&] { return generation_ != gen; }))
+    return core::timeout_error("local group barrier timed out");
+  return core::ok_status();
+}
+
+}  // namespace tessera::parallel

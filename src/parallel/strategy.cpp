@@ -1,0 +1,88 @@
+#include "parallel/strategy.h"
+
+namespace tessera::parallel {
+
+using core::Result;
+using core::Tensor;
+
+Result<Strategy> parse_strategy(const std::string& name) {
+  if (name == "single") return Strategy::kSingle;
+  if (name == "tp") return Strategy::kTp;
+  if (name == "sp") return Strategy::kSp;
+  if (name == "voltage") return Strategy::kVoltage;
+  if (name == "pipeline") return Strategy::kPipeline;
+  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline)");
+}
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::kSingle: return "single";
+    case Strategy::kTp: return "tp";
+    case Strategy::kSp: return "sp";
+    case Strategy::kVoltage: return "voltage";
+    case Strategy::kPipeline: return "pipeline";
+  }
+  return "?";
+}
+
+core::Status complete_plan(Plan& plan, const model::ModelConfig& config) {
+  if (plan.world < 1 || plan.world > 64) return core::invalid_argument("device count must be in [1, 64]");
+  if (plan.strategy == Strategy::kSingle && plan.world != 1)
+    return core::invalid_argument("strategy 'single' runs on one device");
+  if (plan.ratios.empty()) plan.ratios = equal_ratios(plan.world);
+  if (static_cast<int>(plan.ratios.size()) != plan.world)
+    return core::invalid_argument("partition has " + std::to_string(plan.ratios.size()) + " entries for " +
+                                  std::to_string(plan.world) + " devices");
+  if (plan.strategy == Strategy::kPipeline) {
+    if (plan.layers.device_of_layer.empty()) plan.layers = contiguous_layers(config.layers, plan.world);
+    if (static_cast<int64_t>(plan.layers.device_of_layer.size()) != config.layers || plan.layers.devices != plan.world)
+      return core::invalid_argument("layer map does not match the model's layers or the device count");
+  }
+  return core::ok_status();
+}
+
+std::vector<Range> tp_head_ranges(const Plan& plan, const model::ModelConfig& c) {
+  return split_by_ratio(c.heads, plan.ratios);
+}
+
+std::vector<Range> tp_ffn_ranges(const Plan& plan, const model::ModelConfig& c) {
+  return split_by_ratio(c.intermediate, plan.ratios);
+}
+
+model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) {
+  model::LoadOptions o;
+  o.embeddings = o.head = rank == 0;
+  if (plan.strategy == Strategy::kPipeline) {
+    o.only_layers = plan.layers.layers_on(rank);
+    if (o.only_layers.empty()) o.layer_end = 0;  // a device with no layer loads none
+  } else if (plan.strategy == Strategy::kTp) {
+    const Range h = tp_head_ranges(plan, c)[static_cast<size_t>(rank)];
+    const Range f = tp_ffn_ranges(plan, c)[static_cast<size_t>(rank)];
+    o.head_begin = h.begin;
+    o.head_end = h.end;
+    o.ffn_begin = f.begin;
+    o.ffn_end = f.end;
+  }
+  return o;
+}
+
+Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                          core::ThreadPool* pool) {
+  if (sync.world() != plan.world) return core::invalid_argument("synchronizer world size differs from the plan");
+  if (sync.rank() == 0 && (x.rank() != 2 || x.dim(0) != n || x.dim(1) != model.config().hidden))
+    return core::invalid_argument("terminal input must be [n, hidden]");
+  switch (plan.strategy) {
+    case Strategy::kSingle: {
+      model::Workspace ws;
+      for (int64_t l = 0; l < model.config().layers; ++l) model.layer(l, x, 0, nullptr, ws, pool);
+      return x;
+    }
+    case Strategy::kTp: return run_tp(model, plan, sync, std::move(x), n, pool);
+    case Strategy::kSp: return run_sp(model, plan, sync, std::move(x), n, pool);
+    case Strategy::kVoltage: return run_voltage(model, plan, sync, std::move(x), n, pool);
+    case Strategy::kPipeline: return run_pipeline(model, plan, sync, std::move(x), n, pool);
+  }
+  return core::internal_error("unknown strategy");
+}
+
+}  // namespace tessera::parallel

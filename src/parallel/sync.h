@@ -1,0 +1,60 @@
+// The communication steps a strategy needs, injected into the executor:
+// real ranks use comm collectives (comm_sync.h), tests use LocalGroup
+// (threads in one process, no network).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tessera::parallel {
+
+enum class CollectiveKind { kAllgather = 0, kAllreduce, kReduceScatter, kBroadcast, kGather, kScatter, kSendRecv, kCount };
+const char* collective_name(CollectiveKind kind);
+
+// Elements this rank sent and time it spent blocked, per collective kind.
+struct SyncStats {
+  std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> elements_sent{};
+  std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> calls{};
+  double blocked_ms = 0.0;
+  int64_t total_elements() const;
+  void add(CollectiveKind kind, int64_t elements);
+};
+
+class Synchronizer {
+ public:
+  virtual ~Synchronizer() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+
+  // Each rank contributes counts[rank] rows of `cols` floats (`mine`); all
+  // ranks receive every row in rank order in `all`.
+  virtual core::Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) = 0;
+  // As allgather_rows, but only `root` receives (`all` may be null elsewhere).
+  virtual core::Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all,
+                                   int root) = 0;
+  // `root` holds every row in `all`; each rank receives its counts[rank] rows.
+  virtual core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
+                                    int root) = 0;
+  // Element-wise sum over ranks, result everywhere.
+  virtual core::Status allreduce_sum(float* data, int64_t n) = 0;
+  virtual core::Status broadcast(float* data, int64_t n, int root) = 0;
+  virtual core::Status send(int peer, const float* data, int64_t n) = 0;
+  virtual core::Status recv(int peer, float* data, int64_t n) = 0;
+
+  const SyncStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ protected:
+  SyncStats stats_;
+};
+
+// Elements a rank sends in the ring algorithms the comm layer uses; shared
+// by every Synchronizer so the accounting is the same in tests and on wire.
+int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, int rank);
+int64_t ring_allreduce_sent(int64_t n, int world, int rank);
+
+}  // namespace tessera::parallel

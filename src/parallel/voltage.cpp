@@ -1,0 +1,96 @@
+// Voltage (position-wise) parallelism: every device holds the whole layer
+// input, computes the output rows of its partition, then one AllGather per
+// layer; the last layer goes to the terminal only.
+#include "parallel/voltage.h"
+
+#include <algorithm>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "parallel/strategy.h"
+
+namespace tessera::parallel {
+
+using core::Result;
+using core::Tensor;
+
+int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p) {
+  // q [p,f] + max(kv [n,2f] + scores [p,n], T [p,f] + scores [p,n] + U [p,f])
+  return p * f + std::max(2 * n * f, 2 * p * f) + p * n;
+}
+
+void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch) {
+  const int64_t p = a.rows.size(), f = a.f, hd = a.head_dim;
+  if (p == 0) return;
+  float* q = scratch;
+  kernels::LinearArgs la;
+  la.x = a.x + a.rows.begin * f; la.m = p; la.k = f; la.ldx = f;
+  la.w = a.w_qkv; la.n = f; la.ldw = f; la.bias = a.b_qkv; la.y = q; la.ldy = f;
+  kernels::linear_f32(nullptr, la);
+  if (!eq8) {
+    float* kv = q + p * f;
+    la.x = a.x; la.m = a.n; la.w = a.w_qkv + f * f; la.n = 2 * f; la.bias = a.b_qkv ? a.b_qkv + f : nullptr;
+    la.y = kv; la.ldy = 2 * f;
+    kernels::linear_f32(nullptr, la);
+    kernels::AttentionArgs at;
+    at.q = q; at.ldq = f; at.k = kv; at.ldk = 2 * f; at.v = kv + f; at.ldv = 2 * f; at.out = a.out; at.ldo = f;
+    at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
+    at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_pos0 = 0;
+    kernels::attention_f32(nullptr, at, kv + 2 * a.n * f, p * a.n);
+    return;
+  }
+  float* t = q + p * f;       // [p, f]
+  float* u = t + p * f;       // [p, f]
+  float* s = u + p * f;       // [p, n]
+  for (int64_t h = 0; h < a.heads; ++h) {
+    const float* wk = a.w_qkv + (f + h * hd) * f;      // [hd, f]
+    const float* wv = a.w_qkv + (2 * f + h * hd) * f;  // [hd, f]
+    kernels::gemm_f32(false, false, p, f, hd, 1.0f, q + h * hd, f, wk, f, 0.0f, t, f);
+    kernels::gemm_f32(false, true, p, a.n, f, a.scale, t, f, a.x, f, 0.0f, s, a.n);
+    kernels::attention_softmax_rows_f32(s, p, a.n, a.causal, a.rows.begin, 0);
+    kernels::gemm_f32(false, false, p, f, a.n, 1.0f, s, a.n, a.x, f, 0.0f, u, f);
+    kernels::gemm_f32(false, true, p, hd, f, 1.0f, u, f, wv, f, 0.0f, a.out + h * hd, f);
+    if (a.b_qkv != nullptr) {
+      const float* bv = a.b_qkv + 2 * f + h * hd;
+      for (int64_t i = 0; i < p; ++i)
+        for (int64_t e = 0; e < hd; ++e) a.out[i * f + h * hd + e] += bv[e];
+    }
+  }
+}
+
+Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                           core::ThreadPool* pool) {
+  const model::ModelConfig& c = model.config();
+  const int64_t F = c.hidden;
+  const auto rows = split_by_ratio(n, plan.ratios);
+  const auto counts = range_sizes(rows);
+  const Range me = rows[static_cast<size_t>(sync.rank())];
+  const int64_t p = me.size();
+  Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
+  TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
+  Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
+  Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
+  const bool eq8 = plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim());
+  model::Workspace ws;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
+    if (p > 0) {
+      model.layer_input(l, full.f32(), n, a.f32(), pool);
+      PartitionAttention pa;
+      pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
+      pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = model.attention_scale(l);
+      pa.causal = c.causal(); pa.out = ctx.f32();
+      partition_attention_f32(pa, eq8, scratch.f32());
+      model.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
+    }
+    const bool last = l + 1 == c.layers;
+    if (!last) {
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(out.f32(), counts, F, full.f32()));
+    } else {
+      TESSERA_RETURN_IF_ERROR(sync.gather_rows(out.f32(), counts, F, sync.rank() == 0 ? full.f32() : nullptr, 0));
+    }
+  }
+  return sync.rank() == 0 ? full : Tensor();
+}
+
+}  // namespace tessera::parallel

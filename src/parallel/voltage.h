@@ -1,0 +1,31 @@
+// Voltage's partitioned attention (Algorithm 1): the attention output of a
+// block of rows, by Eq. (3) or by the reordered Eq. (8).
+#pragma once
+
+#include <cstdint>
+
+#include "parallel/partition.h"
+
+namespace tessera::parallel {
+
+struct PartitionAttention {
+  const float* x = nullptr;  // the whole layer input (after LN1 where the model has it), [n, f]
+  int64_t n = 0, f = 0, heads = 0, head_dim = 0;
+  Range rows;                       // this device's output rows
+  const float* w_qkv = nullptr;     // [3f, f]: W_Q, W_K, W_V stacked, Linear layout
+  const float* b_qkv = nullptr;     // [3f] or null
+  float scale = 1.0f;
+  bool causal = false;              // positions are the global row indices
+  float* out = nullptr;             // [rows.size(), f]
+};
+
+// Scratch floats `partition_attention_f32` needs.
+int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p);
+
+// eq8 = false: Q_p K^T with K, V over all rows (Eq. 3); true: per head
+// ((x_p W_Q) W_K^T) x^T and (S x) W_V (Eq. 8). The key bias only shifts each
+// score row by a constant, which softmax ignores; S's rows sum to 1, so the
+// value bias is added once after (S x) W_V. Both orders give the same result.
+void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch);
+
+}  // namespace tessera::parallel

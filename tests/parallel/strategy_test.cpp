@@ -1,0 +1,173 @@
+// Every strategy equals the single-device outputs on the Hugging Face
+// fixtures, for 1..4 ranks as threads (LocalGroup), uneven partitions, N < K;
+// and the per-layer communication volume of each strategy.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "model/safetensors.h"
+#include "model/transformer.h"
+#include "parallel/local_group.h"
+#include "parallel/strategy.h"
+
+namespace tessera::parallel {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+
+struct RunOut {
+  core::Tensor hidden;  // as HF's last hidden state
+  std::vector<SyncStats> stats;
+};
+
+// Runs `plan` with one thread per rank, each with its own (sharded) model.
+RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
+  auto cfg = model::load_config(dir);
+  EXPECT_TRUE(cfg.ok());
+  EXPECT_TRUE(complete_plan(plan, *cfg).ok());
+  LocalGroup group(plan.world);
+  RunOut out;
+  out.stats.resize(static_cast<size_t>(plan.world));
+  std::vector<std::thread> threads;
+  std::vector<core::Status> status(static_cast<size_t>(plan.world));
+  for (int r = 0; r < plan.world; ++r) {
+    threads.emplace_back([&, r] {
+      auto sync = group.member(r);
+      auto m = model::Transformer::load(dir, load_options(plan, *cfg, r));
+      if (!m.ok()) {
+        status[static_cast<size_t>(r)] = m.status();
+        return;
+      }
+      core::Tensor x;
+      int64_t n = 0;
+      if (r == 0) {
+        x = m->embed(in).value();
+      }
+      n = in.pixels.empty() ? static_cast<int64_t>(in.ids.size()) : m->config().max_rows();
+      auto y = run_layers(*m, plan, *sync, x, n, nullptr);
+      if (!y.ok()) {
+        status[static_cast<size_t>(r)] = y.status();
+        return;
+      }
+      if (r == 0) {
+        m->finish_hidden(*y, nullptr);
+        out.hidden = *y;
+      }
+      out.stats[static_cast<size_t>(r)] = sync->stats();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : status) EXPECT_TRUE(s.ok()) << s.to_string();
+  return out;
+}
+
+float max_diff(const core::Tensor& a, const core::Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
+}
+
+model::ModelInput fixture_input(const std::string& family, const std::string& name) {
+  auto cases = model::SafeTensorsFile::open(kData + "/" + family + "/cases.safetensors").value();
+  model::ModelInput in;
+  if (family == "vit-tiny") {
+    in.pixels = cases.get("c0.pixel_values").value();
+    return in;
+  }
+  const auto ids = cases.get(name + ".input_ids").value();
+  in.ids.assign(ids.i64(), ids.i64() + ids.numel());
+  if (family == "bert-tiny") {
+    const auto tt = cases.get(name + ".token_type_ids").value();
+    in.token_types.assign(tt.i64(), tt.i64() + tt.numel());
+  }
+  return in;
+}
+
+struct Case {
+  const char* family;
+  const char* input;
+};
+
+class StrategyTest : public ::testing::TestWithParam<Strategy> {};
+
+TEST_P(StrategyTest, EqualsSingleDeviceOnFixtures) {
+  const Case cases[] = {{"bert-tiny", "s33"}, {"bert-tiny", "s1"}, {"gpt2-tiny", "s13"}, {"gpt2-tiny", "s1"}, {"vit-tiny", "c0"}};
+  for (const auto& c : cases) {
+    const std::string dir = kData + "/" + c.family;
+    const auto in = fixture_input(c.family, c.input);
+    auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+    const std::vector<std::vector<double>> partitions[] = {{{1}}, {{1, 1}, {3, 1}}, {{1, 1, 1}, {1, 0, 2}}, {{1, 1, 1, 1}, {4, 1, 2, 1}}};
+    for (int k = 1; k <= 4; ++k)
+      for (const auto& ratios : partitions[k - 1]) {
+        Plan plan;
+        plan.strategy = GetParam();
+        plan.world = k;
+        plan.ratios = ratios;
+        const RunOut got = run_threads(dir, plan, in);
+        EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
+            << strategy_name(GetParam()) << " " << c.family << " " << c.input << " K=" << k << " ratios[0]=" << ratios[0];
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyTest,
+                         ::testing::Values(Strategy::kTp, Strategy::kSp, Strategy::kVoltage, Strategy::kPipeline),
+                         [](const auto& info) { return std::string(strategy_name(info.param)); });
+
+TEST(StrategyTest, VoltageBothOrdersAgree) {
+  const std::string dir = kData + "/gpt2-tiny";
+  const auto in = fixture_input("gpt2-tiny", "s40");
+  auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+  for (bool adaptive : {false, true}) {
+    Plan plan;
+    plan.strategy = Strategy::kVoltage;
+    plan.world = 4;  // P = 10 of N = 40: Theorem 2 picks Eq. (8) for F = 64, F_H = 16
+    plan.adaptive_order = adaptive;
+    EXPECT_TRUE(voltage_prefers_eq8(10, 40, 64, 16));
+    EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f) << adaptive;
+  }
+}
+
+TEST(StrategyTest, PipelineBackAndForth) {
+  const std::string dir = kData + "/bert-tiny";
+  const auto in = fixture_input("bert-tiny", "s7");
+  auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+  Plan plan;
+  plan.strategy = Strategy::kPipeline;
+  plan.world = 3;
+  plan.layers = parse_layer_map("0-0:2,1-1:1", 2, 3).value();
+  EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f);
+}
+
+// Per layer and device: TP 4(K-1)NF/K, SP 2(K-1)NF/K, Voltage (K-1)NF/K.
+TEST(StrategyTest, CommunicationVolumePerLayer) {
+  const std::string dir = kData + "/bert-tiny";  // F = 64, 2 layers
+  model::ModelInput in;
+  for (int i = 0; i < 24; ++i) in.ids.push_back(i + 5);
+  const int64_t n = 24, F = 64, L = 2;
+  for (int k : {2, 3, 4}) {
+    Plan plan;
+    plan.world = k;
+    plan.strategy = Strategy::kTp;
+    auto tp = run_threads(dir, plan, in);
+    plan.strategy = Strategy::kSp;
+    auto sp = run_threads(dir, plan, in);
+    plan.strategy = Strategy::kVoltage;
+    auto vo = run_threads(dir, plan, in);
+    for (int r = 0; r < k; ++r) {
+      const auto& t = tp.stats[static_cast<size_t>(r)].elements_sent;
+      const auto& s = sp.stats[static_cast<size_t>(r)].elements_sent;
+      const auto& v = vo.stats[static_cast<size_t>(r)].elements_sent;
+      EXPECT_EQ(t[static_cast<size_t>(CollectiveKind::kAllreduce)], L * 4 * (k - 1) * n * F / k) << k;
+      EXPECT_EQ(s[static_cast<size_t>(CollectiveKind::kAllgather)], L * 2 * (k - 1) * n * F / k) << k;
+      // Voltage: one AllGather per layer but the last, which is a gather to the terminal.
+      EXPECT_EQ(v[static_cast<size_t>(CollectiveKind::kAllgather)], (L - 1) * (k - 1) * n * F / k) << k;
+      EXPECT_EQ(v[static_cast<size_t>(CollectiveKind::kGather)], r == 0 ? 0 : n * F / k) << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
