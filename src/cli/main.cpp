@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cli/comm_cmd.h"
 #include "cli/commands.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
@@ -19,9 +20,14 @@ int main(int argc, char** argv) {
   tessera::kernels::reexec_with_better_blas_core(argv);
   CLI::App app{"Tessera: one transformer inference split across edge devices"};
   app.require_subcommand(1);
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "debug, info, warn, error or off")->capture_default_str();
+  // Errors reach the user as one "error: ..." line; log lines stay quiet
+  // unless asked for.
+  tessera::core::init_logging("error");
+  app.add_option_function<std::string>(
+      "--log-level", [](const std::string& level) { tessera::core::init_logging(level); },
+      "debug, info, warn, error or off (default error)");
   tessera::cli::add_model_commands(app);
+  tessera::cli::add_comm_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,6 +9,7 @@
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
+#include "runtime/distributed.h"
 #include "runtime/single_device.h"
 
 namespace tessera::cli {
@@ -17,6 +18,9 @@ namespace {
 
 struct RunFlags {
   runtime::RunRequest req;
+  runtime::DistributedOptions dist;
+  bool stats = false;
+  int timeout_s = 60;
   std::string ids, token_types;
   bool json = false;
   int64_t generate = 0;
@@ -47,8 +51,27 @@ int finish_parse(RunFlags& f) {
   return 0;
 }
 
+int run_distributed(RunFlags& f) {
+  if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
+  f.dist.model_dir = f.req.model_dir;
+  f.dist.timeout_ms = f.timeout_s * 1000;
+  auto session = runtime::Session::start(f.dist);
+  if (!session.ok()) return fail(session.status().to_string());
+  auto r = (*session)->run(f.req);
+  if (!r.ok()) return fail(r.status().to_string());
+  if (f.stats) {
+    std::cout << (*session)->last_stats().dump() << '\n';
+  } else if (f.json) {
+    std::cout << runtime::to_json(*r).dump() << '\n';
+  } else {
+    std::cout << runtime::format_human(*r);
+  }
+  return 0;
+}
+
 int run_command(RunFlags& f) {
   if (int rc = finish_parse(f)) return rc;
+  if (f.dist.strategy != "single" || f.dist.devices != 1) return run_distributed(f);
   f.req.generate_tokens = f.generate;
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
   auto r = runtime::run_single(f.req);
@@ -74,6 +97,18 @@ void add_run(CLI::App& app) {
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
   f->req.gen.greedy = false;
+  f->dist.strategy = "single";
+  f->dist.devices = 1;
+  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline")->capture_default_str();
+  cmd->add_option("--devices", f->dist.devices, "devices (local worker processes on loopback)")->capture_default_str();
+  cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
+  cmd->add_option("--layers", f->dist.layers, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)");
+  cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
+  cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
+  cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
+  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take")->capture_default_str();
   cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
 }
 
@@ -165,6 +200,19 @@ void add_bench_local(CLI::App& app) {
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 
+void add_worker_job(CLI::App& app) {
+  auto job = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("worker-job", "a local worker process (started by `tessera run --devices K`)");
+  cmd->group("");  // hidden
+  cmd->add_option("--job", *job, "job JSON")->required();
+  cmd->callback([job] {
+    auto spec = runtime::JobSpec::from_json(*job);
+    if (!spec.ok()) throw CLI::RuntimeError(fail(spec.status().to_string()));
+    const auto st = runtime::run_worker(*spec);
+    if (!st.ok()) throw CLI::RuntimeError(fail("worker " + std::to_string(spec->rank) + ": " + st.to_string()));
+  });
+}
+
 void add_gen_model(CLI::App& app) {
   auto o = std::make_shared<model::GenModelOptions>();
   CLI::App* cmd = app.add_subcommand("gen-model", "write a Hugging Face model folder with seeded random weights");
@@ -193,6 +241,7 @@ void add_model_commands(CLI::App& app) {
   add_generate(app);
   add_bench_local(app);
   add_gen_model(app);
+  add_worker_job(app);
 }
 
 }  // namespace tessera::cli

@@ -173,9 +173,18 @@ core::Status RingAllgather::start(core::Tensor mine) {
   mine_ = std::move(mine);
   const int k = group_.size(), r = group_.rank();
   if (k > 1) {
-    const int left_rank = (r + k - 1) % k;
-    for (int s = 1; s < k; ++s) recvs_.push_back(group_.irecv_op(op_, left_rank, options_.tag));
-    sends_.push_back(group_.isend_op(op_, (r + 1) % k, options_.tag, mine_));
+    const int left_rank = (r + k - 1) % k, right = (r + 1) % k;
+    sends_.push_back(group_.isend_op(op_, right, options_.tag, mine_));
+    // Every tile but the last goes on to the right as soon as it arrives.
+    for (int s = 1; s < k; ++s) {
+      if (s < k - 1) {
+        SendHandle fwd;
+        recvs_.push_back(group_.irecv_forward(op_, left_rank, options_.tag, right, &fwd));
+        sends_.push_back(std::move(fwd));
+      } else {
+        recvs_.push_back(group_.irecv_op(op_, left_rank, options_.tag));
+      }
+    }
   }
   return core::ok_status();
 }
@@ -193,8 +202,6 @@ core::Result<Tile> RingAllgather::next_tile(Millis timeout) {
   }
   TESSERA_ASSIGN_OR_RETURN(core::Tensor t, recvs_[s - 1].wait(timeout));
   const int index = ((r - s) % k + k) % k;
-  // The tile goes on to the right neighbour, unless it came from there.
-  if (s < k - 1) sends_.push_back(group_.isend_op(op_, (r + 1) % k, options_.tag, t));
   ++next_;
   return Tile{index, std::move(t)};
 }

@@ -99,6 +99,7 @@ struct Tile {
 //
 // Tiles come in ring order: our own first, then rank r-1, r-2, ... (mod K).
 // All receives are posted by start(), so every tile streams in meanwhile.
+// A tile's buffer is shared with its onward send: read it, never write it.
 class RingAllgather {
  public:
   RingAllgather(Group& group, AllgatherOptions options, OpKind op = OpKind::kAllgather);

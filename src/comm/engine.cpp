@@ -208,7 +208,7 @@ void GroupCore::shutdown() {
   std::lock_guard<std::mutex> lock(mu_);
   closing_ = closed_ = true;
   for (auto& [key, box] : mailboxes_) {
-    for (auto& st : box.posted) st->complete(core::network_error("group is closed"));
+    for (auto& st : box.posted) st->fail(core::network_error("group is closed"));
     box.posted.clear();
   }
   for (auto& o : inbox_) {

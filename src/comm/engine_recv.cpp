@@ -124,15 +124,26 @@ void GroupCore::accept_frame(int src, const FrameHeader& h, zmq::message_t* payl
       ++c->messages_received;
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  Mailbox& box = mailboxes_[MailKey{src, h.op, h.tag}];
-  if (!box.posted.empty()) {
-    std::shared_ptr<RecvState> st = std::move(box.posted.front());
+  std::shared_ptr<RecvState> matched;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Mailbox& box = mailboxes_[MailKey{src, h.op, h.tag}];
+    if (box.posted.empty()) {
+      box.unexpected.push_back(std::move(t));
+      return;
+    }
+    matched = std::move(box.posted.front());
     box.posted.pop_front();
-    st->complete_with(std::move(t));
-  } else {
-    box.unexpected.push_back(std::move(t));
   }
+  // Forward first: the next hop should not wait for the local consumer.
+  // Sends posted before this receive go out before the forward (per-link
+  // FIFO is what keeps the receiver's mailbox in order).
+  if (matched->forward_peer >= 0) {
+    const Clock::time_point now = Clock::now();
+    take_inbox(now);
+    enqueue(forward_of(*matched, t), now);
+  }
+  matched->complete_with(std::move(t));
 }
 
 void GroupCore::handle_zap() {
@@ -244,7 +255,7 @@ void GroupCore::lose_peer(int peer, const std::string& reason, bool graceful) {
   for (auto& [key, box] : mailboxes_) {
     const bool aborted = !graceful && key.op != OpKind::kP2P;
     if (key.peer != peer && !aborted) continue;
-    for (auto& st : box.posted) st->complete(core::network_error(key.peer == peer ? reason : broken_));
+    for (auto& st : box.posted) st->fail(core::network_error(key.peer == peer ? reason : broken_));
     box.posted.clear();
   }
   formed_cv_.notify_all();
@@ -306,7 +317,7 @@ void GroupCore::finish_close() {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
   for (auto& [key, box] : mailboxes_) {
-    for (auto& st : box.posted) st->complete(core::network_error("group is closed"));
+    for (auto& st : box.posted) st->fail(core::network_error("group is closed"));
     box.posted.clear();
   }
 }

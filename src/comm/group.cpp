@@ -31,6 +31,22 @@ bool Completion::is_done() {
   return done;
 }
 
+void RecvState::fail(const core::Status& s) {
+  complete(s);
+  if (forward_state) forward_state->complete(s);
+}
+
+Outgoing GroupCore::forward_of(const RecvState& st, const core::Tensor& t) {
+  Outgoing o;
+  o.kind = FrameKind::kData;
+  o.op = st.op;
+  o.peer = st.forward_peer;
+  o.tag = st.tag;
+  o.tensor = t;
+  o.state = st.forward_state;
+  return o;
+}
+
 void RecvState::complete_with(core::Tensor t) {
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -89,32 +105,50 @@ std::shared_ptr<SendState> GroupCore::post_send(OpKind op, int peer, int tag, co
   return state;
 }
 
-std::shared_ptr<RecvState> GroupCore::post_recv(OpKind op, int peer, int tag) {
+std::shared_ptr<RecvState> GroupCore::post_recv(OpKind op, int peer, int tag, int forward_peer) {
   auto state = std::make_shared<RecvState>();
   state->peer = peer;
   state->op = op;
   state->tag = static_cast<uint32_t>(tag);
+  if (forward_peer >= 0) {
+    state->forward_peer = forward_peer;
+    state->forward_state = std::make_shared<SendState>();
+  }
   core::Status st = check_peer_tag(peer, tag, rank_, world_);
+  if (st.ok() && forward_peer >= 0) st = check_peer_tag(forward_peer, tag, rank_, world_);
   if (!st.ok()) {
-    state->complete(st);
+    state->fail(st);
     return state;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  Mailbox& box = mailboxes_[MailKey{peer, op, state->tag}];
-  if (!box.unexpected.empty()) {
-    state->complete_with(std::move(box.unexpected.front()));
-    box.unexpected.pop_front();
-  } else if (!fatal_.empty()) {
-    state->complete(core::network_error(fatal_));
-  } else if (peers_[peer].lost) {
-    state->complete(core::network_error(peers_[peer].reason));
-  } else if (op != OpKind::kP2P && !broken_.empty()) {
-    state->complete(core::network_error(broken_));
-  } else if (closed_) {
-    state->complete(core::network_error("group is closed"));
-  } else {
-    box.posted.push_back(state);
+  bool forwarded = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Mailbox& box = mailboxes_[MailKey{peer, op, state->tag}];
+    if (!box.unexpected.empty()) {
+      core::Tensor t = std::move(box.unexpected.front());
+      box.unexpected.pop_front();
+      if (forward_peer >= 0) {
+        if (closing_) {
+          state->forward_state->complete(core::network_error("group is closed"));
+        } else {
+          inbox_.push_back(forward_of(*state, t));
+          forwarded = true;
+        }
+      }
+      state->complete_with(std::move(t));
+    } else if (!fatal_.empty()) {
+      state->fail(core::network_error(fatal_));
+    } else if (peers_[peer].lost) {
+      state->fail(core::network_error(peers_[peer].reason));
+    } else if (op != OpKind::kP2P && !broken_.empty()) {
+      state->fail(core::network_error(broken_));
+    } else if (closed_) {
+      state->fail(core::network_error("group is closed"));
+    } else {
+      box.posted.push_back(state);
+    }
   }
+  if (forwarded) wake();
   return state;
 }
 
@@ -274,6 +308,12 @@ SendHandle Group::isend_op(OpKind op, int peer, int tag, core::Tensor tensor) {
 }
 
 RecvHandle Group::irecv_op(OpKind op, int peer, int tag) { return RecvHandle(core_->post_recv(op, peer, tag), core_); }
+
+RecvHandle Group::irecv_forward(OpKind op, int peer, int tag, int forward_peer, SendHandle* forwarded) {
+  auto state = core_->post_recv(op, peer, tag, forward_peer);
+  *forwarded = SendHandle(state->forward_state, core_);
+  return RecvHandle(std::move(state), core_);
+}
 
 bool Group::peer_alive(int peer) const { return core_->peer_alive(peer); }
 CommStats Group::stats() const { return core_->stats(); }

@@ -97,9 +97,11 @@ class RecvHandle {
 
   bool valid() const { return state_ != nullptr; }
   bool ready() const;
-  // The tensor (zero copy: it keeps the received message alive), or an
-  // error: kTimeout (still posted, may wait again), kNetwork (peer lost),
-  // kInvalidArgument.
+  // The tensor, or an error: kTimeout (still posted, may wait again),
+  // kNetwork (peer lost or group closed), kInvalidArgument. The tensor is
+  // zero copy (it keeps the received message alive) and may share memory
+  // with the sender (inproc) or with a forwarding send (rings): treat it as
+  // read-only and clone() it before writing.
   core::Result<core::Tensor> wait(Millis timeout);
 
  private:
@@ -131,6 +133,11 @@ class Group {
   // Same, in the mailboxes of an operation kind (used by the collectives).
   SendHandle isend_op(OpKind op, int peer, int tag, core::Tensor tensor);
   RecvHandle irecv_op(OpKind op, int peer, int tag);
+  // A receive whose message is also sent on to forward_peer (same op and
+  // tag) the moment it arrives, without waiting for the caller; *forwarded
+  // completes with that send. Rings use it so that a slow consumer never
+  // delays the next hop.
+  RecvHandle irecv_forward(OpKind op, int peer, int tag, int forward_peer, SendHandle* forwarded);
 
   // Whether the peer is still believed alive (false after a lost connection
   // or its goodbye).

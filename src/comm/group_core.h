@@ -41,7 +41,13 @@ struct RecvState : Completion {
   uint32_t tag = 0;
   core::Tensor tensor;    // set with an ok completion
   bool consumed = false;  // the caller got the tensor
+  // Rings: on arrival the message is also sent on to forward_peer at once,
+  // by whichever thread matches it, so forwarding never waits for the caller.
+  int forward_peer = -1;
+  std::shared_ptr<SendState> forward_state;
   void complete_with(core::Tensor t);
+  // Fails the receive and the forward that will now never happen.
+  void fail(const core::Status& s);
 };
 
 struct MailKey {
@@ -103,7 +109,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   void shutdown();
 
   std::shared_ptr<SendState> post_send(OpKind op, int peer, int tag, core::Tensor tensor);
-  std::shared_ptr<RecvState> post_recv(OpKind op, int peer, int tag);
+  std::shared_ptr<RecvState> post_recv(OpKind op, int peer, int tag, int forward_peer = -1);
   // Drops an abandoned receive; a message it already holds goes back to
   // the front of its mailbox.
   void withdraw(const std::shared_ptr<RecvState>& state);
@@ -126,6 +132,8 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   bool receive_one();
   void accept_frame(int src, const FrameHeader& h, zmq::message_t* payload);
   void reject(RejectReason r);
+  // An Outgoing that sends a received tensor on, for RecvState::forward_peer.
+  static Outgoing forward_of(const RecvState& st, const core::Tensor& t);
   void handle_zap();
   void handle_monitor(int peer);
   void check_suspects(Clock::time_point now);

@@ -1,0 +1,32 @@
+// The Synchronizer over a real comm::Group (ZeroMQ, possibly paced links).
+#pragma once
+
+#include <chrono>
+
+#include "comm/group.h"
+#include "parallel/sync.h"
+
+namespace tessera::parallel {
+
+class CommSynchronizer final : public Synchronizer {
+ public:
+  CommSynchronizer(comm::Group& group, std::chrono::milliseconds timeout) : group_(group), timeout_(timeout) {}
+  int rank() const override { return group_.rank(); }
+  int world() const override { return group_.size(); }
+
+  core::Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) override;
+  core::Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all,
+                           int root) override;
+  core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
+                            int root) override;
+  core::Status allreduce_sum(float* data, int64_t n) override;
+  core::Status broadcast(float* data, int64_t n, int root) override;
+  core::Status send(int peer, const float* data, int64_t n) override;
+  core::Status recv(int peer, float* data, int64_t n) override;
+
+ private:
+  comm::Group& group_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace tessera::parallel

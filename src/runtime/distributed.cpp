@@ -1,0 +1,266 @@
+#include "runtime/distributed.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "comm/keys.h"
+#include "comm/link.h"
+#include "core/io.h"
+#include "core/logging.h"
+#include "kernels/gemm.h"
+#include "parallel/strategy.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kToTerminalTag = 1;  // worker -> terminal: "ready", "done"
+constexpr int kToWorkerTag = 2;    // terminal -> worker: "run", "stop"
+constexpr size_t kMaxControlBytes = 1 << 20;
+
+Tensor json_tensor(const json& j) {
+  const std::string s = j.dump();
+  Tensor t = Tensor::zeros(core::DType::kU8, {static_cast<int64_t>(s.size())});
+  std::memcpy(t.raw(), s.data(), s.size());
+  return t;
+}
+
+Result<json> recv_json(comm::Group& g, int peer, int tag, comm::Millis timeout) {
+  TESSERA_ASSIGN_OR_RETURN(Tensor t, g.recv(peer, tag, timeout));
+  if (t.dtype() != core::DType::kU8 || t.rank() != 1 || t.nbytes() > kMaxControlBytes)
+    return core::invalid_argument("malformed control message from rank " + std::to_string(peer));
+  json j = json::parse(std::string(static_cast<const char*>(t.raw()), t.nbytes()), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("op") || !j["op"].is_string())
+    return core::invalid_argument("control message from rank " + std::to_string(peer) + " is not valid JSON");
+  return j;
+}
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+Result<comm::GroupOptions> group_options(const JobSpec& job) {
+  comm::GroupOptions o;
+  o.rank = job.rank;
+  o.endpoints = job.endpoints;
+  o.group_id = job.group_id;
+  o.insecure = job.insecure;
+  o.connect_timeout = comm::Millis(job.timeout_ms);
+  if (!job.insecure) {
+    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::read_key_file(job.key_file));
+    o.key = key;
+  }
+  if (!job.link.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(o.links, comm::LinkMatrix::from_arg(job.link, static_cast<int>(job.endpoints.size())));
+  }
+  return o;
+}
+
+json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double total_ms, int64_t weight_bytes) {
+  const auto cs = g.stats();
+  json by_kind = json::object(), elems = json::object();
+  for (int k = 0; k < comm::kOpKindCount; ++k) {
+    const auto& op = cs.per_op[static_cast<size_t>(k)];
+    if (op.traffic.bytes_sent > 0) by_kind[comm::op_name(static_cast<comm::OpKind>(k))] = op.traffic.bytes_sent;
+  }
+  for (size_t k = 0; k < sync.stats().elements_sent.size(); ++k)
+    if (sync.stats().elements_sent[k] > 0)
+      elems[parallel::collective_name(static_cast<parallel::CollectiveKind>(k))] = sync.stats().elements_sent[k];
+  return {{"rank", g.rank()},
+          {"compute_ms", total_ms - sync.stats().blocked_ms},
+          {"comm_ms", sync.stats().blocked_ms},
+          {"bytes_sent", cs.total.bytes_sent},
+          {"bytes_sent_by_kind", by_kind},
+          {"elements_sent_by_kind", elems},
+          {"weight_bytes", weight_bytes},
+          {"peak_rss_bytes", peak_rss_bytes()}};
+}
+
+}  // namespace
+
+Status run_worker(const JobSpec& job) {
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job));
+  TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.plan(cfg));
+  core::Timer load;
+  auto model = model::Transformer::load(job.model_dir, parallel::load_options(plan, cfg, job.rank));
+  const comm::Millis timeout(job.timeout_ms);
+  if (!model.ok()) {
+    (void)group->send(0, kToTerminalTag, json_tensor({{"op", "error"}, {"message", model.status().to_string()}}), timeout);
+    return model.status();
+  }
+  const int64_t weight_bytes = static_cast<int64_t>(model->weights().bytes());
+  TESSERA_RETURN_IF_ERROR(group->send(
+      0, kToTerminalTag, json_tensor({{"op", "ready"}, {"weight_bytes", weight_bytes}, {"load_ms", load.ms()}}), timeout));
+  kernels::set_blas_threads(job.threads);
+  core::ThreadPool pool(job.threads);
+  parallel::CommSynchronizer sync(*group, timeout);
+  for (;;) {
+    // Idle until the terminal asks; a lost terminal ends the wait with an error.
+    auto req = recv_json(*group, 0, kToWorkerTag, comm::Millis(24ll * 3600 * 1000));
+    if (!req.ok()) return req.status();
+    if ((*req)["op"] == "stop") return core::ok_status();
+    if ((*req)["op"] != "run" || !(*req).contains("n") || !(*req)["n"].is_number_integer())
+      return core::invalid_argument("unknown request from the terminal");
+    const int64_t n = (*req)["n"].get<int64_t>();
+    if (n < 1 || n > cfg.max_rows()) return core::out_of_range("request of " + std::to_string(n) + " rows");
+    sync.reset_stats();
+    group->reset_stats();
+    core::Timer t;
+    auto y = parallel::run_layers(*model, plan, sync, Tensor(), n, &pool);
+    if (!y.ok()) return y.status();
+    json done = rank_stats(sync, *group, t.ms(), weight_bytes);
+    done["op"] = "done";
+    TESSERA_RETURN_IF_ERROR(group->send(0, kToTerminalTag, json_tensor(done), timeout));
+  }
+}
+
+Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) {
+  std::unique_ptr<Session> s(new Session());
+  s->opts_ = opts;
+  if (opts.devices < 1 || opts.devices > 64) return core::invalid_argument("--devices must be in [1, 64]");
+  if (opts.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
+  JobSpec& job = s->job_;
+  job.model_dir = opts.model_dir;
+  job.strategy = opts.strategy;
+  job.threads = opts.threads_per_device;
+  job.timeout_ms = opts.timeout_ms;
+  job.link = opts.link;
+  job.insecure = opts.insecure;
+  job.adaptive_order = opts.adaptive_order;
+  job.group_id = "tessera-" + std::to_string(::getpid()) + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (!opts.partition.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(job.ratios, parallel::parse_ratios(opts.partition, opts.devices));
+  }
+  if (!opts.layers.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(parallel::LayerMap m, parallel::parse_layer_map(opts.layers, cfg.layers, opts.devices));
+    job.layer_map = m.device_of_layer;
+  }
+  TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(opts.devices));
+  if (!opts.insecure) {
+    job.key_file = opts.key_file;
+    if (job.key_file.empty()) {  // local workers share an ephemeral key
+      s->temp_key_ = "/tmp/tessera-key-" + job.group_id + ".json";
+      TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::generate_cluster_key());
+      TESSERA_RETURN_IF_ERROR(comm::write_key_file(s->temp_key_, key));
+      job.key_file = s->temp_key_;
+    }
+  }
+  TESSERA_ASSIGN_OR_RETURN(s->plan_, job.plan(cfg));
+  for (int r = 1; r < opts.devices; ++r) {
+    JobSpec w = job;
+    w.rank = r;
+    const std::string arg = w.to_json().dump();
+    const pid_t pid = ::fork();
+    if (pid < 0) return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
+      const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), nullptr};
+      ::execv("/proc/self/exe", const_cast<char* const*>(argv));
+      ::_exit(127);
+    }
+    s->children_.push_back(pid);
+  }
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job));
+  TESSERA_ASSIGN_OR_RETURN(s->group_, comm::Group::create(go));
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts.model_dir, parallel::load_options(s->plan_, cfg, 0)));
+  s->model_ = std::make_unique<model::Transformer>(std::move(m));
+  for (int r = 1; r < opts.devices; ++r) {
+    TESSERA_ASSIGN_OR_RETURN(json ready, recv_json(*s->group_, r, kToTerminalTag, comm::Millis(opts.timeout_ms)));
+    if (ready["op"] == "error")
+      return core::internal_error("worker " + std::to_string(r) + ": " + ready.value("message", std::string("failed")));
+    if (ready["op"] != "ready") return core::invalid_argument("worker " + std::to_string(r) + " did not report ready");
+    s->ready_.push_back(ready);
+  }
+  kernels::set_blas_threads(opts.threads_per_device);
+  s->sync_ = std::make_unique<parallel::CommSynchronizer>(*s->group_, comm::Millis(opts.timeout_ms));
+  return s;
+}
+
+Result<RunResult> Session::run(const RunRequest& req) {
+  RunRequest r = req;
+  r.model_dir = opts_.model_dir;
+  TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
+  core::ThreadPool pool(opts_.threads_per_device);
+  RunResult out;
+  out.config = model_->config();
+  out.input_ids = in.ids;
+  core::Timer t;
+  TESSERA_ASSIGN_OR_RETURN(Tensor x, model_->embed(in));
+  const int64_t n = x.dim(0);
+  const comm::Millis timeout(opts_.timeout_ms);
+  for (int w = 1; w < group_->size(); ++w)
+    TESSERA_RETURN_IF_ERROR(group_->send(w, kToWorkerTag, json_tensor({{"op", "run"}, {"n", n}}), timeout));
+  // Counters cover the strategy's traffic, not the control messages.
+  sync_->reset_stats();
+  group_->reset_stats();
+  TESSERA_ASSIGN_OR_RETURN(Tensor y, parallel::run_layers(*model_, plan_, *sync_, x, n, &pool));
+  model_->finish_hidden(y, &pool);
+  out.output.hidden.push_back(y);
+  TESSERA_RETURN_IF_ERROR(model_->head(y, false, &out.output, &pool));
+  out.latency_ms = t.ms();
+  json ranks = json::array();
+  ranks.push_back(rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes())));
+  for (int w = 1; w < group_->size(); ++w) {
+    TESSERA_ASSIGN_OR_RETURN(json done, recv_json(*group_, w, kToTerminalTag, timeout));
+    if (done["op"] != "done") return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");
+    done.erase("op");
+    ranks.push_back(done);
+  }
+  stats_ = {{"strategy", parallel::strategy_name(plan_.strategy)},
+            {"devices", group_->size()},
+            {"threads_per_device", opts_.threads_per_device},
+            {"link", opts_.link.empty() ? "unpaced" : opts_.link},
+            {"rows", n},
+            {"layers", model_->config().layers},
+            {"latency_ms", out.latency_ms},
+            {"ranks", ranks}};
+  if (!r.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(r.dump_path, out));
+  return out;
+}
+
+Status Session::stop_workers() {
+  if (group_)
+    for (int w = 1; w < group_->size(); ++w)
+      if (group_->peer_alive(w)) (void)group_->send(w, kToWorkerTag, json_tensor({{"op", "stop"}}), comm::Millis(2000));
+  return core::ok_status();
+}
+
+Session::~Session() {
+  (void)stop_workers();
+  if (group_) group_->close();
+  // Give workers a moment to leave by themselves, then make sure.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (pid_t pid : children_) {
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (!temp_key_.empty()) ::unlink(temp_key_.c_str());
+}
+
+}  // namespace tessera::runtime

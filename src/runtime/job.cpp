@@ -1,0 +1,61 @@
+#include "runtime/job.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using nlohmann::json;
+
+json JobSpec::to_json() const {
+  return {{"rank", rank},         {"endpoints", endpoints}, {"group_id", group_id},   {"insecure", insecure},
+          {"key_file", key_file}, {"link", link},           {"model_dir", model_dir}, {"strategy", strategy},
+          {"ratios", ratios},     {"layer_map", layer_map}, {"adaptive_order", adaptive_order},
+          {"threads", threads},   {"timeout_ms", timeout_ms}};
+}
+
+Result<JobSpec> JobSpec::from_json(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return core::parse_error("job is not a JSON object");
+  JobSpec s;
+  try {
+    s.rank = j.at("rank").get<int>();
+    s.endpoints = j.at("endpoints").get<std::vector<std::string>>();
+    s.group_id = j.at("group_id").get<std::string>();
+    s.insecure = j.at("insecure").get<bool>();
+    s.key_file = j.at("key_file").get<std::string>();
+    s.link = j.at("link").get<std::string>();
+    s.model_dir = j.at("model_dir").get<std::string>();
+    s.strategy = j.at("strategy").get<std::string>();
+    s.ratios = j.at("ratios").get<std::vector<double>>();
+    s.layer_map = j.at("layer_map").get<std::vector<int>>();
+    s.adaptive_order = j.at("adaptive_order").get<bool>();
+    s.threads = j.at("threads").get<int>();
+    s.timeout_ms = j.at("timeout_ms").get<int>();
+  } catch (const json::exception& e) {
+    return core::parse_error(std::string("job: ") + e.what());
+  }
+  const int world = static_cast<int>(s.endpoints.size());
+  if (world < 1 || world > 64) return core::invalid_argument("job: 1..64 endpoints required");
+  if (s.rank < 0 || s.rank >= world) return core::invalid_argument("job: rank outside the group");
+  if (s.threads < 1 || s.threads > 256) return core::invalid_argument("job: threads must be in [1, 256]");
+  if (s.timeout_ms < 1) return core::invalid_argument("job: timeout must be positive");
+  if (!s.insecure && s.key_file.empty()) return core::invalid_argument("job: a key file is required unless insecure");
+  return s;
+}
+
+Result<parallel::Plan> JobSpec::plan(const model::ModelConfig& config) const {
+  parallel::Plan p;
+  TESSERA_ASSIGN_OR_RETURN(p.strategy, parallel::parse_strategy(strategy));
+  p.world = static_cast<int>(endpoints.size());
+  p.ratios = ratios;
+  p.adaptive_order = adaptive_order;
+  if (!layer_map.empty()) {
+    p.layers.devices = p.world;
+    p.layers.device_of_layer = layer_map;
+    for (int d : layer_map)
+      if (d < 0 || d >= p.world) return core::invalid_argument("job: layer map names a device outside the group");
+  }
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(p, config));
+  return p;
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,88 @@
+// `tessera keygen` and `tessera comm-bench` end to end (skipped while the
+// tessera binary is not built or does not register the comm commands).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "comm/keys.h"
+#include "core/io.h"
+
+using namespace tessera;
+
+namespace {
+
+// Runs a shell command; returns its exit code and stdout.
+int run(const std::string& cmd, std::string* out) {
+  out->clear();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Empty when the binary can run the comm commands, else why not.
+std::string missing_comm_commands() {
+  if (!core::file_exists(TESSERA_BIN)) return std::string(TESSERA_BIN) + " not built";
+  std::string out;
+  if (run(std::string(TESSERA_BIN) + " comm-bench --help 2>/dev/null", &out) != 0) {
+    return "tessera does not register comm-bench yet";
+  }
+  return "";
+}
+
+#define REQUIRE_COMM_COMMANDS()                                  \
+  do {                                                           \
+    const std::string why = missing_comm_commands();            \
+    if (!why.empty()) GTEST_SKIP() << why;                       \
+  } while (0)
+
+}  // namespace
+
+TEST(CommCli, KeygenWritesAUsableKey) {
+  REQUIRE_COMM_COMMANDS();
+  const std::string path = ::testing::TempDir() + "cli-" + std::to_string(::getpid()) + ".key";
+  std::remove(path.c_str());
+  std::string out;
+  ASSERT_EQ(run(std::string(TESSERA_BIN) + " keygen --out " + path, &out), 0);
+  auto key = comm::read_key_file(path);
+  ASSERT_TRUE(key.ok()) << key.status().to_string();
+  EXPECT_NE(run(std::string(TESSERA_BIN) + " keygen --out " + path + " 2>/dev/null", &out), 0);  // exists
+  std::remove(path.c_str());
+}
+
+TEST(CommCli, AllgatherBenchReportsBytesPerRank) {
+  REQUIRE_COMM_COMMANDS();
+  std::string out;
+  ASSERT_EQ(run(std::string(TESSERA_BIN) + " comm-bench --ranks 3 --op allgather --bytes 300000 --iters 2 --json", &out), 0)
+      << out;
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  ASSERT_EQ(j["per_rank"].size(), 3u);
+  for (const auto& r : j["per_rank"]) {
+    EXPECT_EQ(r["per_op"]["allgather"]["bytes_sent"], 2 * 200000);  // (K-1)/K of the total, per iteration
+    EXPECT_EQ(r["per_op"]["allgather"]["calls"], 2);
+  }
+  EXPECT_GT(j["algbw_bytes_per_s"].get<double>(), 0);
+}
+
+TEST(CommCli, PacedSendRecvMatchesTheLink) {
+  REQUIRE_COMM_COMMANDS();
+  std::string out;
+  ASSERT_EQ(run(std::string(TESSERA_BIN) +
+                    " comm-bench --ranks 2 --op sendrecv --bytes 10000000 --link 100mbit --iters 1 --warmup 0 --json",
+                &out),
+            0)
+      << out;
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  const double s = j["mean_seconds"].get<double>();
+  EXPECT_GT(s, 0.6);
+  EXPECT_LT(s, 1.2);
+}

@@ -1,0 +1,176 @@
+// Real processes over tcp (forked ranks, CURVE on): collectives against the
+// reference, accounting, link pacing, and a rank killed or stopped
+// mid-allgather.
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include "comm_test_util.h"
+
+using namespace tessera;
+using namespace tessera::comm;
+using namespace tessera::comm::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct TcpSetup {
+  std::vector<std::string> endpoints;
+  ClusterKey key;
+  std::string group_id;
+};
+
+TcpSetup make_setup(int k) {
+  TcpSetup s;
+  auto eps = pick_local_endpoints(k);
+  EXPECT_TRUE(eps.ok()) << eps.status().to_string();
+  if (eps.ok()) s.endpoints = *eps;
+  auto key = generate_cluster_key();
+  EXPECT_TRUE(key.ok());
+  if (key.ok()) s.key = *key;
+  s.group_id = "tcp-test-" + std::to_string(::getpid());
+  return s;
+}
+
+GroupOptions tcp_options(const TcpSetup& s, int rank) {
+  GroupOptions o;
+  o.rank = rank;
+  o.endpoints = s.endpoints;
+  o.key = s.key;
+  o.group_id = s.group_id;
+  o.connect_timeout = 20000ms;
+  return o;
+}
+
+int report(int rank, const core::Status& st, int code_on_error = 1) {
+  if (st.ok()) return 0;
+  std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+  return code_on_error;
+}
+
+// Blocks until `n` bytes came through the pipe or 30 s passed.
+bool read_ready(int fd, int n) {
+  int got = 0;
+  while (got < n) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 30000) <= 0) return false;
+    char buf[16];
+    const ssize_t r = ::read(fd, buf, sizeof(buf));
+    if (r <= 0) return false;
+    got += static_cast<int>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+class CollectivesTcp : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectivesTcp, MatchReferenceAcrossProcesses) {
+  const int k = GetParam();
+  const TcpSetup setup = make_setup(k);
+  Children c = fork_ranks(k, [&](int r) {
+    auto g = Group::create(tcp_options(setup, r));
+    if (!g.ok()) return report(r, g.status());
+    core::Status st = check_all_collectives(**g, k);
+    if (!st.ok()) return report(r, st);
+    // Accounting: an even allgather moves (K-1)/K of the total per rank.
+    (*g)->reset_stats();
+    // Nobody sends allgather data before everyone has reset its counters.
+    st = barrier(**g, BarrierOptions{20000ms, 99});
+    if (!st.ok()) return report(r, st);
+    core::Tensor out;
+    const int64_t part = 100000;
+    st = allgather(**g, AllgatherOptions{20000ms, 0}, core::Tensor::zeros(core::DType::kU8, {part}), &out);
+    if (!st.ok()) return report(r, st);
+    const CommStats s = (*g)->stats();
+    const uint64_t want = static_cast<uint64_t>(part * (k - 1));
+    if (s.op(OpKind::kAllgather).traffic.bytes_sent != want || s.op(OpKind::kAllgather).traffic.bytes_received != want) {
+      std::fprintf(stderr, "rank %d: allgather sent %llu, received %llu bytes, want %llu\n", r,
+                   static_cast<unsigned long long>(s.op(OpKind::kAllgather).traffic.bytes_sent),
+                   static_cast<unsigned long long>(s.op(OpKind::kAllgather).traffic.bytes_received),
+                   static_cast<unsigned long long>(want));
+      return 2;
+    }
+    if (s.frames_rejected != 0 || s.handshake_failures != 0) return 3;
+    return 0;
+  });
+  const auto codes = wait_children(c, 90s);
+  for (int r = 0; r < k; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r << " of " << k;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTcp, ::testing::Values(1, 2, 3, 4, 5, 8));
+
+TEST(Tcp, PacedTenMegabytes) {
+  const TcpSetup setup = make_setup(2);
+  Children c = fork_ranks(2, [&](int r) {
+    GroupOptions o = tcp_options(setup, r);
+    o.links = LinkMatrix::uniform(2, LinkSpec{100e6, 0});
+    auto g = Group::create(o);
+    if (!g.ok()) return report(r, g.status());
+    Group& grp = **g;
+    if (r == 1) {
+      auto t = grp.recv(0, 0, 10000ms);
+      if (!t.ok()) return report(r, t.status());
+      if (t->nbytes() != 10000000) return 2;
+      return report(r, grp.send(0, 1, core::Tensor::zeros(core::DType::kU8, {0}), 5000ms));
+    }
+    core::Timer timer;
+    core::Status st = grp.send(1, 0, core::Tensor::zeros(core::DType::kU8, {10000000}), 10000ms);
+    if (st.ok()) st = grp.recv(1, 1, 10000ms).status();
+    if (!st.ok()) return report(r, st);
+    const double s = timer.ms() / 1000.0;
+    std::printf("10 MB over tcp paced at 100mbit: %.3f s\n", s);
+    return s > 0.6 && s < 1.2 ? 0 : 3;
+  });
+  const auto codes = wait_children(c, 60s);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+// A forked rank is SIGKILLed (or SIGSTOPped) while every rank is inside an
+// allgather slowed to a few seconds by pacing: the others must return an
+// error well before the collective's timeout.
+static void lose_rank_mid_allgather(int sig) {
+  const int k = 3;
+  const TcpSetup setup = make_setup(k);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  Children c = fork_ranks(k, [&](int r) {
+    ::close(fds[0]);
+    GroupOptions o = tcp_options(setup, r);
+    o.links = LinkMatrix::uniform(k, LinkSpec{20e6, 0});  // 2 MB per hop: 0.8 s
+    o.heartbeat_interval = 200ms;
+    o.heartbeat_timeout = 1000ms;
+    auto g = Group::create(o);
+    if (!g.ok()) return report(r, g.status());
+    [[maybe_unused]] ssize_t n = ::write(fds[1], "x", 1);
+    core::Timer timer;
+    core::Tensor out;
+    core::Status st = allgather(**g, AllgatherOptions{30000ms, 0}, core::Tensor::zeros(core::DType::kU8, {2000000}), &out);
+    const double ms = timer.ms();
+    std::fprintf(stderr, "rank %d: allgather returned after %.0f ms: %s\n", r, ms, st.to_string().c_str());
+    if (st.ok()) return 3;
+    if (st.code() != core::ErrorCode::kNetwork) return 4;
+    return ms < 6000 ? 0 : 5;
+  });
+  ::close(fds[1]);
+  ASSERT_TRUE(read_ready(fds[0], k)) << "ranks did not form the group";
+  ::close(fds[0]);
+  std::this_thread::sleep_for(300ms);  // inside the allgather
+  ::kill(c.pids[2], sig);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Collect the survivors first; the victim is killed by wait_children.
+  Children survivors{{c.pids[0], c.pids[1]}};
+  const auto codes = wait_children(survivors, 20s);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Children victim{{c.pids[2]}};
+  ::kill(c.pids[2], SIGKILL);
+  wait_children(victim, 5s);
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+  EXPECT_LT(waited, 8.0);
+}
+
+TEST(Tcp, KilledRankMakesOthersFailFast) { lose_rank_mid_allgather(SIGKILL); }
+
+TEST(Tcp, StoppedRankIsDetectedByHeartbeats) { lose_rank_mid_allgather(SIGSTOP); }

@@ -1,0 +1,172 @@
+// `tessera run --devices K` with real worker processes on loopback: every
+// strategy equals the single device, --stats accounts the traffic, a killed
+// worker ends the run with a clear error, a wrong key is refused.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "comm/group.h"
+#include "comm/keys.h"
+#include "core/io.h"
+#include "model/safetensors.h"
+#include "runtime/job.h"
+
+namespace tessera {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+const std::string kBin = TESSERA_BIN;
+
+std::string tmp(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
+}
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+
+CmdResult run(const std::string& args) {
+  const std::string out = tmp("out.txt"), err = tmp("err.txt");
+  const int status = std::system((kBin + " " + args + " >" + out + " 2>" + err).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, core::read_file(out).value(), core::read_file(err).value()};
+}
+
+float max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
+  auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();
+  auto b = model::SafeTensorsFile::open(b_path).value().get(name).value();
+  EXPECT_EQ(a.shape(), b.shape());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
+}
+
+struct Input {
+  const char* model;
+  std::string args;
+};
+
+TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
+  auto vit = model::SafeTensorsFile::open(kData + "/vit-tiny/cases.safetensors").value();
+  const std::string pixels = tmp("pixels.safetensors");
+  ASSERT_TRUE(model::write_safetensors(pixels, {{"pixel_values", vit.get("c0.pixel_values").value()}}).ok());
+  const Input inputs[] = {{"bert-tiny", "--ids 3,14,15,92,65,35,89 --token-types 0,0,0,1,1,1,1"},
+                          {"gpt2-tiny", "--ids 5,6,7,8,9,10,11,12,13,14,15"},
+                          {"gpt2-tiny", "--ids 42"},  // N < K
+                          {"vit-tiny", "--pixels " + pixels}};
+  for (const auto& in : inputs) {
+    const std::string dir = kData + "/" + in.model;
+    const std::string ref = tmp("ref.safetensors");
+    ASSERT_EQ(run("run --model " + dir + " " + in.args + " --dump " + ref).code, 0);
+    for (const char* strategy : {"tp", "sp", "voltage", "pipeline"})
+      for (const std::string& devices : {std::string("2 --partition 3,1"), std::string("3")}) {
+        const std::string got = tmp("got.safetensors");
+        auto r = run("run --model " + dir + " " + in.args + " --strategy " + strategy + " --devices " + devices +
+                     " --dump " + got);
+        ASSERT_EQ(r.code, 0) << strategy << " " << devices << ": " << r.err;
+        EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f) << in.model << " " << strategy << " " << devices;
+        EXPECT_LT(max_diff(ref, got, "logits"), 1e-4f) << in.model << " " << strategy << " " << devices;
+      }
+  }
+}
+
+// Per layer and device: TP 4(K-1)NF/K elements, SP 2(K-1)NF/K, Voltage
+// (K-1)NF/K (its last layer is a gather to the terminal).
+TEST(DistributedTest, StatsAccountTheTrafficOfEachStrategy) {
+  const int64_t n = 12, F = 64, L = 2, K = 2;
+  std::string ids;
+  for (int i = 0; i < n; ++i) ids += (i ? "," : "") + std::to_string(i + 3);
+  auto stats = [&](const char* strategy) {
+    auto r = run("run --model " + kData + "/bert-tiny --ids " + ids + " --strategy " + strategy + " --devices 2 --stats");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto tp = stats("tp"), sp = stats("sp"), vo = stats("voltage");
+  for (int rank = 0; rank < K; ++rank) {
+    EXPECT_EQ(tp["ranks"][rank]["elements_sent_by_kind"]["allreduce"], L * 4 * (K - 1) * n * F / K);
+    EXPECT_EQ(tp["ranks"][rank]["bytes_sent_by_kind"]["allreduce"], 4 * L * 4 * (K - 1) * n * F / K);
+    EXPECT_EQ(sp["ranks"][rank]["elements_sent_by_kind"]["allgather"], L * 2 * (K - 1) * n * F / K);
+    EXPECT_EQ(sp["ranks"][rank]["bytes_sent_by_kind"]["allgather"], 4 * L * 2 * (K - 1) * n * F / K);
+    EXPECT_EQ(vo["ranks"][rank]["elements_sent_by_kind"]["allgather"], (L - 1) * (K - 1) * n * F / K);
+    EXPECT_GT(vo["ranks"][rank]["weight_bytes"].get<int64_t>(), 0);
+  }
+  EXPECT_GT(vo["latency_ms"].get<double>(), 0.0);
+  // TP shards: the worker holds about half the layer weights of the terminal.
+  EXPECT_LT(tp["ranks"][1]["weight_bytes"].get<int64_t>(), tp["ranks"][0]["weight_bytes"].get<int64_t>());
+}
+
+TEST(DistributedTest, KilledWorkerEndsTheRunWithAnErrorWithinTheTimeout) {
+  const std::string out = tmp("kill-out.txt"), err = tmp("kill-err.txt");
+  std::string ids;
+  for (int i = 0; i < 100; ++i) ids += (i ? "," : "") + std::to_string(i + 3);
+  // A slow link keeps the run going for seconds; the worker dies meanwhile.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string cmd = kBin + " run --model " + kData + "/gpt2-tiny --ids " + ids +
+                            " --strategy voltage --devices 3 --link 200kbit --timeout 10 >" + out + " 2>" + err;
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    ::_exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // Find a worker (grandchild: sh -> tessera -> worker-job) and kill it.
+  bool killed = false;
+  for (int i = 0; i < 100 && !killed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto r = std::system(("pkill -KILL -f '[w]orker-job.*\"rank\":2' >/dev/null 2>&1"));
+    killed = WIFEXITED(r) && WEXITSTATUS(r) == 0;
+  }
+  ASSERT_TRUE(killed);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  EXPECT_LT(secs, 25.0);
+  const std::string e = core::read_file(err).value();
+  EXPECT_EQ(e.rfind("error: ", 0), 0u) << e;
+}
+
+TEST(DistributedTest, WorkerWithWrongKeyIsRefused) {
+  auto endpoints = comm::pick_local_endpoints(2).value();
+  const std::string key_a = tmp("a.key"), key_b = tmp("b.key");
+  ASSERT_TRUE(comm::write_key_file(key_a, comm::generate_cluster_key().value(), true).ok());
+  ASSERT_TRUE(comm::write_key_file(key_b, comm::generate_cluster_key().value(), true).ok());
+  runtime::JobSpec job;
+  job.rank = 1;
+  job.endpoints = endpoints;
+  job.key_file = key_b;
+  job.model_dir = kData + "/bert-tiny";
+  job.strategy = "voltage";
+  job.timeout_ms = 3000;
+  const std::string err = tmp("worker-err.txt");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const std::string cmd = kBin + " worker-job --job '" + job.to_json().dump() + "' 2>" + err;
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+    ::_exit(127);
+  }
+  comm::GroupOptions o;
+  o.rank = 0;
+  o.endpoints = endpoints;
+  o.key = comm::read_key_file(key_a).value();
+  o.connect_timeout = std::chrono::milliseconds(3000);
+  auto group = comm::Group::create(o);
+  EXPECT_FALSE(group.ok());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  EXPECT_EQ(core::read_file(err).value().rfind("error: ", 0), 0u);
+}
+
+}  // namespace
+}  // namespace tessera
