@@ -31,8 +31,16 @@ mkdir -p "$models"
 [ -f "$models/bert-demo/model.safetensors" ] || $bin gen-model --preset bert-base --layers 4 --out "$models/bert-demo"
 [ -f "$models/gpt2-demo/model.safetensors" ] || $bin gen-model --preset gpt2 --layers 4 --out "$models/gpt2-demo"
 echo
-echo "== BERT classification (4-layer bert-base shape, random weights), 2 threads"
-$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." --threads 2
+echo "== BERT classification on 3 local devices (Voltage, position-wise), 4-layer bert-base shape, random weights"
+$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
+  --strategy voltage --devices 3 --link 500mbit,1ms
 echo
-echo "== GPT-2 greedy generation (4-layer gpt2 shape, random weights)"
+echo "== The same on one device"
+$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices."
+echo
+echo "== Per-device figures of a tensor-parallel run (JSON)"
+$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
+  --strategy tp --devices 2 --stats
+echo
+echo "== GPT-2 greedy generation (4-layer gpt2 shape, random weights), ids"
 $bin generate --model "$models/gpt2-demo" --ids 464,3290,318 --max-new-tokens 8 --greedy

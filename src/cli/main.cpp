@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
       "--log-level", [](const std::string& level) { tessera::core::init_logging(level); },
       "debug, info, warn, error or off (default error)");
   tessera::cli::add_model_commands(app);
+  tessera::cli::add_worker_commands(app);
+  tessera::cli::add_bench_attention(app);
   tessera::cli::add_comm_commands(app);
   try {
     app.parse(argc, argv);

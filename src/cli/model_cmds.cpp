@@ -9,6 +9,7 @@
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
+#include "parallel/prism.h"
 #include "runtime/distributed.h"
 #include "runtime/single_device.h"
 
@@ -51,6 +52,21 @@ int finish_parse(RunFlags& f) {
   return 0;
 }
 
+// Adds to the session's figures what each device computed (analytic GEMM
+// GFLOPs of the layers) and sent per layer (all its bytes over the layers,
+// including the terminal's first distribution and the final gather).
+nlohmann::json with_work_figures(const runtime::Session& s) {
+  nlohmann::json j = s.last_stats();
+  const auto flops = parallel::layer_flops_per_device(s.plan(), s.model().config(), j["rows"].get<int64_t>());
+  const double layers = static_cast<double>(std::max<int64_t>(s.model().config().layers, 1));
+  for (auto& r : j["ranks"]) {
+    const int rank = r["rank"].get<int>();
+    if (rank >= 0 && rank < static_cast<int>(flops.size())) r["gflops"] = flops[static_cast<size_t>(rank)] / 1e9;
+    r["bytes_per_layer"] = r["bytes_sent"].get<double>() / layers;
+  }
+  return j;
+}
+
 int run_distributed(RunFlags& f) {
   if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
   f.dist.model_dir = f.req.model_dir;
@@ -60,7 +76,7 @@ int run_distributed(RunFlags& f) {
   auto r = (*session)->run(f.req);
   if (!r.ok()) return fail(r.status().to_string());
   if (f.stats) {
-    std::cout << (*session)->last_stats().dump() << '\n';
+    std::cout << with_work_figures(**session).dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
   } else {
@@ -71,7 +87,7 @@ int run_distributed(RunFlags& f) {
 
 int run_command(RunFlags& f) {
   if (int rc = finish_parse(f)) return rc;
-  if (f.dist.strategy != "single" || f.dist.devices != 1) return run_distributed(f);
+  if (f.dist.strategy != "single" || f.dist.devices != 1 || !f.dist.cluster_file.empty()) return run_distributed(f);
   f.req.generate_tokens = f.generate;
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
   auto r = runtime::run_single(f.req);
@@ -99,12 +115,15 @@ void add_run(CLI::App& app) {
   f->req.gen.greedy = false;
   f->dist.strategy = "single";
   f->dist.devices = 1;
-  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline")->capture_default_str();
+  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline, prism")->capture_default_str();
+  auto* cr = cmd->add_option("--cr", f->dist.prism_rate, "prism: compression rate R, floor(N_p / R) means per partition");
+  cmd->add_option("--segments", f->dist.prism_segments, "prism: segment means per partition")->excludes(cr);
   cmd->add_option("--devices", f->dist.devices, "devices (local worker processes on loopback)")->capture_default_str();
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
   cmd->add_option("--layers", f->dist.layers, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)");
   cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
@@ -200,19 +219,6 @@ void add_bench_local(CLI::App& app) {
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 
-void add_worker_job(CLI::App& app) {
-  auto job = std::make_shared<std::string>();
-  CLI::App* cmd = app.add_subcommand("worker-job", "a local worker process (started by `tessera run --devices K`)");
-  cmd->group("");  // hidden
-  cmd->add_option("--job", *job, "job JSON")->required();
-  cmd->callback([job] {
-    auto spec = runtime::JobSpec::from_json(*job);
-    if (!spec.ok()) throw CLI::RuntimeError(fail(spec.status().to_string()));
-    const auto st = runtime::run_worker(*spec);
-    if (!st.ok()) throw CLI::RuntimeError(fail("worker " + std::to_string(spec->rank) + ": " + st.to_string()));
-  });
-}
-
 void add_gen_model(CLI::App& app) {
   auto o = std::make_shared<model::GenModelOptions>();
   CLI::App* cmd = app.add_subcommand("gen-model", "write a Hugging Face model folder with seeded random weights");
@@ -241,7 +247,7 @@ void add_model_commands(CLI::App& app) {
   add_generate(app);
   add_bench_local(app);
   add_gen_model(app);
-  add_worker_job(app);
+  add_fidelity_command(app);
 }
 
 }  // namespace tessera::cli

@@ -60,19 +60,19 @@ core::Status GroupCore::start() {
     TESSERA_RETURN_IF_ERROR(validate_cluster_key(*options_.key));
     zmq_z85_decode(cluster_public_, options_.key->public_z85.c_str());
   }
-  if (inproc_) {
-    if (!options_.context) return core::invalid_argument("inproc groups need a context shared by all ranks");
-    ctx_ = options_.context;
-  } else {
-    ctx_ = std::make_shared<zmq::context_t>(std::max(1, options_.io_threads));
-    owns_ctx_ = true;
-  }
+  if (inproc_ && !options_.context) return core::invalid_argument("inproc groups need a context shared by all ranks");
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return core::internal_error(std::string("eventfd: ") + std::strerror(errno));
 
   const std::string bind_ep = options_.bind_endpoint.empty() ? options_.endpoints[rank_] : options_.bind_endpoint;
-  std::string step;
+  std::string step = "creating the ZeroMQ context";
   try {
+    if (inproc_) {
+      ctx_ = options_.context;
+    } else {
+      ctx_ = std::make_shared<zmq::context_t>(std::max(1, options_.io_threads));
+      owns_ctx_ = true;
+    }
     if (secure_) {
       // The key check: libzmq asks whoever is bound here about every
       // CURVE client of this context before accepting it.

@@ -11,7 +11,8 @@ Result<Strategy> parse_strategy(const std::string& name) {
   if (name == "sp") return Strategy::kSp;
   if (name == "voltage") return Strategy::kVoltage;
   if (name == "pipeline") return Strategy::kPipeline;
-  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline)");
+  if (name == "prism") return Strategy::kPrism;
+  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline, prism)");
 }
 
 const char* strategy_name(Strategy s) {
@@ -21,6 +22,7 @@ const char* strategy_name(Strategy s) {
     case Strategy::kSp: return "sp";
     case Strategy::kVoltage: return "voltage";
     case Strategy::kPipeline: return "pipeline";
+    case Strategy::kPrism: return "prism";
   }
   return "?";
 }
@@ -37,6 +39,16 @@ core::Status complete_plan(Plan& plan, const model::ModelConfig& config) {
     if (plan.layers.device_of_layer.empty()) plan.layers = contiguous_layers(config.layers, plan.world);
     if (static_cast<int64_t>(plan.layers.device_of_layer.size()) != config.layers || plan.layers.devices != plan.world)
       return core::invalid_argument("layer map does not match the model's layers or the device count");
+  }
+  const bool has_rate = plan.prism_rate != 0.0, has_segments = plan.prism_segments != 0;
+  if (plan.strategy == Strategy::kPrism) {
+    if (has_rate == has_segments)
+      return core::invalid_argument("prism needs exactly one of a compression rate (--cr) or segments (--segments)");
+    if (has_rate && !(plan.prism_rate >= 1.0 && plan.prism_rate <= 1e9))
+      return core::invalid_argument("compression rate must be in [1, 1e9]");
+    if (has_segments && plan.prism_segments < 1) return core::invalid_argument("segments must be >= 1");
+  } else if (has_rate || has_segments) {
+    return core::invalid_argument("a compression rate or segment count applies to strategy 'prism' only");
   }
   return core::ok_status();
 }
@@ -81,6 +93,7 @@ Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Syn
     case Strategy::kSp: return run_sp(model, plan, sync, std::move(x), n, pool);
     case Strategy::kVoltage: return run_voltage(model, plan, sync, std::move(x), n, pool);
     case Strategy::kPipeline: return run_pipeline(model, plan, sync, std::move(x), n, pool);
+    case Strategy::kPrism: return run_prism(model, plan, sync, std::move(x), n, pool);
   }
   return core::internal_error("unknown strategy");
 }

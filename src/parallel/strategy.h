@@ -15,7 +15,7 @@
 
 namespace tessera::parallel {
 
-enum class Strategy { kSingle, kTp, kSp, kVoltage, kPipeline };
+enum class Strategy { kSingle, kTp, kSp, kVoltage, kPipeline, kPrism };
 core::Result<Strategy> parse_strategy(const std::string& name);
 const char* strategy_name(Strategy s);
 
@@ -25,6 +25,10 @@ struct Plan {
   std::vector<double> ratios;  // rows (sp, voltage) or heads and FFN columns (tp); empty = equal
   LayerMap layers;             // pipeline; empty = contiguous equal ranges
   bool adaptive_order = true;  // Voltage Theorem 2; false = always Eq. (3)
+  // PRISM: exactly one of the compression rate R (L_p = max(1, floor(N_p / R)))
+  // or the segment means per partition L; 0 = unset.
+  double prism_rate = 0.0;
+  int64_t prism_segments = 0;
 };
 
 // Fills defaults (equal ratios, contiguous layers) and checks the plan.
@@ -52,5 +56,7 @@ core::Result<core::Tensor> run_voltage(const model::Transformer& model, const Pl
                                        core::Tensor x, int64_t n, core::ThreadPool* pool);
 core::Result<core::Tensor> run_pipeline(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
                                         core::Tensor x, int64_t n, core::ThreadPool* pool);
+core::Result<core::Tensor> run_prism(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
+                                     core::Tensor x, int64_t n, core::ThreadPool* pool);
 
 }  // namespace tessera::parallel

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/control.h"
 #include "comm/keys.h"
 #include "comm/link.h"
 #include "core/io.h"
@@ -55,16 +56,18 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
-Result<comm::GroupOptions> group_options(const JobSpec& job) {
+Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key = std::nullopt) {
   comm::GroupOptions o;
   o.rank = job.rank;
   o.endpoints = job.endpoints;
   o.group_id = job.group_id;
   o.insecure = job.insecure;
   o.connect_timeout = comm::Millis(job.timeout_ms);
-  if (!job.insecure) {
-    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::read_key_file(job.key_file));
+  if (!job.insecure && key) {
     o.key = key;
+  } else if (!job.insecure) {
+    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey k, comm::read_key_file(job.key_file));
+    o.key = k;
   }
   if (!job.link.empty()) {
     TESSERA_ASSIGN_OR_RETURN(o.links, comm::LinkMatrix::from_arg(job.link, static_cast<int>(job.endpoints.size())));
@@ -94,8 +97,11 @@ json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double
 
 }  // namespace
 
-Status run_worker(const JobSpec& job) {
-  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job));
+Status run_worker(const JobSpec& job, const WorkerEnv& env) {
+  JobSpec local = job;
+  if (env.key) local.key_file.clear();
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(local, env.key));
+  go.bind_endpoint = env.bind_endpoint;
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.plan(cfg));
@@ -135,9 +141,17 @@ Status run_worker(const JobSpec& job) {
 Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) {
   std::unique_ptr<Session> s(new Session());
   s->opts_ = opts;
-  if (opts.devices < 1 || opts.devices > 64) return core::invalid_argument("--devices must be in [1, 64]");
   if (opts.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
+  std::optional<ClusterFile> cluster;
+  if (!opts.cluster_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(cluster, load_cluster_file(opts.cluster_file));
+    s->opts_.devices = 1 + static_cast<int>(cluster->workers.size());
+    if (!opts.insecure && opts.key_file.empty())
+      return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+  }
+  const int devices = s->opts_.devices;
+  if (devices < 1 || devices > 64) return core::invalid_argument("--devices must be in [1, 64]");
   JobSpec& job = s->job_;
   job.model_dir = opts.model_dir;
   job.strategy = opts.strategy;
@@ -146,28 +160,53 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   job.link = opts.link;
   job.insecure = opts.insecure;
   job.adaptive_order = opts.adaptive_order;
-  job.group_id = "tessera-" + std::to_string(::getpid()) + "-" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  job.prism_rate = opts.prism_rate;
+  job.prism_segments = opts.prism_segments;
+  job.group_id = "tessera-" + std::to_string(::getpid()) + "-" +
+                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   if (!opts.partition.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(job.ratios, parallel::parse_ratios(opts.partition, opts.devices));
+    TESSERA_ASSIGN_OR_RETURN(job.ratios, parallel::parse_ratios(opts.partition, devices));
   }
   if (!opts.layers.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(parallel::LayerMap m, parallel::parse_layer_map(opts.layers, cfg.layers, opts.devices));
+    TESSERA_ASSIGN_OR_RETURN(parallel::LayerMap m, parallel::parse_layer_map(opts.layers, cfg.layers, devices));
     job.layer_map = m.device_of_layer;
   }
-  TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(opts.devices));
-  if (!opts.insecure) {
-    job.key_file = opts.key_file;
-    if (job.key_file.empty()) {  // local workers share an ephemeral key
-      s->temp_key_ = "/tmp/tessera-key-" + job.group_id + ".json";
-      TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::generate_cluster_key());
-      TESSERA_RETURN_IF_ERROR(comm::write_key_file(s->temp_key_, key));
-      job.key_file = s->temp_key_;
+  std::string bind;
+  if (cluster) {
+    job.endpoints.push_back(cluster->terminal);
+    for (const auto& w : cluster->workers) {
+      TESSERA_ASSIGN_OR_RETURN(std::string data, next_port_endpoint(w));
+      job.endpoints.push_back(data);
     }
+    TESSERA_ASSIGN_OR_RETURN(bind, bind_form(cluster->terminal));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(devices));
+  }
+  job.key_file = opts.key_file;
+  if (!opts.insecure && job.key_file.empty()) {  // local workers share an ephemeral key
+    s->temp_key_ = "/tmp/tessera-key-" + job.group_id + ".json";
+    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::generate_cluster_key());
+    TESSERA_RETURN_IF_ERROR(comm::write_key_file(s->temp_key_, key));
+    job.key_file = s->temp_key_;
   }
   TESSERA_ASSIGN_OR_RETURN(s->plan_, job.plan(cfg));
-  for (int r = 1; r < opts.devices; ++r) {
+  std::optional<comm::ClusterKey> key;
+  if (!opts.insecure) {
+    TESSERA_ASSIGN_OR_RETURN(key, comm::read_key_file(job.key_file));
+  }
+  for (int r = 1; r < devices; ++r) {
     JobSpec w = job;
     w.rank = r;
+    if (cluster) {
+      w.key_file.clear();  // the daemon uses its own copy of the cluster key
+      TESSERA_ASSIGN_OR_RETURN(std::string answer, comm::control_request(cluster->workers[static_cast<size_t>(r - 1)], key,
+                                                                         w.to_json().dump(), comm::Millis(opts.timeout_ms)));
+      json a = json::parse(answer, nullptr, false);
+      if (a.is_discarded() || !a.is_object() || a.value("ok", false) != true)
+        return core::network_error("worker " + cluster->workers[static_cast<size_t>(r - 1)] + " refused the job: " +
+                                   (a.is_object() ? a.value("error", std::string("?")) : std::string("bad answer")));
+      continue;
+    }
     const std::string arg = w.to_json().dump();
     const pid_t pid = ::fork();
     if (pid < 0) return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
@@ -179,11 +218,12 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
     }
     s->children_.push_back(pid);
   }
-  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job));
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, key));
+  go.bind_endpoint = bind;
   TESSERA_ASSIGN_OR_RETURN(s->group_, comm::Group::create(go));
   TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts.model_dir, parallel::load_options(s->plan_, cfg, 0)));
   s->model_ = std::make_unique<model::Transformer>(std::move(m));
-  for (int r = 1; r < opts.devices; ++r) {
+  for (int r = 1; r < devices; ++r) {
     TESSERA_ASSIGN_OR_RETURN(json ready, recv_json(*s->group_, r, kToTerminalTag, comm::Millis(opts.timeout_ms)));
     if (ready["op"] == "error")
       return core::internal_error("worker " + std::to_string(r) + ": " + ready.value("message", std::string("failed")));

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <sys/types.h>
 #include <vector>
 
 #include "comm/group.h"
+#include "comm/keys.h"
 #include "core/status.h"
 #include "model/transformer.h"
 #include "parallel/comm_sync.h"
@@ -19,9 +21,42 @@
 
 namespace tessera::runtime {
 
-// A worker's whole life: form the group, load its part, answer requests
-// until the terminal says stop or is lost.
-core::Status run_worker(const JobSpec& job);
+// Where a worker binds and which key it uses, when that is the worker's own
+// business (a daemon) rather than the job's (a local worker process).
+struct WorkerEnv {
+  std::string bind_endpoint;          // empty: endpoints[rank]
+  std::optional<comm::ClusterKey> key;  // set: overrides the job's key file
+};
+
+// A worker's whole life in one job: form the group, load its part, answer
+// requests until the terminal says stop or is lost.
+core::Status run_worker(const JobSpec& job, const WorkerEnv& env = {});
+
+// `tessera worker`: a daemon on a device. It listens for jobs on `listen`
+// (the control channel); for each, it binds its data endpoint on the port
+// after the listen port and runs the job. Only terminals holding the cluster
+// key can reach it (unless insecure).
+struct DaemonOptions {
+  std::string listen = "tcp://0.0.0.0:7070";
+  std::string key_file;
+  bool insecure = false;
+  int jobs = 0;  // stop after this many jobs (0: never)
+};
+core::Status run_worker_daemon(const DaemonOptions& opts);
+
+// A cluster file (TOML) for the terminal:
+//   terminal = "tcp://192.168.1.10:7100"   # this device's data endpoint
+//   workers = ["tcp://192.168.1.11:7070", "tcp://192.168.1.12:7070"]
+// Worker entries are the daemons' --listen endpoints; their data endpoint is
+// the same host on the next port.
+struct ClusterFile {
+  std::string terminal;
+  std::vector<std::string> workers;
+};
+core::Result<ClusterFile> load_cluster_file(const std::string& path);
+// "tcp://host:7070" -> "tcp://host:7071"; "tcp://host:7070" -> "tcp://*:7070" for binding.
+core::Result<std::string> next_port_endpoint(const std::string& endpoint);
+core::Result<std::string> bind_form(const std::string& endpoint);
 
 struct DistributedOptions {
   std::string model_dir;
@@ -33,7 +68,10 @@ struct DistributedOptions {
   std::string link;       // emulated links; empty = unpaced
   bool insecure = false;
   std::string key_file;   // empty and secure: an ephemeral key for local workers
+  std::string cluster_file;  // set: remote worker daemons instead of local processes
   bool adaptive_order = true;
+  double prism_rate = 0.0;     // PRISM --cr (0 = unset)
+  int64_t prism_segments = 0;  // PRISM --segments (0 = unset)
   int timeout_ms = 60000;
 };
 
@@ -49,6 +87,7 @@ class Session {
   // Per-rank figures of the last run (see docs): latency, compute and
   // communication time, bytes per collective kind, weight bytes.
   const nlohmann::json& last_stats() const { return stats_; }
+  const parallel::Plan& plan() const { return plan_; }
   const model::Transformer& model() const { return *model_; }
 
  private:

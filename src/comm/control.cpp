@@ -1,0 +1,124 @@
+#include "comm/control.h"
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "core/logging.h"
+
+namespace tessera::comm {
+
+using core::Result;
+using core::Status;
+
+Result<std::unique_ptr<ControlServer>> ControlServer::bind(const std::string& endpoint, std::optional<ClusterKey> key,
+                                                           size_t max_request_bytes) {
+  std::unique_ptr<ControlServer> s(new ControlServer());
+  try {
+    s->ctx_ = std::make_unique<zmq::context_t>(1);
+    if (key) {
+      TESSERA_RETURN_IF_ERROR(validate_cluster_key(*key));
+      s->cluster_public_.resize(32);
+      if (zmq_z85_decode(reinterpret_cast<uint8_t*>(s->cluster_public_.data()), key->public_z85.c_str()) == nullptr)
+        return core::invalid_argument("cluster public key is not Z85");
+      // libzmq asks whoever is bound here about every CURVE client.
+      s->zap_ = std::make_unique<zmq::socket_t>(*s->ctx_, zmq::socket_type::rep);
+      s->zap_->set(zmq::sockopt::linger, 0);
+      s->zap_->bind("inproc://zeromq.zap.01");
+    }
+    s->rep_ = std::make_unique<zmq::socket_t>(*s->ctx_, zmq::socket_type::rep);
+    s->rep_->set(zmq::sockopt::linger, 0);
+    s->rep_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_request_bytes));
+    if (key) {
+      s->rep_->set(zmq::sockopt::curve_server, true);
+      s->rep_->set(zmq::sockopt::curve_secretkey, key->secret_z85);
+      s->rep_->set(zmq::sockopt::zap_domain, "tessera-control");
+    }
+    s->rep_->bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    return core::network_error("cannot bind control endpoint " + endpoint + ": " + e.what());
+  }
+  return s;
+}
+
+ControlServer::~ControlServer() {
+  rep_.reset();
+  zap_.reset();
+}
+
+void ControlServer::handle_zap() {
+  for (;;) {
+    std::vector<zmq::message_t> req;
+    if (!zmq::recv_multipart(*zap_, std::back_inserter(req), zmq::recv_flags::dontwait)) return;
+    // RFC 27: the CURVE credential is the client's proven public key.
+    const bool ok = req.size() >= 7 && req[5].to_string_view() == "CURVE" && req[6].size() == 32 &&
+                    std::memcmp(req[6].data(), cluster_public_.data(), 32) == 0;
+    if (!ok) ++auth_rejections_;
+    const std::string id = req.size() >= 2 ? req[1].to_string() : std::string();
+    zap_->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(id), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(std::string(ok ? "200" : "400")), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(std::string(ok ? "OK" : "not the cluster key")), zmq::send_flags::sndmore);
+    zap_->send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    zap_->send(zmq::str_buffer(""), zmq::send_flags::none);
+  }
+}
+
+Result<std::string> ControlServer::receive(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  try {
+    for (;;) {
+      std::vector<zmq::pollitem_t> items = {{rep_->handle(), 0, ZMQ_POLLIN, 0}};
+      if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return core::timeout_error("no control request");
+      zmq::poll(items, std::min(left, std::chrono::milliseconds(1000)));
+      if (zap_ && (items[1].revents & ZMQ_POLLIN)) handle_zap();
+      if (items[0].revents & ZMQ_POLLIN) {
+        zmq::message_t m;
+        if (!rep_->recv(m, zmq::recv_flags::dontwait)) continue;
+        return m.to_string();
+      }
+    }
+  } catch (const zmq::error_t& e) {
+    return core::network_error(std::string("control receive: ") + e.what());
+  }
+}
+
+Status ControlServer::reply(const std::string& text) {
+  try {
+    if (!rep_->send(zmq::buffer(text), zmq::send_flags::dontwait)) return core::network_error("control reply not sent");
+  } catch (const zmq::error_t& e) {
+    return core::network_error(std::string("control reply: ") + e.what());
+  }
+  return core::ok_status();
+}
+
+Result<std::string> control_request(const std::string& endpoint, const std::optional<ClusterKey>& key,
+                                    const std::string& request, std::chrono::milliseconds timeout) {
+  try {
+    zmq::context_t ctx(1);
+    zmq::socket_t req(ctx, zmq::socket_type::req);
+    req.set(zmq::sockopt::linger, 0);
+    req.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(1 << 20));
+    if (key) {
+      req.set(zmq::sockopt::curve_serverkey, key->public_z85);
+      req.set(zmq::sockopt::curve_publickey, key->public_z85);
+      req.set(zmq::sockopt::curve_secretkey, key->secret_z85);
+    }
+    req.connect(endpoint);
+    if (!req.send(zmq::buffer(request), zmq::send_flags::dontwait)) return core::network_error("cannot queue the request");
+    std::vector<zmq::pollitem_t> items = {{req.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, timeout);
+    zmq::message_t m;
+    if (!(items[0].revents & ZMQ_POLLIN) || !req.recv(m, zmq::recv_flags::dontwait))
+      return core::timeout_error("no answer from " + endpoint + " (not running, unreachable, or it refused our key)");
+    return m.to_string();
+  } catch (const zmq::error_t& e) {
+    return core::network_error("control request to " + endpoint + ": " + e.what());
+  }
+}
+
+}  // namespace tessera::comm

@@ -1,0 +1,109 @@
+// The worker daemon and the terminal's cluster file.
+#include <toml++/toml.h>
+
+#include "comm/control.h"
+#include "core/logging.h"
+#include "runtime/distributed.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using nlohmann::json;
+
+namespace {
+
+struct Endpoint {
+  std::string scheme_host;  // "tcp://host"
+  int port = 0;
+};
+
+Result<Endpoint> split_endpoint(const std::string& ep) {
+  const size_t colon = ep.rfind(':');
+  if (ep.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon < 6)
+    return core::invalid_argument("endpoint '" + ep + "' is not tcp://HOST:PORT");
+  Endpoint e;
+  e.scheme_host = ep.substr(0, colon);
+  try {
+    size_t used = 0;
+    e.port = std::stoi(ep.substr(colon + 1), &used);
+    if (used != ep.size() - colon - 1) throw std::invalid_argument("trailing");
+  } catch (...) {
+    return core::invalid_argument("endpoint '" + ep + "' has no valid port");
+  }
+  if (e.port < 1 || e.port > 65534) return core::invalid_argument("endpoint '" + ep + "' port out of range");
+  return e;
+}
+
+}  // namespace
+
+Result<std::string> next_port_endpoint(const std::string& endpoint) {
+  TESSERA_ASSIGN_OR_RETURN(Endpoint e, split_endpoint(endpoint));
+  return e.scheme_host + ":" + std::to_string(e.port + 1);
+}
+
+Result<std::string> bind_form(const std::string& endpoint) {
+  TESSERA_ASSIGN_OR_RETURN(Endpoint e, split_endpoint(endpoint));
+  return "tcp://*:" + std::to_string(e.port);
+}
+
+Result<ClusterFile> load_cluster_file(const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return core::parse_error("cluster file '" + path + "': " + std::string(e.description()));
+  }
+  ClusterFile c;
+  const auto terminal = t["terminal"].value<std::string>();
+  if (!terminal) return core::parse_error("cluster file '" + path + "': missing terminal = \"tcp://HOST:PORT\"");
+  c.terminal = *terminal;
+  TESSERA_RETURN_IF_ERROR(split_endpoint(c.terminal).status());
+  const toml::array* workers = t["workers"].as_array();
+  if (workers == nullptr || workers->empty()) return core::parse_error("cluster file '" + path + "': missing workers = [...]");
+  for (const auto& w : *workers) {
+    const auto ep = w.value<std::string>();
+    if (!ep) return core::parse_error("cluster file '" + path + "': workers must be endpoint strings");
+    TESSERA_RETURN_IF_ERROR(split_endpoint(*ep).status());
+    c.workers.push_back(*ep);
+  }
+  if (c.workers.size() > 63) return core::invalid_argument("cluster file: at most 63 workers");
+  return c;
+}
+
+Status run_worker_daemon(const DaemonOptions& opts) {
+  std::optional<comm::ClusterKey> key;
+  if (!opts.insecure) {
+    if (opts.key_file.empty()) return core::invalid_argument("a worker needs --key FILE (tessera keygen) or --insecure");
+    TESSERA_ASSIGN_OR_RETURN(key, comm::read_key_file(opts.key_file));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::string data_ep, next_port_endpoint(opts.listen));
+  TESSERA_ASSIGN_OR_RETURN(std::string data_bind, bind_form(data_ep));
+  TESSERA_ASSIGN_OR_RETURN(auto server, comm::ControlServer::bind(opts.listen, key));
+  spdlog::info("worker listening for jobs on {} (data on {})", opts.listen, data_bind);
+  for (int done = 0; opts.jobs == 0 || done < opts.jobs;) {
+    auto request = server->receive(std::chrono::hours(1));
+    if (!request.ok()) {
+      if (request.status().code() == core::ErrorCode::kTimeout) continue;
+      return request.status();
+    }
+    auto job = JobSpec::from_json(*request);
+    if (!job.ok() || job->rank == 0) {
+      const std::string why = job.ok() ? "rank 0 is the terminal" : job.status().to_string();
+      TESSERA_RETURN_IF_ERROR(server->reply(json({{"ok", false}, {"error", why}}).dump()));
+      continue;
+    }
+    job->insecure = opts.insecure;  // the daemon's own security setting, not the request's
+    TESSERA_RETURN_IF_ERROR(server->reply(json({{"ok", true}}).dump()));
+    ++done;
+    const Status st = run_worker(*job, WorkerEnv{data_bind, key});
+    if (st.ok()) {
+      spdlog::info("job of group {} finished", job->group_id);
+    } else {
+      spdlog::warn("job of group {} ended: {}", job->group_id, st.to_string());
+    }
+  }
+  return core::ok_status();
+}
+
+}  // namespace tessera::runtime

@@ -1,0 +1,151 @@
+// `tessera run --strategy prism` with real worker processes on loopback: with
+// R = 1 it equals the single device (causal GPT-2 and uneven partitions
+// included), and --stats accounts (P-1) L F elements per device per layer
+// plus each device's GFLOPs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "core/io.h"
+#include "model/safetensors.h"
+#include "runtime/job.h"
+
+namespace tessera {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+const std::string kBin = TESSERA_BIN;
+
+std::string tmp(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
+}
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+
+CmdResult run(const std::string& args) {
+  const std::string out = tmp("out.txt"), err = tmp("err.txt");
+  const int status = std::system((kBin + " " + args + " >" + out + " 2>" + err).c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, core::read_file(out).value(), core::read_file(err).value()};
+}
+
+float max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
+  auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();
+  auto b = model::SafeTensorsFile::open(b_path).value().get(name).value();
+  EXPECT_EQ(a.shape(), b.shape());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
+}
+
+struct Input {
+  const char* model;
+  std::string args;
+};
+
+TEST(PrismProcessTest, RateOneEqualsSingleDeviceWithProcesses) {
+  auto vit = model::SafeTensorsFile::open(kData + "/vit-tiny/cases.safetensors").value();
+  const std::string pixels = tmp("pixels.safetensors");
+  ASSERT_TRUE(model::write_safetensors(pixels, {{"pixel_values", vit.get("c0.pixel_values").value()}}).ok());
+  const Input inputs[] = {{"bert-tiny", "--ids 3,14,15,92,65,35,89 --token-types 0,0,0,1,1,1,1"},
+                          {"gpt2-tiny", "--ids 5,6,7,8,9,10,11,12,13,14,15"},
+                          {"gpt2-tiny", "--ids 42"},  // N < K
+                          {"vit-tiny", "--pixels " + pixels}};
+  for (const auto& in : inputs) {
+    const std::string dir = kData + "/" + in.model;
+    const std::string ref = tmp("ref.safetensors");
+    ASSERT_EQ(run("run --model " + dir + " " + in.args + " --dump " + ref).code, 0);
+    for (const std::string& devices : {std::string("2"), std::string("2 --partition 3,1"), std::string("3"),
+                                       std::string("3 --partition 1,0,2")}) {
+      const std::string got = tmp("got.safetensors");
+      auto r = run("run --model " + dir + " " + in.args + " --strategy prism --cr 1 --devices " + devices + " --dump " + got);
+      ASSERT_EQ(r.code, 0) << devices << ": " << r.err;
+      EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f) << in.model << " " << devices;
+      EXPECT_LT(max_diff(ref, got, "logits"), 1e-4f) << in.model << " " << devices;
+    }
+  }
+}
+
+// Per layer and device: PRISM (P-1) L F elements in the AllGather of means,
+// Voltage (P-1) N F / P; the last layer is a gather to the terminal in both.
+TEST(PrismProcessTest, StatsAccountMeansAndFlops) {
+  const int64_t n = 24, F = 64, layers = 2;
+  std::string ids;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) ids += ',';
+    ids += std::to_string(i + 3);
+  }
+  auto stats = [&](const std::string& args) {
+    auto r = run("run --model " + kData + "/bert-tiny --ids " + ids + " " + args + " --stats");
+    EXPECT_EQ(r.code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  for (int k : {2, 3}) {
+    std::string dev = " --devices ";
+    dev += std::to_string(k);
+    const auto vo = stats("--strategy voltage" + dev);
+    const auto cr4 = stats("--strategy prism --cr 4" + dev);
+    const auto seg2 = stats("--strategy prism --segments 2" + dev);
+    const int64_t l4 = n / k / 4;
+    for (int rank = 0; rank < k; ++rank) {
+      EXPECT_EQ(vo["ranks"][rank]["elements_sent_by_kind"]["allgather"], (layers - 1) * (k - 1) * n * F / k);
+      EXPECT_EQ(cr4["ranks"][rank]["elements_sent_by_kind"]["allgather"], (layers - 1) * (k - 1) * l4 * F);
+      EXPECT_EQ(cr4["ranks"][rank]["bytes_sent_by_kind"]["allgather"], 4 * (layers - 1) * (k - 1) * l4 * F);
+      EXPECT_EQ(seg2["ranks"][rank]["elements_sent_by_kind"]["allgather"], (layers - 1) * (k - 1) * 2 * F);
+      EXPECT_GT(cr4["ranks"][rank]["gflops"].get<double>(), 0.0);
+      EXPECT_LT(cr4["ranks"][rank]["gflops"].get<double>(), vo["ranks"][rank]["gflops"].get<double>());
+      EXPECT_TRUE(cr4["ranks"][rank].contains("bytes_per_layer"));
+    }
+    EXPECT_EQ(cr4["strategy"], "prism");
+  }
+  // Exactly one of --cr and --segments.
+  EXPECT_NE(run("run --model " + kData + "/bert-tiny --ids " + ids + " --strategy prism --devices 2").code, 0);
+  EXPECT_NE(run("run --model " + kData + "/bert-tiny --ids " + ids + " --strategy voltage --cr 2 --devices 2").code, 0);
+}
+
+TEST(PrismProcessTest, JobCarriesTheRateToWorkers) {
+  runtime::JobSpec job;
+  job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
+  job.insecure = true;
+  job.strategy = "prism";
+  job.prism_rate = 9.9;
+  auto back = runtime::JobSpec::from_json(job.to_json().dump());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->prism_rate, 9.9);
+  EXPECT_EQ(back->prism_segments, 0);
+  const auto cfg = model::load_config(kData + "/gpt2-tiny").value();
+  const auto plan = back->plan(cfg);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->strategy, parallel::Strategy::kPrism);
+  EXPECT_EQ(plan->prism_rate, 9.9);
+  job.prism_rate = 0;
+  job.prism_segments = 4;
+  back = runtime::JobSpec::from_json(job.to_json().dump());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->prism_segments, 4);
+  job.prism_segments = -1;
+  EXPECT_FALSE(runtime::JobSpec::from_json(job.to_json().dump()).ok());
+}
+
+TEST(PrismProcessTest, FidelityReportsExactAgreementAtRateOne) {
+  auto r = run("fidelity --model " + kData + "/gpt2-tiny --strategy prism --cr 1,4 --devices 3 --samples 3 --seq 20 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto nl = r.out.find('\n');
+  const auto one = nlohmann::json::parse(r.out.substr(0, nl)), four = nlohmann::json::parse(r.out.substr(nl + 1));
+  EXPECT_GT(one["cosine"].get<double>(), 0.999999);
+  EXPECT_LT(one["max_abs_err"].get<double>(), 1e-4);
+  EXPECT_EQ(one["top1_agreement"].get<double>(), 1.0);
+  EXPECT_EQ(four["cr"].get<double>(), 4.0);
+  EXPECT_GT(four["max_abs_err"].get<double>(), 1e-4);  // compression is not free
+  EXPECT_EQ(four["samples"], 3);
+}
+
+}  // namespace
+}  // namespace tessera
