@@ -1,6 +1,7 @@
 // `tessera <command>`: thin entry point; the work lives in the libraries.
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "cli/comm_cmd.h"
 #include "cli/commands.h"
@@ -16,8 +17,22 @@ int fail(const std::string& what) {
 
 }  // namespace tessera::cli
 
+namespace {
+
+// The compute threads a run asks for, read before the arguments are parsed
+// because OpenBLAS must be configured before it loads (see gemm.h).
+int requested_threads(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--threads" || a == "--threads-per-device") return std::atoi(argv[i + 1]);
+  }
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  tessera::kernels::reexec_with_better_blas_core(argv);
+  tessera::kernels::reexec_with_better_blas_core(argv, requested_threads(argc, argv));
   CLI::App app{"Tessera: one transformer inference split across edge devices"};
   app.require_subcommand(1);
   // Errors reach the user as one "error: ..." line; log lines stay quiet

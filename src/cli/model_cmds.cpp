@@ -22,6 +22,8 @@ struct RunFlags {
   runtime::DistributedOptions dist;
   bool stats = false;
   int timeout_s = 60;
+  int reps = 1;
+  int warmup = 0;
   std::string ids, token_types;
   bool json = false;
   int64_t generate = 0;
@@ -69,6 +71,7 @@ nlohmann::json with_work_figures(const runtime::Session& s) {
 
 int run_distributed(RunFlags& f) {
   if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
+  if (f.reps < 1 || f.warmup < 0) return fail("--reps must be >= 1 and --warmup >= 0");
   f.dist.model_dir = f.req.model_dir;
   f.dist.timeout_ms = f.timeout_s * 1000;
   auto session = runtime::Session::start(f.dist);
@@ -128,6 +131,8 @@ void add_run(CLI::App& app) {
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take")->capture_default_str();
+  cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
+  cmd->add_option("--warmup", f->warmup, "distributed: untimed runs first")->capture_default_str();
   cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
 }
 

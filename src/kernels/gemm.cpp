@@ -25,12 +25,21 @@ std::string better_blas_core() {
   return "";
 }
 
-void reexec_with_better_blas_core(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("TESSERA_KEEP_BLAS_CORE") != nullptr) return;
-  const std::string core = better_blas_core();
-  if (core.empty()) return;
-  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-  ::execv("/proc/self/exe", argv);  // on failure, go on with the kernels we have
+void reexec_with_better_blas_core(char** argv, int threads) {
+  if (std::getenv("TESSERA_KEEP_BLAS_CORE") != nullptr) return;
+  bool changed = false;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    const std::string core = better_blas_core();
+    if (!core.empty()) {
+      ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+      changed = true;
+    }
+  }
+  if (threads > 0 && std::getenv("OPENBLAS_NUM_THREADS") == nullptr && threads < openblas_get_num_threads()) {
+    ::setenv("OPENBLAS_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    changed = true;
+  }
+  if (changed) ::execv("/proc/self/exe", argv);  // on failure, go on as we are
 }
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -38,9 +47,9 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
   TESSERA_CHECK(m >= 0 && n >= 0 && k >= 0);
   TESSERA_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // BLAS leaves C untouched when k == 0 only if beta == 1
+  if (k == 0) {  // an empty sum: C = beta * C (and exactly 0 when beta is 0, whatever C held)
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] *= beta;
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,

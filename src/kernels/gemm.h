@@ -19,10 +19,14 @@ std::string blas_core_name();
 // happened and the CPU has AVX-512 (or AVX2), returns the core to request
 // through OPENBLAS_CORETYPE; otherwise an empty string.
 std::string better_blas_core();
-// OpenBLAS reads OPENBLAS_CORETYPE once, when it is loaded; to correct such a
-// fallback, sets it and restarts the process (execv of /proc/self/exe) once.
-// A user's own OPENBLAS_CORETYPE, or TESSERA_KEEP_BLAS_CORE=1, always wins.
-void reexec_with_better_blas_core(char** argv);
+// OpenBLAS reads its environment once, when it is loaded. This sets, and
+// restarts the process (execv of /proc/self/exe) once to apply:
+// - OPENBLAS_CORETYPE, to correct the fallback above;
+// - OPENBLAS_NUM_THREADS=threads when `threads` > 0: otherwise OpenBLAS keeps
+//   an idle worker per core that spins in sched_yield, which steals the CPU
+//   from the other devices emulated on the same machine.
+// A user's own OPENBLAS_* variables, or TESSERA_KEEP_BLAS_CORE=1, always win.
+void reexec_with_better_blas_core(char** argv, int threads = 0);
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major, with checks.
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -31,14 +31,16 @@ struct WeightedAttentionArgs {
   int64_t kv_pos0 = 0;
 };
 
-// Floats of scratch needed: one head's n_q * n_kv scores.
+// Floats of scratch needed: one head's n_q * n_kv scores and a row of n_kv
+// key weights.
 int64_t weighted_attention_scratch_floats(int64_t n_q, int64_t n_kv);
 
 // Softmax of score rows [rows, n_kv] where key j's exponential is multiplied
 // by counts[j] (null: 1) and keys the query may not see get weight 0. A row
-// that sees no key with a positive count becomes zeros.
+// that sees no key with a positive count becomes zeros. `weights`: n_kv
+// floats of scratch.
 void weighted_softmax_rows_f32(float* scores, int64_t rows, int64_t n_kv, const float* counts, bool causal,
-                               int64_t q_pos0, const int64_t* key_pos, int64_t kv_pos0);
+                               int64_t q_pos0, const int64_t* key_pos, int64_t kv_pos0, float* weights);
 
 // out = softmax_g(scale * Q K^T) V per head; equals attention over the matrix
 // in which key/value j is repeated counts[j] times.

@@ -212,6 +212,8 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
     if (pid < 0) return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
+      // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
+      ::setenv("OPENBLAS_NUM_THREADS", std::to_string(w.threads).c_str(), 1);
       const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), nullptr};
       ::execv("/proc/self/exe", const_cast<char* const*>(argv));
       ::_exit(127);
@@ -239,7 +241,8 @@ Result<RunResult> Session::run(const RunRequest& req) {
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
-  core::ThreadPool pool(opts_.threads_per_device);
+  if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
+  core::ThreadPool& pool = *pool_;
   RunResult out;
   out.config = model_->config();
   out.input_ids = in.ids;

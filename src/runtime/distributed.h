@@ -100,6 +100,7 @@ class Session {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<comm::Group> group_;
   std::unique_ptr<parallel::CommSynchronizer> sync_;
+  std::unique_ptr<core::ThreadPool> pool_;
   std::vector<pid_t> children_;
   std::vector<nlohmann::json> ready_;  // what each worker reported after loading
   std::string temp_key_;

@@ -150,13 +150,13 @@ TEST(WeightedAttentionTest, UnitCountsAndPositionsMatchPlainCausalAttention) {
 }
 
 TEST(WeightedAttentionTest, RowThatSeesNoKeyIsZero) {
-  float row[3] = {1.0f, 2.0f, 3.0f};
+  float row[3] = {1.0f, 2.0f, 3.0f}, weights[3];
   const int64_t pos[3] = {5, 6, 7};
-  weighted_softmax_rows_f32(row, 1, 3, nullptr, true, 4, pos, 0);
+  weighted_softmax_rows_f32(row, 1, 3, nullptr, true, 4, pos, 0, weights);
   for (float x : row) EXPECT_EQ(x, 0.0f);
-  float row2[2] = {1.0f, 50.0f};
+  float row2[2] = {1.0f, 150.0f};
   const float counts[2] = {2.0f, 0.0f};  // a zero count is never attended, however high its score
-  weighted_softmax_rows_f32(row2, 1, 2, counts, false, 0, nullptr, 0);
+  weighted_softmax_rows_f32(row2, 1, 2, counts, false, 0, nullptr, 0, weights);
   EXPECT_FLOAT_EQ(row2[0], 1.0f);
   EXPECT_EQ(row2[1], 0.0f);
 }
