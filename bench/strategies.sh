@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Latency of every strategy against one device, BERT-base seq 128, K devices
-# of 1 thread each over emulated links; prints a markdown table.
+# of 1 thread each over emulated links; prints a markdown table. Strategies
+# run interleaved per link, so each comparison is taken in one run.
 #   bench/strategies.sh [MODEL_DIR] [K] [LINKS]
 # Benchmark runs unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (docs/performance.md).
 set -euo pipefail
@@ -21,8 +22,10 @@ echo
 echo "| strategy | link | latency ms | vs single | max bytes sent per device | comm ms (rank 0) |"
 echo "|---|---|---|---|---|---|"
 for link in $links; do
-  for s in tp sp voltage pipeline; do
-    out=$(run --strategy "$s" --devices "$k" --link "$link")
+  for s in tp sp voltage pipeline galaxy galaxy-no-overlap; do
+    args=(--strategy "${s%-no-overlap}")
+    [ "$s" = galaxy-no-overlap ] && args+=(--no-overlap)
+    out=$(run "${args[@]}" --devices "$k" --link "$link")
     lat=$(echo "$out" | field "round(d['latency_ms'],1)")
     bytes=$(echo "$out" | field "max(r['bytes_sent'] for r in d['ranks'])")
     comm=$(echo "$out" | field "round(d['ranks'][0]['comm_ms'],1)")

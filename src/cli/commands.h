@@ -8,6 +8,7 @@ namespace tessera::cli {
 void add_model_commands(CLI::App& app);   // run, generate, bench-local, gen-model, fidelity
 void add_fidelity_command(CLI::App& app);  // fidelity (registered by add_model_commands)
 void add_worker_commands(CLI::App& app);
+void add_bench_command(CLI::App& app);  // bench (strategy x devices x link sweep, CSV, plots)
 void add_bench_attention(CLI::App& app);  // bench-attention (Voltage Fig. 6)  // worker (daemon), worker-job (local worker process)
 
 // Turns a failed Status into the one-line error and exit code 1.

@@ -171,10 +171,11 @@ int fidelity(const FidelityFlags& f) {
   auto full = model::Transformer::load(f.model);
   if (!full.ok()) return fail(full.status().to_string());
   // Position-wise strategies need every layer on every rank, so the ranks
-  // share one copy; tp and pipeline load each rank's shard.
+  // share one copy; tp, galaxy and pipeline load each rank's shard.
   std::vector<model::Transformer> shards;
   std::vector<const model::Transformer*> models(static_cast<size_t>(f.devices), &*full);
-  if (*strategy == parallel::Strategy::kTp || *strategy == parallel::Strategy::kPipeline) {
+  if (*strategy == parallel::Strategy::kTp || *strategy == parallel::Strategy::kGalaxy ||
+      *strategy == parallel::Strategy::kPipeline) {
     for (int r = 0; r < f.devices; ++r) {
       auto m = model::Transformer::load(f.model, parallel::load_options(plans[0], *cfg, r));
       if (!m.ok()) return fail(m.status().to_string());

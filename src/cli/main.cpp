@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_model_commands(app);
   tessera::cli::add_worker_commands(app);
   tessera::cli::add_bench_attention(app);
+  tessera::cli::add_bench_command(app);
   tessera::cli::add_comm_commands(app);
   try {
     app.parse(argc, argv);

@@ -76,10 +76,24 @@ int run_distributed(RunFlags& f) {
   f.dist.timeout_ms = f.timeout_s * 1000;
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
-  auto r = (*session)->run(f.req);
-  if (!r.ok()) return fail(r.status().to_string());
+  for (int i = 0; i < f.warmup; ++i)
+    if (auto w = (*session)->run(f.req); !w.ok()) return fail(w.status().to_string());
+  // Timed runs: the figures reported are those of the median-latency run.
+  std::vector<std::pair<double, nlohmann::json>> runs;
+  core::Result<runtime::RunResult> r = core::internal_error("no run");
+  for (int i = 0; i < f.reps; ++i) {
+    r = (*session)->run(f.req);
+    if (!r.ok()) return fail(r.status().to_string());
+    nlohmann::json j = with_work_figures(**session);
+    runs.emplace_back(j["latency_ms"].get<double>(), std::move(j));
+  }
+  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (f.stats) {
-    std::cout << with_work_figures(**session).dump() << '\n';
+    nlohmann::json j = runs[runs.size() / 2].second;
+    j["reps"] = f.reps;
+    j["latency_min_ms"] = runs.front().first;
+    j["latency_max_ms"] = runs.back().first;
+    std::cout << j.dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
   } else {
@@ -118,12 +132,14 @@ void add_run(CLI::App& app) {
   f->req.gen.greedy = false;
   f->dist.strategy = "single";
   f->dist.devices = 1;
-  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline, prism")->capture_default_str();
+  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline, prism, galaxy")->capture_default_str();
   auto* cr = cmd->add_option("--cr", f->dist.prism_rate, "prism: compression rate R, floor(N_p / R) means per partition");
   cmd->add_option("--segments", f->dist.prism_segments, "prism: segment means per partition")->excludes(cr);
   cmd->add_option("--devices", f->dist.devices, "devices (local worker processes on loopback)")->capture_default_str();
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
+  cmd->add_option("--ffn-partition", f->dist.ffn_partition, "tp, galaxy: FFN-column share of each device (default: --partition)");
+  cmd->add_flag("--no-overlap{false}", f->dist.overlap, "galaxy: no tile overlap of communication with the GEMMs");
   cmd->add_option("--layers", f->dist.layers, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)");
   cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");

@@ -94,6 +94,87 @@ Status CommSynchronizer::scatter_rows(const float* all, const std::vector<int64_
   return core::ok_status();
 }
 
+Status CommSynchronizer::reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
+                                             float* mine) {
+  core::Timer t;
+  stats_.add(CollectiveKind::kReduceScatter, ring_reduce_scatter_sent(counts, cols, rank()));
+  comm::ReduceScatterOptions o;
+  o.timeout = timeout_;
+  o.tag = kTag;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  Tensor out;
+  TESSERA_RETURN_IF_ERROR(comm::reduce_scatterv(group_, o, copy_rows(full, total, cols), counts, &out));
+  TESSERA_RETURN_IF_ERROR(copy_out(out, mine, counts[static_cast<size_t>(rank())] * cols));
+  stats_.blocked_ms += t.ms();
+  return core::ok_status();
+}
+
+Status CommSynchronizer::allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                                   const TileFn& on_tile) {
+  if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
+  stats_.add(CollectiveKind::kAllgather, ring_allgather_sent(counts, cols, rank()));
+  comm::AllgatherOptions o;
+  o.timeout = timeout_;
+  o.tag = kTag;
+  comm::RingAllgather ring(group_, o);
+  TESSERA_RETURN_IF_ERROR(ring.start(copy_rows(mine, counts[static_cast<size_t>(rank())], cols)));
+  while (!ring.done()) {
+    core::Timer t;
+    TESSERA_ASSIGN_OR_RETURN(comm::Tile tile, ring.next_tile());
+    stats_.blocked_ms += t.ms();
+    const int64_t rows = counts[static_cast<size_t>(tile.index)];
+    if (tile.data.dtype() != core::DType::kF32 || tile.data.numel() != rows * cols)
+      return core::invalid_argument("allgather tile of rank " + std::to_string(tile.index) + " has " +
+                                    std::to_string(tile.data.numel()) + " elements, expected " + std::to_string(rows * cols));
+    on_tile(tile.index, rows > 0 ? tile.data.f32() : nullptr, rows);
+  }
+  core::Timer t;
+  TESSERA_RETURN_IF_ERROR(ring.finish());
+  stats_.blocked_ms += t.ms();
+  return core::ok_status();
+}
+
+Status CommSynchronizer::reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
+                                                        const PartialFn& partial, float* mine) {
+  const int k = world(), r = rank();
+  if (static_cast<int>(counts.size()) != k) return core::invalid_argument("counts do not match the world size");
+  stats_.add(CollectiveKind::kReduceScatter, ring_reduce_scatter_sent(counts, cols, r));
+  const int right = (r + 1) % k, left = (r + k - 1) % k;
+  // Receives first, so every partial streams in while we compute.
+  std::vector<comm::RecvHandle> recvs;
+  for (int s = 1; s < k; ++s) recvs.push_back(group_.irecv_op(comm::OpKind::kReduceScatter, left, kTag));
+  std::vector<comm::SendHandle> sends;
+  // Step s computes our partial of part (r - 1 - s) mod K while the previous
+  // step's sum travels, adds what the left neighbour sent for the same part
+  // and passes it on; the last part is ours.
+  for (int s = 0; s < k; ++s) {
+    const int d = ((r - 1 - s) % k + k) % k;
+    const int64_t n = counts[static_cast<size_t>(d)] * cols;
+    Tensor sum = Tensor::zeros_f32({counts[static_cast<size_t>(d)], cols});
+    if (n > 0) partial(d, sum.f32());
+    if (s > 0) {
+      core::Timer t;
+      TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs[static_cast<size_t>(s - 1)].wait(timeout_));
+      stats_.blocked_ms += t.ms();
+      if (got.dtype() != core::DType::kF32 || got.numel() != n)
+        return core::invalid_argument("reduce-scatter partial of part " + std::to_string(d) + " has " +
+                                      std::to_string(got.numel()) + " elements, expected " + std::to_string(n));
+      float* a = sum.f32();
+      const float* b = got.f32();
+      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+    }
+    if (s < k - 1) {
+      sends.push_back(group_.isend_op(comm::OpKind::kReduceScatter, right, kTag, sum));
+    } else if (n > 0) {
+      std::memcpy(mine, sum.f32(), static_cast<size_t>(n) * sizeof(float));
+    }
+  }
+  core::Timer t;
+  for (auto& s : sends) TESSERA_RETURN_IF_ERROR(s.wait(timeout_));
+  stats_.blocked_ms += t.ms();
+  return core::ok_status();
+}
+
 Status CommSynchronizer::allreduce_sum(float* data, int64_t n) {
   core::Timer t;
   stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank()));

@@ -19,6 +19,13 @@ class CommSynchronizer final : public Synchronizer {
                            int root) override;
   core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
                             int root) override;
+  core::Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
+                                   float* mine) override;
+  // Ring tiles: compute on one tile while the next travels (Galaxy §III-D).
+  core::Status allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                         const TileFn& on_tile) override;
+  core::Status reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols, const PartialFn& partial,
+                                              float* mine) override;
   core::Status allreduce_sum(float* data, int64_t n) override;
   core::Status broadcast(float* data, int64_t n, int root) override;
   core::Status send(int peer, const float* data, int64_t n) override;

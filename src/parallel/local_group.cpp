@@ -54,6 +54,20 @@ class LocalMember final : public Synchronizer {
     });
   }
 
+  Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols, float* mine) override {
+    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+    stats_.add(CollectiveKind::kReduceScatter, ring_reduce_scatter_sent(counts, cols, rank_));
+    const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0}) * cols;
+    const int64_t n = counts[static_cast<size_t>(rank_)] * cols;
+    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+    TESSERA_RETURN_IF_ERROR(exchange(full, [&](const std::vector<const float*>& slots) {
+      for (int r = 0; r < world(); ++r)
+        for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][at + i];
+    }));
+    copy(mine, sum.data(), n);
+    return core::ok_status();
+  }
+
   Status allreduce_sum(float* data, int64_t n) override {
     stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank_));
     std::vector<float> sum(static_cast<size_t>(n), 0.0f);

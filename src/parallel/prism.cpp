@@ -104,7 +104,8 @@ std::vector<double> layer_flops_per_device(const Plan& plan, const model::ModelC
           per_layer = layer_gemm_flops(p, n, F, I);
         }
         break;
-      case Strategy::kTp: {
+      case Strategy::kTp:
+      case Strategy::kGalaxy: {  // the same GEMMs; galaxy splits only the element-wise work further
         const double w = static_cast<double>(tp_head_ranges(plan, c)[static_cast<size_t>(d)].size() * c.head_dim());
         const double fi = static_cast<double>(tp_ffn_ranges(plan, c)[static_cast<size_t>(d)].size());
         per_layer = 6 * nd * f * w + 4 * nd * nd * w + 2 * nd * w * f + 4 * nd * f * fi;

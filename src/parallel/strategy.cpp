@@ -12,7 +12,8 @@ Result<Strategy> parse_strategy(const std::string& name) {
   if (name == "voltage") return Strategy::kVoltage;
   if (name == "pipeline") return Strategy::kPipeline;
   if (name == "prism") return Strategy::kPrism;
-  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline, prism)");
+  if (name == "galaxy") return Strategy::kGalaxy;
+  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline, prism, galaxy)");
 }
 
 const char* strategy_name(Strategy s) {
@@ -23,6 +24,7 @@ const char* strategy_name(Strategy s) {
     case Strategy::kVoltage: return "voltage";
     case Strategy::kPipeline: return "pipeline";
     case Strategy::kPrism: return "prism";
+    case Strategy::kGalaxy: return "galaxy";
   }
   return "?";
 }
@@ -34,6 +36,13 @@ core::Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   if (plan.ratios.empty()) plan.ratios = equal_ratios(plan.world);
   if (static_cast<int>(plan.ratios.size()) != plan.world)
     return core::invalid_argument("partition has " + std::to_string(plan.ratios.size()) + " entries for " +
+                                  std::to_string(plan.world) + " devices");
+  const bool sharded = plan.strategy == Strategy::kTp || plan.strategy == Strategy::kGalaxy;
+  if (!plan.ffn_ratios.empty() && !sharded)
+    return core::invalid_argument("a separate FFN partition applies to strategies 'tp' and 'galaxy' only");
+  if (sharded && plan.ffn_ratios.empty()) plan.ffn_ratios = plan.ratios;
+  if (sharded && static_cast<int>(plan.ffn_ratios.size()) != plan.world)
+    return core::invalid_argument("FFN partition has " + std::to_string(plan.ffn_ratios.size()) + " entries for " +
                                   std::to_string(plan.world) + " devices");
   if (plan.strategy == Strategy::kPipeline) {
     if (plan.layers.device_of_layer.empty()) plan.layers = contiguous_layers(config.layers, plan.world);
@@ -58,8 +67,10 @@ std::vector<Range> tp_head_ranges(const Plan& plan, const model::ModelConfig& c)
 }
 
 std::vector<Range> tp_ffn_ranges(const Plan& plan, const model::ModelConfig& c) {
-  return split_by_ratio(c.intermediate, plan.ratios);
+  return split_by_ratio(c.intermediate, plan.ffn_ratios.empty() ? plan.ratios : plan.ffn_ratios);
 }
+
+std::vector<Range> galaxy_seq_ranges(int64_t n, int world) { return split_by_ratio(n, equal_ratios(world)); }
 
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) {
   model::LoadOptions o;
@@ -67,7 +78,7 @@ model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, i
   if (plan.strategy == Strategy::kPipeline) {
     o.only_layers = plan.layers.layers_on(rank);
     if (o.only_layers.empty()) o.layer_end = 0;  // a device with no layer loads none
-  } else if (plan.strategy == Strategy::kTp) {
+  } else if (plan.strategy == Strategy::kTp || plan.strategy == Strategy::kGalaxy) {
     const Range h = tp_head_ranges(plan, c)[static_cast<size_t>(rank)];
     const Range f = tp_ffn_ranges(plan, c)[static_cast<size_t>(rank)];
     o.head_begin = h.begin;
@@ -94,6 +105,7 @@ Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Syn
     case Strategy::kVoltage: return run_voltage(model, plan, sync, std::move(x), n, pool);
     case Strategy::kPipeline: return run_pipeline(model, plan, sync, std::move(x), n, pool);
     case Strategy::kPrism: return run_prism(model, plan, sync, std::move(x), n, pool);
+    case Strategy::kGalaxy: return run_galaxy(model, plan, sync, std::move(x), n, pool);
   }
   return core::internal_error("unknown strategy");
 }

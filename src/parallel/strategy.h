@@ -15,20 +15,23 @@
 
 namespace tessera::parallel {
 
-enum class Strategy { kSingle, kTp, kSp, kVoltage, kPipeline, kPrism };
+enum class Strategy { kSingle, kTp, kSp, kVoltage, kPipeline, kPrism, kGalaxy };
 core::Result<Strategy> parse_strategy(const std::string& name);
 const char* strategy_name(Strategy s);
 
 struct Plan {
   Strategy strategy = Strategy::kSingle;
   int world = 1;
-  std::vector<double> ratios;  // rows (sp, voltage) or heads and FFN columns (tp); empty = equal
+  std::vector<double> ratios;  // rows (sp, voltage, prism) or heads (tp, galaxy); empty = equal
+  std::vector<double> ffn_ratios;  // FFN columns (tp, galaxy); empty = as ratios
   LayerMap layers;             // pipeline; empty = contiguous equal ranges
   bool adaptive_order = true;  // Voltage Theorem 2; false = always Eq. (3)
   // PRISM: exactly one of the compression rate R (L_p = max(1, floor(N_p / R)))
   // or the segment means per partition L; 0 = unset.
   double prism_rate = 0.0;
   int64_t prism_segments = 0;
+  // Galaxy: overlap the ring AllGather/ReduceScatter with the GEMMs (§III-D).
+  bool overlap = true;
 };
 
 // Fills defaults (equal ratios, contiguous layers) and checks the plan.
@@ -37,9 +40,13 @@ core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
 // embeddings and head (rank 0).
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank);
 
-// The head and FFN-column ranges of each rank under tensor parallelism.
+// The head and FFN-column ranges of each rank under tensor parallelism
+// (tp, and galaxy's MHA and MLP blocks: partitions A and B).
 std::vector<Range> tp_head_ranges(const Plan& plan, const model::ModelConfig& config);
 std::vector<Range> tp_ffn_ranges(const Plan& plan, const model::ModelConfig& config);
+
+// Galaxy's connective blocks: an equal sequence partition S (§III-C).
+std::vector<Range> galaxy_seq_ranges(int64_t n, int world);
 
 // Runs every layer. Rank 0 passes the embedded input [n, F] and gets back the
 // last layer's output [n, F] (before GPT-2's ln_f); other ranks pass and get
@@ -56,6 +63,8 @@ core::Result<core::Tensor> run_voltage(const model::Transformer& model, const Pl
                                        core::Tensor x, int64_t n, core::ThreadPool* pool);
 core::Result<core::Tensor> run_pipeline(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
                                         core::Tensor x, int64_t n, core::ThreadPool* pool);
+core::Result<core::Tensor> run_galaxy(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
+                                      core::Tensor x, int64_t n, core::ThreadPool* pool);
 core::Result<core::Tensor> run_prism(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
                                      core::Tensor x, int64_t n, core::ThreadPool* pool);
 

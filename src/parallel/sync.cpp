@@ -1,6 +1,7 @@
 #include "parallel/sync.h"
 
 #include <numeric>
+#include <vector>
 
 namespace tessera::parallel {
 
@@ -25,6 +26,45 @@ void SyncStats::add(CollectiveKind kind, int64_t elements) {
   calls[static_cast<size_t>(kind)] += 1;
 }
 
+core::Status Synchronizer::allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts,
+                                                     int64_t cols, const TileFn& on_tile) {
+  return allgather_rows_then_tiles(mine, counts, cols, on_tile);
+}
+
+core::Status Synchronizer::reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
+                                                          const PartialFn& partial, float* mine) {
+  return partials_then_reduce_scatter(counts, cols, partial, mine);
+}
+
+core::Status Synchronizer::allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                                     const TileFn& on_tile) {
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<float> all(static_cast<size_t>(total * cols));
+  TESSERA_RETURN_IF_ERROR(allgather_rows(mine, counts, cols, all.data()));
+  // The ring's order (own tile first, then the left neighbours'), so both
+  // forms hand the caller the same sequence.
+  const int k = world();
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  for (int s = 0; s < k; ++s) {
+    const int owner = ((rank() - s) % k + k) % k;
+    on_tile(owner, all.data() + at[static_cast<size_t>(owner)] * cols, counts[static_cast<size_t>(owner)]);
+  }
+  return core::ok_status();
+}
+
+core::Status Synchronizer::partials_then_reduce_scatter(const std::vector<int64_t>& counts, int64_t cols,
+                                                        const PartialFn& partial, float* mine) {
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<float> full(static_cast<size_t>(total * cols));
+  int64_t at = 0;
+  for (size_t d = 0; d < counts.size(); ++d) {
+    partial(static_cast<int>(d), full.data() + at * cols);
+    at += counts[d];
+  }
+  return reduce_scatter_rows(full.data(), counts, cols, mine);
+}
+
 int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, int rank) {
   // In step s a rank forwards the part of rank (rank - s) mod K, s = 0..K-2:
   // every part but that of its successor.
@@ -32,6 +72,14 @@ int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, in
   if (k <= 1) return 0;
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   return (total - counts[static_cast<size_t>((rank + 1) % k)]) * cols;
+}
+
+int64_t ring_reduce_scatter_sent(const std::vector<int64_t>& counts, int64_t cols, int rank) {
+  // Step s forwards the partial sum of part (rank - 1 - s) mod K, s = 0..K-2:
+  // every part but the rank's own.
+  if (counts.size() <= 1) return 0;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  return (total - counts[static_cast<size_t>(rank)]) * cols;
 }
 
 int64_t ring_allreduce_sent(int64_t n, int world, int rank) {

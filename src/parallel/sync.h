@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,12 @@ struct SyncStats {
   void add(CollectiveKind kind, int64_t elements);
 };
 
+// Galaxy's tile callbacks (§III-D). A TileFn receives one part of an
+// allgather (its owner rank and counts[owner] rows); a PartialFn writes this
+// rank's partial sum of part `dest` (counts[dest] rows) into `out`.
+using TileFn = std::function<void(int owner, const float* rows, int64_t count)>;
+using PartialFn = std::function<void(int dest, float* out)>;
+
 class Synchronizer {
  public:
   virtual ~Synchronizer() = default;
@@ -39,6 +46,23 @@ class Synchronizer {
   // `root` holds every row in `all`; each rank receives its counts[rank] rows.
   virtual core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
                                     int root) = 0;
+  // Every rank holds a full [sum(counts), cols] partial in `full`; rank r
+  // receives the sum over ranks of its counts[r] rows in `mine`.
+  virtual core::Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
+                                           float* mine) = 0;
+  // Overlapped forms (Galaxy's ring tiles): the callback runs on each tile
+  // while the next one travels. The defaults have nothing to overlap with and
+  // run the plain forms below; transports that can overlap override them.
+  virtual core::Status allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                                 const TileFn& on_tile);
+  virtual core::Status reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
+                                                      const PartialFn& partial, float* mine);
+  // Plain forms: the whole collective, then every tile (allgather); every
+  // partial, then the whole collective (reduce-scatter).
+  core::Status allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                         const TileFn& on_tile);
+  core::Status partials_then_reduce_scatter(const std::vector<int64_t>& counts, int64_t cols, const PartialFn& partial,
+                                            float* mine);
   // Element-wise sum over ranks, result everywhere.
   virtual core::Status allreduce_sum(float* data, int64_t n) = 0;
   virtual core::Status broadcast(float* data, int64_t n, int root) = 0;
@@ -56,5 +80,6 @@ class Synchronizer {
 // by every Synchronizer so the accounting is the same in tests and on wire.
 int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, int rank);
 int64_t ring_allreduce_sent(int64_t n, int world, int rank);
+int64_t ring_reduce_scatter_sent(const std::vector<int64_t>& counts, int64_t cols, int rank);
 
 }  // namespace tessera::parallel

@@ -1,5 +1,6 @@
 #include "runtime/distributed.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -7,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -95,6 +97,33 @@ json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double
           {"peak_rss_bytes", peak_rss_bytes()}};
 }
 
+// The cores this process may use; cpus_per_device indexes into them, so a
+// restricted cpuset still gets valid masks.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+cpu_set_t device_cpus(const std::vector<int>& allowed, int rank, int per_device) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < per_device && !allowed.empty(); ++i)
+    CPU_SET(allowed[static_cast<size_t>(rank * per_device + i) % allowed.size()], &set);
+  return set;
+}
+
+// Every thread of this process: ZeroMQ and BLAS threads exist before pinning.
+void pin_all_threads(const cpu_set_t& set) {
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec))
+    (void)::sched_setaffinity(std::atoi(t.path().filename().c_str()), sizeof(set), &set);
+}
+
 }  // namespace
 
 Status run_worker(const JobSpec& job, const WorkerEnv& env) {
@@ -142,6 +171,7 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   std::unique_ptr<Session> s(new Session());
   s->opts_ = opts;
   if (opts.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+  if (opts.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
   std::optional<ClusterFile> cluster;
   if (!opts.cluster_file.empty()) {
@@ -162,10 +192,14 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   job.adaptive_order = opts.adaptive_order;
   job.prism_rate = opts.prism_rate;
   job.prism_segments = opts.prism_segments;
+  job.overlap = opts.overlap;
   job.group_id = "tessera-" + std::to_string(::getpid()) + "-" +
                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   if (!opts.partition.empty()) {
     TESSERA_ASSIGN_OR_RETURN(job.ratios, parallel::parse_ratios(opts.partition, devices));
+  }
+  if (!opts.ffn_partition.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(job.ffn_ratios, parallel::parse_ratios(opts.ffn_partition, devices));
   }
   if (!opts.layers.empty()) {
     TESSERA_ASSIGN_OR_RETURN(parallel::LayerMap m, parallel::parse_layer_map(opts.layers, cfg.layers, devices));
@@ -194,6 +228,7 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   if (!opts.insecure) {
     TESSERA_ASSIGN_OR_RETURN(key, comm::read_key_file(job.key_file));
   }
+  const std::vector<int> cpus = opts.cpus_per_device > 0 && !cluster ? allowed_cpus() : std::vector<int>{};
   for (int r = 1; r < devices; ++r) {
     JobSpec w = job;
     w.rank = r;
@@ -212,6 +247,10 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
     if (pid < 0) return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
+      if (!cpus.empty()) {  // inherited across exec
+        const cpu_set_t set = device_cpus(cpus, r, opts.cpus_per_device);
+        (void)::sched_setaffinity(0, sizeof(set), &set);
+      }
       // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
       ::setenv("OPENBLAS_NUM_THREADS", std::to_string(w.threads).c_str(), 1);
       const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), nullptr};
@@ -219,6 +258,10 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
       ::_exit(127);
     }
     s->children_.push_back(pid);
+  }
+  if (!cpus.empty()) {  // the terminal is device 0 until the session ends
+    s->unpinned_cpus_ = cpus;
+    pin_all_threads(device_cpus(cpus, 0, opts.cpus_per_device));
   }
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, key));
   go.bind_endpoint = bind;
@@ -304,6 +347,7 @@ Session::~Session() {
     }
   }
   if (!temp_key_.empty()) ::unlink(temp_key_.c_str());
+  if (!unpinned_cpus_.empty()) pin_all_threads(device_cpus(unpinned_cpus_, 0, static_cast<int>(unpinned_cpus_.size())));
 }
 
 }  // namespace tessera::runtime

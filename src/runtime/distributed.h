@@ -64,6 +64,8 @@ struct DistributedOptions {
   int devices = 2;
   int threads_per_device = 1;
   std::string partition;  // "r1,r2,..."; empty = equal
+  std::string ffn_partition;  // tp, galaxy: FFN columns; empty = as partition
+  bool overlap = true;        // galaxy: tile overlap (--no-overlap turns it off)
   std::string layers;     // pipeline map "0-5:0,6-11:1"; empty = contiguous
   std::string link;       // emulated links; empty = unpaced
   bool insecure = false;
@@ -73,6 +75,7 @@ struct DistributedOptions {
   double prism_rate = 0.0;     // PRISM --cr (0 = unset)
   int64_t prism_segments = 0;  // PRISM --segments (0 = unset)
   int timeout_ms = 60000;
+  int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
 };
 
 class Session {
@@ -104,6 +107,7 @@ class Session {
   std::vector<pid_t> children_;
   std::vector<nlohmann::json> ready_;  // what each worker reported after loading
   std::string temp_key_;
+  std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
 };
 

@@ -12,6 +12,7 @@ json JobSpec::to_json() const {
           {"key_file", key_file}, {"link", link},           {"model_dir", model_dir}, {"strategy", strategy},
           {"ratios", ratios},     {"layer_map", layer_map}, {"adaptive_order", adaptive_order},
           {"prism_rate", prism_rate}, {"prism_segments", prism_segments},
+          {"ffn_ratios", ffn_ratios}, {"overlap", overlap},
           {"threads", threads},   {"timeout_ms", timeout_ms}};
 }
 
@@ -34,6 +35,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
     // Absent in jobs from before PRISM: unset.
     s.prism_rate = j.value("prism_rate", 0.0);
     s.prism_segments = j.value("prism_segments", int64_t{0});
+    s.ffn_ratios = j.value("ffn_ratios", std::vector<double>{});
+    s.overlap = j.value("overlap", true);
     s.threads = j.at("threads").get<int>();
     s.timeout_ms = j.at("timeout_ms").get<int>();
   } catch (const json::exception& e) {
@@ -54,6 +57,8 @@ Result<parallel::Plan> JobSpec::plan(const model::ModelConfig& config) const {
   TESSERA_ASSIGN_OR_RETURN(p.strategy, parallel::parse_strategy(strategy));
   p.world = static_cast<int>(endpoints.size());
   p.ratios = ratios;
+  p.ffn_ratios = ffn_ratios;
+  p.overlap = overlap;
   p.adaptive_order = adaptive_order;
   p.prism_rate = prism_rate;
   p.prism_segments = prism_segments;

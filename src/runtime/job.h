@@ -22,10 +22,12 @@ struct JobSpec {
   std::string model_dir;
   std::string strategy = "single";
   std::vector<double> ratios;
+  std::vector<double> ffn_ratios;  // tp, galaxy: FFN columns; empty = as ratios
   std::vector<int> layer_map;  // device of each layer (pipeline)
   bool adaptive_order = true;
   double prism_rate = 0.0;     // PRISM compression rate R (0 = unset)
   int64_t prism_segments = 0;  // PRISM segment means per partition L (0 = unset)
+  bool overlap = true;          // galaxy: ring tiles overlap the GEMMs
   int threads = 1;
   int timeout_ms = 60000;
 

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/io.h"
 #include "model/safetensors.h"
@@ -151,6 +154,105 @@ TEST(CliTest, BadInputsGiveOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.what << ": " << r.err;
     EXPECT_NE(r.err.find(c.message_part), std::string::npos) << c.what << ": " << r.err;
   }
+}
+
+const std::string kBenchHeader =
+    "model,strategy,devices,threads,cpus_per_device,secure,link,bandwidth_mbit,seq,reps,median_ms,min_ms,"
+    "max_bytes_sent,bytes_sent_per_rank,compute_ms_rank0,comm_ms_rank0,compute_ms_max,comm_ms_max,status";
+
+// The CSV's rows as column -> value (the test's links and statuses hold no
+// quoted commas).
+std::vector<std::map<std::string, std::string>> bench_rows(const std::string& text) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::istringstream in(text);
+  std::string line, field;
+  std::getline(in, line);
+  std::vector<std::string> cols;
+  for (std::istringstream h(line); std::getline(h, field, ',');) cols.push_back(field);
+  while (std::getline(in, line)) {
+    std::map<std::string, std::string> r;
+    std::istringstream l(line);
+    for (const auto& c : cols) {
+      std::getline(l, field, ',');
+      r[c] = field;
+    }
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+TEST(CliTest, BenchSweepsWritesCsvAndResumes) {
+  const std::string model = tmp("bert"), csv = tmp("bench.csv");
+  auto r = run("gen-model --preset bert-base --layers 2 --hidden 64 --heads 4 --vocab 512 --out " + model);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string cmd = "bench --model " + model +
+                          " --strategies single,tp,voltage --devices 1,2 --link 1gbit --reps 1 --warmup 0 --seq 8"
+                          " --timeout 30 --out " + csv;
+  r = run(cmd);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("[6/6] voltage K=2 1gbit"), std::string::npos) << r.err;
+  const std::string first = core::read_file(csv).value();
+  EXPECT_EQ(first.substr(0, first.find('\n')), kBenchHeader);
+  const auto rows = bench_rows(first);
+  ASSERT_EQ(rows.size(), 6u) << first;
+  std::set<std::string> seen;
+  for (const auto& row : rows) {
+    const std::string what = row.at("strategy") + " K=" + row.at("devices");
+    seen.insert(what);
+    EXPECT_EQ(row.at("link"), "1gbit");
+    EXPECT_EQ(row.at("seq"), "8");
+    if (what == "single K=2") {
+      EXPECT_EQ(row.at("status").rfind("skipped: ", 0), 0u) << row.at("status");
+      EXPECT_EQ(row.at("median_ms"), "");
+      continue;
+    }
+    EXPECT_EQ(row.at("status"), "ok") << what;
+    EXPECT_GT(std::stod(row.at("median_ms")), 0.0) << what;
+    EXPECT_LE(std::stod(row.at("min_ms")), std::stod(row.at("median_ms"))) << what;
+    // One device sends nothing; two send the strategy's collectives.
+    if (row.at("devices") == "1") {
+      EXPECT_EQ(row.at("max_bytes_sent"), "0") << what;
+    } else {
+      EXPECT_GT(std::stod(row.at("max_bytes_sent")), 0.0) << what;
+      EXPECT_EQ(std::count(row.at("bytes_sent_per_rank").begin(), row.at("bytes_sent_per_rank").end(), ';'), 1) << what;
+    }
+  }
+  EXPECT_EQ(seen.size(), 6u);
+
+  // The second run finds every row and reruns none.
+  r = run(cmd);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("0 run, 6 resumed"), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 6) << r.err;
+  EXPECT_EQ(core::read_file(csv).value(), first);
+}
+
+TEST(CliTest, BenchPlotOnlyDrawsSvgAndPng) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot is not installed";
+  const std::string stem = tmp("run");
+  std::string csv = kBenchHeader + "\n";
+  csv += "m,single,1,1,0,0,125mbit,125,8,1,10.0,9.0,0,0,10.0,0,10.0,0,ok\n";
+  for (const char* s : {"tp", "voltage"})
+    for (int k : {2, 3})
+      for (const char* link : {"125mbit,125", "1gbit,1000"})
+        csv += std::string("m,") + s + "," + std::to_string(k) + ",1,0,0," + link + ",8,1," + std::to_string(20 - k) +
+               ",5,100,50;50,1,1,1,1,ok\n";
+  csv += "m,tp,4,1,0,0,125mbit,125,8,1,,,,,,,,,skipped: too many devices\n";
+  ASSERT_TRUE(core::write_file(stem + ".csv", csv).ok());
+  auto r = run("bench --plot-only --out " + stem + ".csv");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* plot : {"-devices", "-bandwidth"}) {
+    const std::string svg = core::read_file(stem + plot + ".svg").value();
+    const std::string png = core::read_file(stem + plot + ".png").value();
+    EXPECT_NE(svg.find("<svg"), std::string::npos) << plot;
+    EXPECT_NE(svg.find("single device"), std::string::npos) << plot;
+    EXPECT_NE(svg.find("voltage"), std::string::npos) << plot;
+    EXPECT_EQ(png.substr(0, 4), "\x89PNG") << plot;
+    EXPECT_GT(png.size(), 1000u) << plot;
+  }
+  r = run("bench --plot-only --out " + tmp("missing.csv"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
     const std::string dir = kData + "/" + in.model;
     const std::string ref = tmp("ref.safetensors");
     ASSERT_EQ(run("run --model " + dir + " " + in.args + " --dump " + ref).code, 0);
-    for (const char* strategy : {"tp", "sp", "voltage", "pipeline"})
+    for (const char* strategy : {"tp", "sp", "voltage", "pipeline", "galaxy"})
       for (const std::string& devices : {std::string("2 --partition 3,1"), std::string("3")}) {
         const std::string got = tmp("got.safetensors");
         auto r = run("run --model " + dir + " " + in.args + " --strategy " + strategy + " --devices " + devices +
@@ -75,6 +75,14 @@ TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
         EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f) << in.model << " " << strategy << " " << devices;
         EXPECT_LT(max_diff(ref, got, "logits"), 1e-4f) << in.model << " " << strategy << " " << devices;
       }
+    // Galaxy: uneven heads (A) and FFN columns (B), ring tiles on and off.
+    for (const char* extra : {"--partition 1,2 --ffn-partition 3,1", "--ffn-partition 1,3 --no-overlap"}) {
+      const std::string got = tmp("got.safetensors");
+      auto r = run("run --model " + dir + " " + in.args + " --strategy galaxy --devices 2 " + extra + " --dump " + got);
+      ASSERT_EQ(r.code, 0) << extra << ": " << r.err;
+      EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f) << in.model << " galaxy " << extra;
+      EXPECT_LT(max_diff(ref, got, "logits"), 1e-4f) << in.model << " galaxy " << extra;
+    }
   }
 }
 
@@ -89,7 +97,7 @@ TEST(DistributedTest, StatsAccountTheTrafficOfEachStrategy) {
     EXPECT_EQ(r.code, 0) << r.err;
     return nlohmann::json::parse(r.out);
   };
-  const auto tp = stats("tp"), sp = stats("sp"), vo = stats("voltage");
+  const auto tp = stats("tp"), sp = stats("sp"), vo = stats("voltage"), ga = stats("galaxy");
   for (int rank = 0; rank < K; ++rank) {
     EXPECT_EQ(tp["ranks"][rank]["elements_sent_by_kind"]["allreduce"], L * 4 * (K - 1) * n * F / K);
     EXPECT_EQ(tp["ranks"][rank]["bytes_sent_by_kind"]["allreduce"], 4 * L * 4 * (K - 1) * n * F / K);
@@ -97,10 +105,14 @@ TEST(DistributedTest, StatsAccountTheTrafficOfEachStrategy) {
     EXPECT_EQ(sp["ranks"][rank]["bytes_sent_by_kind"]["allgather"], 4 * L * 2 * (K - 1) * n * F / K);
     EXPECT_EQ(vo["ranks"][rank]["elements_sent_by_kind"]["allgather"], (L - 1) * (K - 1) * n * F / K);
     EXPECT_GT(vo["ranks"][rank]["weight_bytes"].get<int64_t>(), 0);
+    // Galaxy: TP's volume, as two ReduceScatters and two AllGathers per layer.
+    EXPECT_EQ(ga["ranks"][rank]["elements_sent_by_kind"]["reduce_scatter"], L * 2 * (K - 1) * n * F / K);
+    EXPECT_EQ(ga["ranks"][rank]["elements_sent_by_kind"]["allgather"], L * 2 * (K - 1) * n * F / K);
   }
   EXPECT_GT(vo["latency_ms"].get<double>(), 0.0);
   // TP shards: the worker holds about half the layer weights of the terminal.
   EXPECT_LT(tp["ranks"][1]["weight_bytes"].get<int64_t>(), tp["ranks"][0]["weight_bytes"].get<int64_t>());
+  EXPECT_EQ(ga["ranks"][1]["weight_bytes"], tp["ranks"][1]["weight_bytes"]);
 }
 
 TEST(DistributedTest, KilledWorkerEndsTheRunWithAnErrorWithinTheTimeout) {

@@ -113,7 +113,8 @@ TEST_P(StrategyTest, EqualsSingleDeviceOnFixtures) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyTest,
-                         ::testing::Values(Strategy::kTp, Strategy::kSp, Strategy::kVoltage, Strategy::kPipeline),
+                         ::testing::Values(Strategy::kTp, Strategy::kSp, Strategy::kVoltage, Strategy::kPipeline,
+                                           Strategy::kGalaxy),
                          [](const auto& info) { return std::string(strategy_name(info.param)); });
 
 TEST(StrategyTest, VoltageBothOrdersAgree) {
@@ -141,7 +142,8 @@ TEST(StrategyTest, PipelineBackAndForth) {
   EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f);
 }
 
-// Per layer and device: TP 4(K-1)NF/K, SP 2(K-1)NF/K, Voltage (K-1)NF/K.
+// Per layer and device: TP 4(K-1)NF/K, SP 2(K-1)NF/K, Voltage (K-1)NF/K;
+// Galaxy as TP, in two ReduceScatters and two AllGathers.
 TEST(StrategyTest, CommunicationVolumePerLayer) {
   const std::string dir = kData + "/bert-tiny";  // F = 64, 2 layers
   model::ModelInput in;
@@ -156,6 +158,8 @@ TEST(StrategyTest, CommunicationVolumePerLayer) {
     auto sp = run_threads(dir, plan, in);
     plan.strategy = Strategy::kVoltage;
     auto vo = run_threads(dir, plan, in);
+    plan.strategy = Strategy::kGalaxy;
+    auto ga = run_threads(dir, plan, in);
     for (int r = 0; r < k; ++r) {
       const auto& t = tp.stats[static_cast<size_t>(r)].elements_sent;
       const auto& s = sp.stats[static_cast<size_t>(r)].elements_sent;
@@ -165,6 +169,11 @@ TEST(StrategyTest, CommunicationVolumePerLayer) {
       // Voltage: one AllGather per layer but the last, which is a gather to the terminal.
       EXPECT_EQ(v[static_cast<size_t>(CollectiveKind::kAllgather)], (L - 1) * (k - 1) * n * F / k) << k;
       EXPECT_EQ(v[static_cast<size_t>(CollectiveKind::kGather)], r == 0 ? 0 : n * F / k) << k;
+      const auto& g = ga.stats[static_cast<size_t>(r)].elements_sent;
+      EXPECT_EQ(g[static_cast<size_t>(CollectiveKind::kAllgather)], L * 2 * (k - 1) * n * F / k) << k;
+      EXPECT_EQ(g[static_cast<size_t>(CollectiveKind::kReduceScatter)], L * 2 * (k - 1) * n * F / k) << k;
+      EXPECT_EQ(g[static_cast<size_t>(CollectiveKind::kAllgather)] + g[static_cast<size_t>(CollectiveKind::kReduceScatter)],
+                t[static_cast<size_t>(CollectiveKind::kAllreduce)]) << k;
     }
   }
 }
