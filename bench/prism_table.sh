@@ -28,6 +28,7 @@ mkdir -p "$OUT" "$MODELS"
 # Another engineer measures on this 2-core machine: wait (up to 10 minutes)
 # for the 1-minute load average to drop to 1.5 before timing anything.
 wait_for_quiet() {
+  [ "${QUIET_WAIT:-1}" = 0 ] && return 0  # the caller knows the machine is quiet
   for _ in $(seq 10); do
     local load
     load=$(cut -d' ' -f1 /proc/loadavg)

@@ -50,7 +50,15 @@ struct BenchSweepFlags {
   bool secure = false;
   bool insecure = false;
   int timeout_s = 60;
+  double cr = 8.0;  // prism's compression rate
 };
+
+// "galaxy-no-overlap" is galaxy without its ring tile overlap, so both can
+// be swept side by side; other names are strategies as `run` takes them.
+constexpr const char* kNoOverlap = "-no-overlap";
+std::string base_strategy(const std::string& name) {
+  return name.ends_with(kNoOverlap) ? name.substr(0, name.size() - std::strlen(kNoOverlap)) : name;
+}
 
 const std::vector<std::string> kColumns = {
     "model", "strategy", "devices", "threads", "cpus_per_device", "secure", "link", "bandwidth_mbit", "seq", "reps",
@@ -179,7 +187,9 @@ double bandwidth_mbit(const std::string& link) {
 // median run go into the row.
 void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, const runtime::RunRequest& req, Row& row) {
   runtime::DistributedOptions o = base;
-  o.strategy = row["strategy"];
+  o.strategy = base_strategy(row["strategy"]);
+  o.overlap = !row["strategy"].ends_with(kNoOverlap);
+  if (o.strategy == "prism") o.prism_rate = f.cr;
   o.devices = std::stoi(row["devices"]);
   o.link = row["link"] == "none" ? "" : row["link"];
   auto session = runtime::Session::start(o);
@@ -405,8 +415,9 @@ int bench(BenchSweepFlags& f) {
   if (f.strategies.empty() || f.devices.empty() || f.links.empty())
     return fail("--strategies, --devices and --link must not be empty");
   for (const auto& s : f.strategies) {
-    auto st = parallel::parse_strategy(s);
+    auto st = parallel::parse_strategy(base_strategy(s));
     if (!st.ok()) return fail(st.status().message());
+    if (s.ends_with(kNoOverlap) && *st != parallel::Strategy::kGalaxy) return fail(s + ": only galaxy has a -no-overlap form");
   }
   for (int k : f.devices)
     if (k < 1 || k > 64) return fail("--devices entries must be in [1, 64]");
@@ -508,7 +519,8 @@ int bench(BenchSweepFlags& f) {
           ++reused;
         } else {
           runtime::JobSpec job;  // the plan validation Session::start would do
-          job.strategy = strategy;
+          job.strategy = base_strategy(strategy);
+          if (job.strategy == "prism") job.prism_rate = f.cr;
           job.endpoints.assign(static_cast<size_t>(k), "");
           auto plan = job.plan(*cfg);
           if (!plan.ok()) {
@@ -545,7 +557,8 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "sweep strategies x devices x link speeds on local worker processes; one CSV row each (resumable)");
   cmd->add_option("--model", f->model, "Hugging Face model folder (required unless --plot-only)");
-  cmd->add_option("--strategies", f->strategies, "strategies, comma-separated")->delimiter(',')->capture_default_str();
+  cmd->add_option("--cr", f->cr, "prism: compression rate R")->capture_default_str();
+  cmd->add_option("--strategies", f->strategies, "strategies, comma-separated; galaxy-no-overlap: galaxy without tile overlap")->delimiter(',')->capture_default_str();
   cmd->add_option("--devices", f->devices, "device counts, comma-separated")->delimiter(',')->capture_default_str();
   cmd->add_option("--link", f->links, "link bandwidths, comma-separated (a JSON matrix file, or none: unpaced)")
       ->delimiter(',')

@@ -139,7 +139,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
   cmd->add_option("--ffn-partition", f->dist.ffn_partition, "tp, galaxy: FFN-column share of each device (default: --partition)");
-  cmd->add_flag("--no-overlap{false}", f->dist.overlap, "galaxy: no tile overlap of communication with the GEMMs");
+  cmd->add_flag("--no-overlap{false}", f->dist.overlap, "galaxy, voltage: no overlap of ring communication with the GEMMs");
   cmd->add_option("--layers", f->dist.layers, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)");
   cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");

@@ -30,7 +30,8 @@ struct Plan {
   // or the segment means per partition L; 0 = unset.
   double prism_rate = 0.0;
   int64_t prism_segments = 0;
-  // Galaxy: overlap the ring AllGather/ReduceScatter with the GEMMs (§III-D).
+  // Overlap ring collectives with GEMMs: Galaxy's tiles (§III-D); Voltage's
+  // K/V projection of each block of rows as it arrives.
   bool overlap = true;
 };
 

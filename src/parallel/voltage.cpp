@@ -1,9 +1,13 @@
 // Voltage (position-wise) parallelism: every device holds the whole layer
 // input, computes the output rows of its partition, then one AllGather per
-// layer; the last layer goes to the terminal only.
+// layer; the last layer goes to the terminal only. With plan.overlap (and
+// Eq. 3) the AllGather runs as a ring and each arriving block of rows is
+// projected to keys and values while the next block travels.
 #include "parallel/voltage.h"
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -19,6 +23,16 @@ int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p) {
   return p * f + std::max(2 * n * f, 2 * p * f) + p * n;
 }
 
+void partition_kv_f32(const PartitionAttention& a, int64_t r0, int64_t count, float* kv) {
+  const int64_t f = a.f;
+  if (count <= 0) return;
+  kernels::LinearArgs la;
+  la.x = a.x + r0 * f; la.m = count; la.k = f; la.ldx = f;
+  la.w = a.w_qkv + f * f; la.n = 2 * f; la.ldw = f; la.bias = a.b_qkv ? a.b_qkv + f : nullptr;
+  la.y = kv + r0 * 2 * f; la.ldy = 2 * f;
+  kernels::linear_f32(nullptr, la);
+}
+
 void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch) {
   const int64_t p = a.rows.size(), f = a.f, hd = a.head_dim;
   if (p == 0) return;
@@ -28,15 +42,16 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
   la.w = a.w_qkv; la.n = f; la.ldw = f; la.bias = a.b_qkv; la.y = q; la.ldy = f;
   kernels::linear_f32(nullptr, la);
   if (!eq8) {
-    float* kv = q + p * f;
-    la.x = a.x; la.m = a.n; la.w = a.w_qkv + f * f; la.n = 2 * f; la.bias = a.b_qkv ? a.b_qkv + f : nullptr;
-    la.y = kv; la.ldy = 2 * f;
-    kernels::linear_f32(nullptr, la);
+    const float* kv = a.kv;
+    if (kv == nullptr) {
+      partition_kv_f32(a, 0, a.n, q + p * f);
+      kv = q + p * f;
+    }
     kernels::AttentionArgs at;
     at.q = q; at.ldq = f; at.k = kv; at.ldk = 2 * f; at.v = kv + f; at.ldv = 2 * f; at.out = a.out; at.ldo = f;
     at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
     at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_pos0 = 0;
-    kernels::attention_f32(nullptr, at, kv + 2 * a.n * f, p * a.n);
+    kernels::attention_f32(nullptr, at, q + p * f + 2 * a.n * f, p * a.n);
     return;
   }
   float* t = q + p * f;       // [p, f]
@@ -71,21 +86,44 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
   Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
   Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
   const bool eq8 = plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim());
+  // Eq. (3) with overlap: the keys and values of each block of rows are
+  // projected as soon as the block arrives, while the next one travels.
+  const bool early_kv = plan.overlap && !eq8 && p > 0;
+  Tensor kv = early_kv ? Tensor::zeros_f32({n, 2 * F}) : Tensor();
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  auto layer_attention = [&](int64_t l) {
+    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
+    PartitionAttention pa;
+    pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
+    pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = model.attention_scale(l);
+    pa.causal = c.causal(); pa.out = ctx.f32(); pa.kv = early_kv ? kv.f32() : nullptr;
+    return pa;
+  };
+  // Layer l's attention input for rows [r0, r0 + count) of `full`.
+  auto prepare_rows = [&](int64_t l, int64_t r0, int64_t count) {
+    if (p == 0 || count == 0) return;
+    model.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
+    if (early_kv) partition_kv_f32(layer_attention(l), r0, count, kv.f32());
+  };
+  prepare_rows(0, 0, n);
   model::Workspace ws;
   for (int64_t l = 0; l < c.layers; ++l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
     if (p > 0) {
-      model.layer_input(l, full.f32(), n, a.f32(), pool);
-      PartitionAttention pa;
-      pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
-      pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = model.attention_scale(l);
-      pa.causal = c.causal(); pa.out = ctx.f32();
-      partition_attention_f32(pa, eq8, scratch.f32());
+      partition_attention_f32(layer_attention(l), eq8, scratch.f32());
       model.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
     }
     const bool last = l + 1 == c.layers;
-    if (!last) {
+    if (!last && early_kv) {
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* rows,
+                                                                                      int64_t count) {
+        const int64_t r0 = at[static_cast<size_t>(owner)];
+        if (count > 0) std::memcpy(full.f32() + r0 * F, rows, static_cast<size_t>(count * F) * sizeof(float));
+        prepare_rows(l + 1, r0, count);
+      }));
+    } else if (!last) {
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows(out.f32(), counts, F, full.f32()));
+      prepare_rows(l + 1, 0, n);
     } else {
       TESSERA_RETURN_IF_ERROR(sync.gather_rows(out.f32(), counts, F, sync.rank() == 0 ? full.f32() : nullptr, 0));
     }

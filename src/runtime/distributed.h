@@ -65,7 +65,7 @@ struct DistributedOptions {
   int threads_per_device = 1;
   std::string partition;  // "r1,r2,..."; empty = equal
   std::string ffn_partition;  // tp, galaxy: FFN columns; empty = as partition
-  bool overlap = true;        // galaxy: tile overlap (--no-overlap turns it off)
+  bool overlap = true;        // galaxy, voltage: tile overlap (--no-overlap turns it off)
   std::string layers;     // pipeline map "0-5:0,6-11:1"; empty = contiguous
   std::string link;       // emulated links; empty = unpaced
   bool insecure = false;

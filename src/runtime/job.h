@@ -27,7 +27,7 @@ struct JobSpec {
   bool adaptive_order = true;
   double prism_rate = 0.0;     // PRISM compression rate R (0 = unset)
   int64_t prism_segments = 0;  // PRISM segment means per partition L (0 = unset)
-  bool overlap = true;          // galaxy: ring tiles overlap the GEMMs
+  bool overlap = true;          // galaxy, voltage: ring tiles overlap the GEMMs
   int threads = 1;
   int timeout_ms = 60000;
 

@@ -1,7 +1,8 @@
 // Galaxy over real comm groups (inproc, ranks as threads), so the ring tile
 // overlap of §III-D runs: the overlapped collectives equal the plain ones,
 // and Galaxy equals the single device on the fixtures with and without
-// overlap, for K = 1..4 and uneven head (A) and FFN (B) partitions.
+// overlap, for K = 1..4 and uneven head (A) and FFN (B) partitions; so does
+// Voltage with its overlapped K/V projection.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -119,8 +120,8 @@ model::ModelInput fixture_input(const std::string& family, const std::string& na
   return in;
 }
 
-// Galaxy on k threads over inproc; returns HF's last hidden state from rank 0.
-core::Tensor run_galaxy_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
+// A plan on k threads over inproc; returns HF's last hidden state from rank 0.
+core::Tensor run_comm_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
   auto cfg = model::load_config(dir).value();
   EXPECT_TRUE(complete_plan(plan, cfg).ok());
   core::Tensor hidden;
@@ -177,9 +178,28 @@ TEST(GalaxyTest, EqualsSingleDeviceWithAndWithoutOverlap) {
           plan.ratios = split.heads;
           plan.ffn_ratios = split.ffn;
           plan.overlap = overlap;
-          EXPECT_LT(max_diff(run_galaxy_threads(dir, plan, in), single.hidden.back()), 1e-4f)
+          EXPECT_LT(max_diff(run_comm_threads(dir, plan, in), single.hidden.back()), 1e-4f)
               << c.family << " " << c.input << " K=" << k << " A[0]=" << split.heads[0] << " overlap=" << overlap;
         }
+  }
+}
+
+// Voltage's overlap (K/V of each arriving block) over real rings: exact too.
+TEST(GalaxyTest, VoltageOverlapEqualsSingleDevice) {
+  for (const char* family : {"bert-tiny", "gpt2-tiny"}) {
+    const std::string dir = kData + "/" + family;
+    const auto in = fixture_input(family, family == std::string("bert-tiny") ? "s33" : "s13");
+    const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+    for (int k = 1; k <= 3; ++k)
+      for (bool overlap : {true, false}) {
+        Plan plan;
+        plan.strategy = Strategy::kVoltage;
+        plan.world = k;
+        plan.ratios = k == 3 ? std::vector<double>{1, 0, 2} : std::vector<double>{};
+        plan.overlap = overlap;
+        EXPECT_LT(max_diff(run_comm_threads(dir, plan, in), single.hidden.back()), 1e-4f)
+            << family << " K=" << k << " overlap=" << overlap;
+      }
   }
 }
 
