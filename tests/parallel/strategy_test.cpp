@@ -10,11 +10,14 @@
 #include "model/transformer.h"
 #include "parallel/local_group.h"
 #include "parallel/strategy.h"
+#include "fixtures.h"
 
 namespace tessera::parallel {
 namespace {
 
-const std::string kData = TESSERA_TEST_DATA;
+using testing::fixture_input;
+using testing::kData;
+using testing::max_diff;
 
 struct RunOut {
   core::Tensor hidden;  // as HF's last hidden state
@@ -62,28 +65,7 @@ RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& i
   return out;
 }
 
-float max_diff(const core::Tensor& a, const core::Tensor& b) {
-  EXPECT_EQ(a.numel(), b.numel());
-  float m = 0;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
-  return m;
-}
 
-model::ModelInput fixture_input(const std::string& family, const std::string& name) {
-  auto cases = model::SafeTensorsFile::open(kData + "/" + family + "/cases.safetensors").value();
-  model::ModelInput in;
-  if (family == "vit-tiny") {
-    in.pixels = cases.get("c0.pixel_values").value();
-    return in;
-  }
-  const auto ids = cases.get(name + ".input_ids").value();
-  in.ids.assign(ids.i64(), ids.i64() + ids.numel());
-  if (family == "bert-tiny") {
-    const auto tt = cases.get(name + ".token_type_ids").value();
-    in.token_types.assign(tt.i64(), tt.i64() + tt.numel());
-  }
-  return in;
-}
 
 struct Case {
   const char* family;
