@@ -35,6 +35,10 @@ echo "== BERT classification on 3 local devices (Voltage, position-wise), 4-laye
 $bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
   --strategy voltage --devices 3 --link 500mbit,1ms
 echo
+echo "== The same with Galaxy (TP on heads and FFN columns, SP in between, ring overlap) on 2 devices"
+$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
+  --strategy galaxy --devices 2 --link 500mbit,1ms
+echo
 echo "== The same on one device"
 $bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices."
 echo

@@ -482,6 +482,7 @@ int bench(BenchSweepFlags& f) {
   std::filesystem::path model_path = std::filesystem::path(f.model).lexically_normal();
   if (!model_path.has_filename()) model_path = model_path.parent_path();  // "models/bert/"
   const std::string model_name = model_path.filename().string();
+  const core::Timer sweep_timer;
   const int total = static_cast<int>(f.strategies.size() * f.devices.size() * links.size());
   int index = 0, ran = 0, resumed = 0, skipped = 0, errors = 0, reused = 0;
   Row first;
@@ -540,8 +541,8 @@ int bench(BenchSweepFlags& f) {
       }
     }
   }
-  std::printf("%d combinations: %d run, %d resumed from %s, %d reused (one device), %d skipped, %d failed\n", total,
-              ran, resumed, f.out.c_str(), reused, skipped, errors);
+  std::printf("%d combinations in %.1f s: %d run, %d resumed from %s, %d reused (one device), %d skipped, %d failed\n",
+              total, sweep_timer.ms() / 1000.0, ran, resumed, f.out.c_str(), reused, skipped, errors);
   if (f.plot) {
     const auto st = plot_csv(f.out, config_key(first));
     if (!st.ok()) return fail(st.message());
