@@ -7,7 +7,8 @@
 #
 # Models with seeded random weights go to build/models/ (tessera gen-model).
 # Latency: K worker processes x 1 thread on this machine, links emulated at
-# 125 and 500 Mbit/s, median of REPS runs (default 3). Fidelity: SAMPLES
+# 125 and 500 Mbit/s, one session each: a warm-up, then the median of REPS
+# runs (default 3). Fidelity: SAMPLES
 # random inputs (default 100) through the exact single-device path and PRISM.
 # Raw figures land in $OUT (default BUILD_DIR/prism-bench); the markdown
 # table is printed at the end.
@@ -78,12 +79,11 @@ for model in bert-base gpt2 vit-base; do
           extra="--cr ${setting#prism:}"
           tag="prism-R${setting#prism:}"
         fi
-        for rep in $(seq "$REPS"); do
-          echo "== $model P=$p $link $tag rep $rep" >&2
-          # shellcheck disable=SC2046
-          "$BIN" run --model "$dir" $(input_args "$model") --strategy "$strategy" $extra --devices "$p" \
-            --link "$link" --insecure --stats >"$OUT/lat-$model-P$p-$link-$tag-$rep.json"
-        done
+        echo "== $model P=$p $link $tag" >&2
+        # One session: a warm-up, then the median of REPS runs.
+        # shellcheck disable=SC2046
+        "$BIN" run --model "$dir" $(input_args "$model") --strategy "$strategy" $extra --devices "$p" \
+          --link "$link" --insecure --stats --warmup 1 --reps "$REPS" >"$OUT/lat-$model-P$p-$link-$tag-1.json"
       done
     done
   done
@@ -92,6 +92,8 @@ done
 # Fidelity last: it needs no quiet machine.
 for model in bert-base gpt2 vit-base; do
   for p in 2 3; do
+    # Fidelity needs no timing: a finished file is kept (delete it to rerun).
+    [ -s "$OUT/fid-$model-P$p.jsonl" ] && continue
     echo "== $model P=$p fidelity over $SAMPLES inputs" >&2
     "$BIN" fidelity --model "$MODELS/$model" --strategy prism --cr "${RATES// /,}" --devices "$p" \
       --samples "$SAMPLES" --seq 128 --json >"$OUT/fid-$model-P$p.jsonl"
