@@ -39,7 +39,7 @@ $bin bench-attention | tee "$out/attention.md"
 
 # 4. The papers' sweep: latency vs devices and vs bandwidth, with plots.
 $bin bench --model "$models/bert-base" --strategies single,tp,sp,voltage,galaxy,galaxy-no-overlap,pipeline \
-  --devices 1,2,3,4 --link 125mbit,250mbit,500mbit,1gbit --seq 128 --reps 5 --out "$out/sweep.csv" --plot
+  --devices 1,2,3,4 --link 125mbit,250mbit,500mbit,1gbit --seq 128 --reps 5 --out "$out/bert-base.csv" --plot
 
 # 5. PRISM's table (docs/prism.md).
-QUIET_WAIT=0 OUT="$out/prism" bash bench/prism_table.sh build | tee "$out/prism.md"
+QUIET_WAIT=0 REPS=5 OUT="$out/prism" bash bench/prism_table.sh build | tee "$out/prism.md"
