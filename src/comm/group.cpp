@@ -3,6 +3,8 @@
 #include "comm/group.h"
 
 #include <algorithm>
+#include <fstream>
+#include <random>
 
 #include "comm/group_core.h"
 #include "core/io.h"
@@ -320,17 +322,41 @@ CommStats Group::stats() const { return core_->stats(); }
 void Group::reset_stats() { core_->reset_stats(); }
 void Group::record_op(OpKind op, double seconds, bool ok) { core_->record_op(op, seconds, ok); }
 
+namespace {
+
+// Ports below the kernel's ephemeral range: a port from that range can be
+// handed to some other socket's outgoing connection between our pick and the
+// real bind ("Address already in use" under parallel tests).
+std::pair<int, int> non_ephemeral_ports() {
+  int low = 32768;
+  std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range");
+  if (!(f >> low) || low < 2048) low = 32768;
+  return {std::max(1024, low - 16384), low};
+}
+
+}  // namespace
+
 core::Result<std::vector<std::string>> pick_local_endpoints(int n) {
   std::vector<std::string> out;
+  const auto [begin, end] = non_ephemeral_ports();
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> port(begin, end - 1);
   try {
     zmq::context_t ctx(1);
     std::vector<zmq::socket_t> holders;
-    // Hold every socket until all ports are known so the kernel cannot hand
-    // the same port out twice.
+    // Hold every socket until all ports are known so no port is picked twice.
     for (int i = 0; i < n; ++i) {
       holders.emplace_back(ctx, zmq::socket_type::router);
       holders.back().set(zmq::sockopt::linger, 0);
-      holders.back().bind("tcp://127.0.0.1:*");
+      bool bound = false;
+      for (int attempt = 0; attempt < 200 && !bound; ++attempt) {
+        try {
+          holders.back().bind("tcp://127.0.0.1:" + std::to_string(port(rng)));
+          bound = true;
+        } catch (const zmq::error_t&) {  // taken: try another
+        }
+      }
+      if (!bound) holders.back().bind("tcp://127.0.0.1:*");  // let the kernel choose
       out.push_back(holders.back().get(zmq::sockopt::last_endpoint));
     }
     for (auto& s : holders) s.close();

@@ -160,8 +160,8 @@ class Group {
   std::shared_ptr<detail::GroupCore> core_;
 };
 
-// Free loopback endpoints ("tcp://127.0.0.1:PORT"), found by letting the
-// kernel pick ports for short-lived sockets; for tests and local launches.
+// Free loopback endpoints ("tcp://127.0.0.1:PORT"): random ports below the
+// ephemeral range that bind now; for tests and local launches.
 core::Result<std::vector<std::string>> pick_local_endpoints(int n);
 
 }  // namespace tessera::comm
