@@ -9,6 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -47,6 +51,33 @@ float max_diff(const std::string& a_path, const std::string& b_path, const std::
   float m = 0;
   for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
   return m;
+}
+
+// Descendants of `root` whose command line contains `needle`: the test must
+// kill its own worker, never one of a test running beside it.
+std::vector<pid_t> descendants_whose_cmdline_has(pid_t root, const std::string& needle) {
+  std::map<pid_t, pid_t> parent;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid) parent[std::stoi(name)] = ppid;
+  }
+  std::vector<pid_t> found;
+  for (const auto& [child, unused] : parent) {
+    bool below = false;
+    for (pid_t p = child; p > 1 && !below; p = parent.count(p) ? parent[p] : 0) below = parent.count(p) && parent[p] == root;
+    if (!below) continue;
+    std::ifstream cmd("/proc/" + std::to_string(child) + "/cmdline");
+    std::string text((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (text.find("worker-job") != std::string::npos && text.find(needle) != std::string::npos) found.push_back(child);
+  }
+  return found;
 }
 
 struct Input {
@@ -133,8 +164,8 @@ TEST(DistributedTest, KilledWorkerEndsTheRunWithAnErrorWithinTheTimeout) {
   bool killed = false;
   for (int i = 0; i < 100 && !killed; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    auto r = std::system(("pkill -KILL -f '[w]orker-job.*\"rank\":2' >/dev/null 2>&1"));
-    killed = WIFEXITED(r) && WEXITSTATUS(r) == 0;
+    for (const pid_t worker : descendants_whose_cmdline_has(pid, "\"rank\":2"))
+      killed = ::kill(worker, SIGKILL) == 0 || killed;
   }
   ASSERT_TRUE(killed);
   int status = 0;
@@ -186,8 +217,9 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
   const std::string key = tmp("cluster.key"), other = tmp("other.key"), cluster = tmp("cluster.toml");
   ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
   ASSERT_TRUE(comm::write_key_file(other, comm::generate_cluster_key().value(), true).ok());
-  // Control ports p, data ports p + 1; a per-process base keeps parallel runs apart.
-  const int base = 30000 + static_cast<int>(::getpid() % 2000) * 10;
+  // Control ports p, data ports p + 1; a per-process base keeps parallel runs
+  // apart, below both the kernel's ephemeral ports and pick_local_endpoints'.
+  const int base = 6000 + static_cast<int>(::getpid() % 1000) * 10;
   const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
                                             "tcp://127.0.0.1:" + std::to_string(base + 2)};
   const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
