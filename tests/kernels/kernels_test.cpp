@@ -92,6 +92,27 @@ TEST(LinearTest, FusedEpilogueEqualsSeparateSteps) {
     }
 }
 
+// Wide inputs (k >= 3072) take the transposed-output path; strided rows too.
+TEST(LinearTest, WideInputWithStridesEqualsReference) {
+  for (const int64_t m : {1, 5, 33}) {
+    const int64_t k = 3072, n = 6, ldx = k + 3, ldw = k + 1, ldy = n + 2;
+    auto x = random_vec(m * ldx, 11), w = random_vec(n * ldw, 12), b = random_vec(n, 13);
+    std::vector<float> y(m * ldy, 7.0f);
+    LinearArgs a;
+    a.x = x.data(); a.m = m; a.k = k; a.ldx = ldx; a.w = w.data(); a.n = n; a.ldw = ldw;
+    a.bias = b.data(); a.y = y.data(); a.ldy = ldy;
+    linear_f32(nullptr, a);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = b[j];
+        for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * ldx + p]) * w[j * ldw + p];
+        EXPECT_NEAR(y[i * ldy + j], acc, 2e-3) << m << " " << i << " " << j;
+      }
+      for (int64_t j = n; j < ldy; ++j) EXPECT_EQ(y[i * ldy + j], 7.0f);  // padding untouched
+    }
+  }
+}
+
 TEST(LayerNormTest, MatchesScalarReference) {
   for (int64_t cols : {1, 5, 16, 64, 100}) {
     const int64_t rows = 3;
