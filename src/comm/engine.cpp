@@ -2,6 +2,7 @@
 // sends queued messages, validates and files incoming frames, answers the
 // ZAP (key check) requests and watches connection events for lost peers.
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,10 @@ core::Status GroupCore::start() {
   if (inproc_ && !options_.context) return core::invalid_argument("inproc groups need a context shared by all ranks");
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd_ < 0) return core::internal_error(std::string("eventfd: ") + std::strerror(errno));
+  // zmq_poll counts in whole milliseconds; a paced message would leave up to
+  // 1 ms late, a large error on a fast link. A timerfd wakes us on time.
+  timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer_fd_ < 0) return core::internal_error(std::string("timerfd: ") + std::strerror(errno));
 
   const std::string bind_ep = options_.bind_endpoint.empty() ? options_.endpoints[rank_] : options_.bind_endpoint;
   std::string step = "creating the ZeroMQ context";
@@ -205,6 +210,10 @@ void GroupCore::shutdown() {
     ::close(wake_fd_);
     wake_fd_ = -1;
   }
+  if (timer_fd_ >= 0) {
+    ::close(timer_fd_);
+    timer_fd_ = -1;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   closing_ = closed_ = true;
   for (auto& [key, box] : mailboxes_) {
@@ -222,6 +231,7 @@ void GroupCore::poll_once(int timeout_ms) {
   poll_monitor_peer_.clear();
   poll_items_.push_back({router_->handle(), 0, ZMQ_POLLIN, 0});
   poll_items_.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+  poll_items_.push_back({nullptr, timer_fd_, ZMQ_POLLIN, 0});
   const size_t zap_index = poll_items_.size();
   if (zap_) poll_items_.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
   const size_t mon_base = poll_items_.size();
@@ -237,6 +247,10 @@ void GroupCore::poll_once(int timeout_ms) {
     uint64_t v;
     [[maybe_unused]] ssize_t n = ::read(wake_fd_, &v, sizeof(v));
   }
+  if (poll_items_[2].revents & ZMQ_POLLIN) {
+    uint64_t v;
+    [[maybe_unused]] ssize_t n = ::read(timer_fd_, &v, sizeof(v));
+  }
   if (zap_ && (poll_items_[zap_index].revents & ZMQ_POLLIN)) handle_zap();
   if (poll_items_[0].revents & ZMQ_POLLIN) {
     for (int i = 0; i < kMaxReadsPerWake && receive_one(); ++i) {
@@ -245,6 +259,15 @@ void GroupCore::poll_once(int timeout_ms) {
   for (size_t m = 0; m < poll_monitor_peer_.size(); ++m) {
     if (poll_items_[mon_base + m].revents & ZMQ_POLLIN) handle_monitor(poll_monitor_peer_[m]);
   }
+}
+
+void GroupCore::arm_timer(Clock::time_point at) {
+  // steady_clock is CLOCK_MONOTONIC on Linux, so its epoch is the timer's.
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+  itimerspec spec{};
+  spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+  spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
 }
 
 void GroupCore::run() {
@@ -258,6 +281,7 @@ void GroupCore::run() {
       }
       int timeout_ms = to_ms(next - now);
       if (timeout_ms == 0 && next <= now) timeout_ms = 1;  // a send waits for room: do not spin
+      if (next > now) arm_timer(next);
       poll_once(timeout_ms);
       now = Clock::now();
       take_inbox(now);

@@ -125,6 +125,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   void run();
   // One poll of every socket: incoming frames, ZAP requests, events.
   void poll_once(int timeout_ms);
+  void arm_timer(Clock::time_point at);
   void take_inbox(Clock::time_point now);
   void enqueue(Outgoing o, Clock::time_point now);
   bool try_send(PeerLink& link, Outgoing& o);
@@ -160,6 +161,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   std::unique_ptr<zmq::socket_t> zap_;
   std::vector<PeerLink> links_;
   int wake_fd_ = -1;
+  int timer_fd_ = -1;  // wakes run() when the next paced message is due
   std::vector<zmq_pollitem_t> poll_items_;
   std::vector<int> poll_monitor_peer_;
   std::thread thread_;

@@ -33,14 +33,24 @@ void partition_kv_f32(const PartitionAttention& a, int64_t r0, int64_t count, fl
   kernels::linear_f32(nullptr, la);
 }
 
-void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch) {
-  const int64_t p = a.rows.size(), f = a.f, hd = a.head_dim;
+void partition_q_f32(const PartitionAttention& a, float* q) {
+  const int64_t p = a.rows.size(), f = a.f;
   if (p == 0) return;
-  float* q = scratch;
   kernels::LinearArgs la;
   la.x = a.x + a.rows.begin * f; la.m = p; la.k = f; la.ldx = f;
   la.w = a.w_qkv; la.n = f; la.ldw = f; la.bias = a.b_qkv; la.y = q; la.ldy = f;
   kernels::linear_f32(nullptr, la);
+}
+
+void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch) {
+  const int64_t p = a.rows.size(), f = a.f, hd = a.head_dim;
+  if (p == 0) return;
+  float* q = scratch;  // scratch starts with room for Q, used or not
+  const float* qv = a.q;
+  if (qv == nullptr) {
+    partition_q_f32(a, q);
+    qv = q;
+  }
   if (!eq8) {
     const float* kv = a.kv;
     if (kv == nullptr) {
@@ -48,7 +58,7 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
       kv = q + p * f;
     }
     kernels::AttentionArgs at;
-    at.q = q; at.ldq = f; at.k = kv; at.ldk = 2 * f; at.v = kv + f; at.ldv = 2 * f; at.out = a.out; at.ldo = f;
+    at.q = qv; at.ldq = f; at.k = kv; at.ldk = 2 * f; at.v = kv + f; at.ldv = 2 * f; at.out = a.out; at.ldo = f;
     at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
     at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_pos0 = 0;
     kernels::attention_f32(nullptr, at, q + p * f + 2 * a.n * f, p * a.n);
@@ -60,7 +70,7 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
   for (int64_t h = 0; h < a.heads; ++h) {
     const float* wk = a.w_qkv + (f + h * hd) * f;      // [hd, f]
     const float* wv = a.w_qkv + (2 * f + h * hd) * f;  // [hd, f]
-    kernels::gemm_f32(false, false, p, f, hd, 1.0f, q + h * hd, f, wk, f, 0.0f, t, f);
+    kernels::gemm_f32(false, false, p, f, hd, 1.0f, qv + h * hd, f, wk, f, 0.0f, t, f);
     kernels::gemm_f32(false, true, p, a.n, f, a.scale, t, f, a.x, f, 0.0f, s, a.n);
     kernels::attention_softmax_rows_f32(s, p, a.n, a.causal, a.rows.begin, 0);
     kernels::gemm_f32(false, false, p, f, a.n, 1.0f, s, a.n, a.x, f, 0.0f, u, f);
@@ -86,25 +96,30 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
   Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
   Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
   const bool eq8 = plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim());
-  // Eq. (3) with overlap: the keys and values of each block of rows are
-  // projected as soon as the block arrives, while the next one travels.
-  const bool early_kv = plan.overlap && !eq8 && p > 0;
-  Tensor kv = early_kv ? Tensor::zeros_f32({n, 2 * F}) : Tensor();
+  // Eq. (3) with overlap: the ring AllGather hands over each block of rows as
+  // it arrives; the device projects it to keys and values (and its own block
+  // to queries too) while the next block travels.
+  const bool early = plan.overlap && !eq8 && p > 0;
+  Tensor kv = early ? Tensor::zeros_f32({n, 2 * F}) : Tensor();
+  Tensor q = early ? Tensor::zeros_f32({p, F}) : Tensor();
   std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  for (size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + counts[r];
   auto layer_attention = [&](int64_t l) {
     const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
     PartitionAttention pa;
     pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
     pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = model.attention_scale(l);
-    pa.causal = c.causal(); pa.out = ctx.f32(); pa.kv = early_kv ? kv.f32() : nullptr;
+    pa.causal = c.causal(); pa.out = ctx.f32(); pa.kv = early ? kv.f32() : nullptr;
+    pa.q = early ? q.f32() : nullptr;
     return pa;
   };
   // Layer l's attention input for rows [r0, r0 + count) of `full`.
   auto prepare_rows = [&](int64_t l, int64_t r0, int64_t count) {
     if (p == 0 || count == 0) return;
     model.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
-    if (early_kv) partition_kv_f32(layer_attention(l), r0, count, kv.f32());
+    if (!early) return;
+    partition_kv_f32(layer_attention(l), r0, count, kv.f32());
+    if (r0 <= me.begin && me.end <= r0 + count) partition_q_f32(layer_attention(l), q.f32());
   };
   prepare_rows(0, 0, n);
   model::Workspace ws;
@@ -114,7 +129,7 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
       model.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
     }
     const bool last = l + 1 == c.layers;
-    if (!last && early_kv) {
+    if (!last && early) {
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* rows,
                                                                                       int64_t count) {
         const int64_t r0 = at[static_cast<size_t>(owner)];

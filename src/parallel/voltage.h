@@ -18,11 +18,14 @@ struct PartitionAttention {
   bool causal = false;              // positions are the global row indices
   float* out = nullptr;             // [rows.size(), f]
   const float* kv = nullptr;        // Eq. (3): K|V of every row, [n, 2f], precomputed; null = computed here
+  const float* q = nullptr;         // Q of this device's rows, [rows.size(), f], precomputed; null = computed here
 };
 
 // K|V of rows [r0, r0 + count) of a.x into kv ([n, 2f]), for Eq. (3): lets a
 // device project each block of rows as soon as it arrives.
 void partition_kv_f32(const PartitionAttention& a, int64_t r0, int64_t count, float* kv);
+// Q of this device's rows (a.rows) into q ([rows.size(), f]).
+void partition_q_f32(const PartitionAttention& a, float* q);
 
 // Scratch floats `partition_attention_f32` needs.
 int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p);
