@@ -137,6 +137,8 @@ void add_run(CLI::App& app) {
   cmd->add_option("--segments", f->dist.prism_segments, "prism: segment means per partition")->excludes(cr);
   cmd->add_option("--devices", f->dist.devices, "devices (local worker processes on loopback)")->capture_default_str();
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--cpus-per-device", f->dist.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
+      ->capture_default_str();
   cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
   cmd->add_option("--ffn-partition", f->dist.ffn_partition, "tp, galaxy: FFN-column share of each device (default: --partition)");
   cmd->add_flag("--no-overlap{false}", f->dist.overlap, "galaxy, voltage: no overlap of ring communication with the GEMMs");
