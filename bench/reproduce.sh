@@ -34,6 +34,9 @@ ort=/tmp/ort/bert-base-128.onnx
 # 2. Every strategy, K = 2 devices x 1 thread, four link speeds.
 bash bench/strategies.sh "$models/bert-base" 2 "125mbit 250mbit 500mbit 1gbit" | tee "$out/strategies.md"
 
+# 2b. Issue 5's target: Voltage (K = 2 x 1 thread, 1 Gbit/s) against one device, alternating.
+bash bench/voltage_target.sh "$models/bert-base" 7 | tee "$out/voltage_target.md"
+
 # 3. Voltage Fig. 6: partitioned attention.
 $bin bench-attention | tee "$out/attention.md"
 
