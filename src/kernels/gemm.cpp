@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -63,6 +64,10 @@ namespace {
 // From this input width on, linear_f32 lets OpenBLAS pack W as its B operand
 // (bench: 2560 gains nothing, 3072 and 4096 gain 5-17%).
 constexpr int64_t kWideInput = 3072;
+// From this many outputs on, W is multiplied in blocks of kOutputBlock rows
+// (768x3072 at 64 and 128 rows: 6-8% faster; 1536 and 2304 outputs: 1-3%).
+constexpr int64_t kWideOutput = 3072;
+constexpr int64_t kOutputBlock = 768;
 }  // namespace
 
 void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
@@ -77,6 +82,12 @@ void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
     gemm_f32(false, true, a.n, a.m, a.k, 1.0f, a.w, a.ldw, a.x, a.ldx, 0.0f, yt.data(), a.m);
     cblas_somatcopy(CblasRowMajor, CblasTrans, static_cast<blasint>(a.n), static_cast<blasint>(a.m), 1.0f, yt.data(),
                     static_cast<blasint>(a.m), a.y, static_cast<blasint>(a.ldy));
+  } else if (a.n >= kWideOutput) {
+    // Many outputs: OpenBLAS runs 6-8% faster here on blocks of 768 (bench).
+    for (int64_t j = 0; j < a.n; j += kOutputBlock) {
+      const int64_t cols = std::min(kOutputBlock, a.n - j);
+      gemm_f32(false, true, a.m, cols, a.k, 1.0f, a.x, a.ldx, a.w + j * a.ldw, a.ldw, 0.0f, a.y + j, a.ldy);
+    }
   } else {
     gemm_f32(false, true, a.m, a.n, a.k, 1.0f, a.x, a.ldx, a.w, a.ldw, 0.0f, a.y, a.ldy);
   }

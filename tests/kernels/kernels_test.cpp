@@ -113,6 +113,25 @@ TEST(LinearTest, WideInputWithStridesEqualsReference) {
   }
 }
 
+// Many outputs (n >= 3072) are computed in blocks; the last one is partial.
+TEST(LinearTest, ManyOutputsInBlocksEqualReference) {
+  const int64_t m = 3, k = 5, n = 3072 + 100, ldy = n + 4;
+  auto x = random_vec(m * k, 14), w = random_vec(n * k, 15), b = random_vec(n, 16), r = random_vec(m * n, 17);
+  std::vector<float> y(m * ldy, 7.0f);
+  LinearArgs a;
+  a.x = x.data(); a.m = m; a.k = k; a.ldx = k; a.w = w.data(); a.n = n; a.ldw = k;
+  a.bias = b.data(); a.residual = r.data(); a.ldr = n; a.y = y.data(); a.ldy = ldy;
+  linear_f32(nullptr, a);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = b[j];
+      for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * k + p]) * w[j * k + p];
+      ASSERT_NEAR(y[i * ldy + j], acc + r[i * n + j], 1e-4) << i << " " << j;
+    }
+    for (int64_t j = n; j < ldy; ++j) EXPECT_EQ(y[i * ldy + j], 7.0f);
+  }
+}
+
 TEST(LayerNormTest, MatchesScalarReference) {
   for (int64_t cols : {1, 5, 16, 64, 100}) {
     const int64_t rows = 3;
