@@ -175,6 +175,46 @@ Status CommSynchronizer::reduce_scatter_rows_overlapped(const std::vector<int64_
   return core::ok_status();
 }
 
+Status CommSynchronizer::broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
+                                                   const TileFn& on_tile) {
+  const int k = world(), r = rank();
+  if (static_cast<int>(counts.size()) != k) return core::invalid_argument("counts do not match the world size");
+  if (root < 0 || root >= k) return core::invalid_argument("broadcast root out of range");
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  auto part = [&](int q) { return all + at[static_cast<size_t>(q)] * cols; };
+  auto rows = [&](int q) { return counts[static_cast<size_t>(q)]; };
+  if (r == root) {
+    stats_.add(CollectiveKind::kBroadcast, at.back() * cols * (k - 1));
+    // Every send is posted before the root computes, so its links stay busy.
+    std::vector<comm::SendHandle> sends;
+    for (int dest = 0; dest < k; ++dest)
+      if (dest != root)
+        for (const int q : own_part_first(dest, k))
+          if (rows(q) > 0) sends.push_back(group_.isend_op(comm::OpKind::kBroadcast, dest, kTag, copy_rows(part(q), rows(q), cols)));
+    for (const int q : own_part_first(r, k)) on_tile(q, part(q), rows(q));
+    core::Timer t;
+    for (auto& s : sends) TESSERA_RETURN_IF_ERROR(s.wait(timeout_));
+    stats_.blocked_ms += t.ms();
+    return core::ok_status();
+  }
+  std::vector<comm::RecvHandle> recvs;
+  const std::vector<int> order = own_part_first(r, k);
+  for (const int q : order)
+    if (rows(q) > 0) recvs.push_back(group_.irecv_op(comm::OpKind::kBroadcast, root, kTag));
+  size_t next = 0;
+  for (const int q : order) {
+    if (rows(q) > 0) {
+      core::Timer t;
+      TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs[next++].wait(timeout_));
+      stats_.blocked_ms += t.ms();
+      TESSERA_RETURN_IF_ERROR(copy_out(got, part(q), rows(q) * cols));
+    }
+    on_tile(q, part(q), rows(q));
+  }
+  return core::ok_status();
+}
+
 Status CommSynchronizer::allreduce_sum(float* data, int64_t n) {
   core::Timer t;
   stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank()));

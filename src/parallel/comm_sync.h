@@ -26,6 +26,9 @@ class CommSynchronizer final : public Synchronizer {
                                          const TileFn& on_tile) override;
   core::Status reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols, const PartialFn& partial,
                                               float* mine) override;
+  // Root sends each part to each rank as its own message, the rank's part first.
+  core::Status broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
+                                         const TileFn& on_tile) override;
   core::Status allreduce_sum(float* data, int64_t n) override;
   core::Status broadcast(float* data, int64_t n, int root) override;
   core::Status send(int peer, const float* data, int64_t n) override;

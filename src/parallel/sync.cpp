@@ -36,6 +36,30 @@ core::Status Synchronizer::reduce_scatter_rows_overlapped(const std::vector<int6
   return partials_then_reduce_scatter(counts, cols, partial, mine);
 }
 
+core::Status Synchronizer::broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols,
+                                                     int root, const TileFn& on_tile) {
+  return broadcast_rows_then_tiles(all, counts, cols, root, on_tile);
+}
+
+std::vector<int> own_part_first(int rank, int world) {
+  std::vector<int> order{rank};
+  for (int q = 0; q < world; ++q)
+    if (q != rank) order.push_back(q);
+  return order;
+}
+
+core::Status Synchronizer::broadcast_rows_then_tiles(float* all, const std::vector<int64_t>& counts, int64_t cols,
+                                                     int root, const TileFn& on_tile) {
+  if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  TESSERA_RETURN_IF_ERROR(broadcast(all, total * cols, root));
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  for (const int q : own_part_first(rank(), world()))
+    on_tile(q, all + at[static_cast<size_t>(q)] * cols, counts[static_cast<size_t>(q)]);
+  return core::ok_status();
+}
+
 core::Status Synchronizer::allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
                                                      const TileFn& on_tile) {
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});

@@ -57,9 +57,17 @@ class Synchronizer {
                                                  const TileFn& on_tile);
   virtual core::Status reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
                                                       const PartialFn& partial, float* mine);
+  // `root` holds every row in `all` (part q: counts[q] rows); every rank
+  // receives them into `all`, each part handed to `on_tile` as it arrives,
+  // the rank's own part first (Voltage's first distribution: a device starts
+  // on its own rows while the others travel).
+  virtual core::Status broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
+                                                 const TileFn& on_tile);
   // Plain forms: the whole collective, then every tile (allgather); every
   // partial, then the whole collective (reduce-scatter).
   core::Status allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
+                                         const TileFn& on_tile);
+  core::Status broadcast_rows_then_tiles(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
                                          const TileFn& on_tile);
   core::Status partials_then_reduce_scatter(const std::vector<int64_t>& counts, int64_t cols, const PartialFn& partial,
                                             float* mine);
@@ -75,6 +83,10 @@ class Synchronizer {
  protected:
   SyncStats stats_;
 };
+
+// Part order of broadcast_rows_overlapped at `rank`: its own part, then the
+// others in rank order.
+std::vector<int> own_part_first(int rank, int world);
 
 // Elements a rank sends in the ring algorithms the comm layer uses; shared
 // by every Synchronizer so the accounting is the same in tests and on wire.

@@ -92,14 +92,15 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
   const Range me = rows[static_cast<size_t>(sync.rank())];
   const int64_t p = me.size();
   Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
-  TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
   Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
   Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
   const bool eq8 = plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim());
   // Eq. (3) with overlap: the ring AllGather hands over each block of rows as
   // it arrives; the device projects it to keys and values (and its own block
   // to queries too) while the next block travels.
-  const bool early = plan.overlap && !eq8 && p > 0;
+  // Which collectives run must not depend on the rank (p and eq8 do).
+  const bool ring = plan.overlap;
+  const bool early = ring && !eq8 && p > 0;
   Tensor kv = early ? Tensor::zeros_f32({n, 2 * F}) : Tensor();
   Tensor q = early ? Tensor::zeros_f32({p, F}) : Tensor();
   std::vector<int64_t> at(counts.size() + 1, 0);
@@ -121,7 +122,15 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
     partition_kv_f32(layer_attention(l), r0, count, kv.f32());
     if (r0 <= me.begin && me.end <= r0 + count) partition_q_f32(layer_attention(l), q.f32());
   };
-  prepare_rows(0, 0, n);
+  if (ring) {
+    // The first distribution in parts, this device's part first.
+    TESSERA_RETURN_IF_ERROR(sync.broadcast_rows_overlapped(
+        full.f32(), counts, F, 0,
+        [&](int owner, const float*, int64_t count) { prepare_rows(0, at[static_cast<size_t>(owner)], count); }));
+  } else {
+    TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
+    prepare_rows(0, 0, n);
+  }
   model::Workspace ws;
   for (int64_t l = 0; l < c.layers; ++l) {
     if (p > 0) {
@@ -129,7 +138,7 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
       model.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
     }
     const bool last = l + 1 == c.layers;
-    if (!last && early) {
+    if (!last && ring) {
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* rows,
                                                                                       int64_t count) {
         const int64_t r0 = at[static_cast<size_t>(owner)];

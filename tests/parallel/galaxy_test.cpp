@@ -102,6 +102,31 @@ TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
       const auto& sent = sync.stats().elements_sent;
       EXPECT_EQ(sent[static_cast<size_t>(CollectiveKind::kReduceScatter)],
                 2 * (k > 1 ? (total - counts[static_cast<size_t>(r)]) * cols : 0));
+      // Broadcast in parts from the last rank, both forms: every part arrives
+      // once, our own first, and `all` ends up as the root's.
+      const int root = k - 1;
+      for (const bool overlapped : {true, false}) {
+        std::vector<float> all(static_cast<size_t>(total * cols), -1.0f);
+        if (r == root)
+          for (int64_t i = 0; i < total * cols; ++i) all[static_cast<size_t>(i)] = value(root, i / cols, i % cols);
+        std::vector<int> parts;
+        auto tile = [&](int owner, const float* rows, int64_t cnt) {
+          parts.push_back(owner);
+          EXPECT_EQ(cnt, counts[static_cast<size_t>(owner)]);
+          for (int64_t i = 0; i < cnt; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              EXPECT_EQ(rows[i * cols + j], value(root, at[static_cast<size_t>(owner)] + i, j));
+        };
+        if (overlapped) {
+          TESSERA_RETURN_IF_ERROR(sync.broadcast_rows_overlapped(all.data(), counts, cols, root, tile));
+        } else {
+          TESSERA_RETURN_IF_ERROR(sync.broadcast_rows_then_tiles(all.data(), counts, cols, root, tile));
+        }
+        EXPECT_EQ(parts, own_part_first(r, k));
+        for (int64_t i = 0; i < total * cols; ++i)
+          EXPECT_EQ(all[static_cast<size_t>(i)], value(root, i / cols, i % cols));
+      }
+      if (r == root) EXPECT_EQ(sent[static_cast<size_t>(CollectiveKind::kBroadcast)], 2 * total * cols * (k - 1));
       return core::ok_status();
     }));
   }
