@@ -219,7 +219,7 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
   ASSERT_TRUE(comm::write_key_file(other, comm::generate_cluster_key().value(), true).ok());
   // Control ports p, data ports p + 1; a per-process base keeps parallel runs
   // apart, below both the kernel's ephemeral ports and pick_local_endpoints'.
-  const int base = 6000 + static_cast<int>(::getpid() % 1000) * 10;
+  const int base = 7000 + static_cast<int>(::getpid() % 900) * 10;
   const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
                                             "tcp://127.0.0.1:" + std::to_string(base + 2)};
   const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
