@@ -126,7 +126,9 @@ TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
         for (int64_t i = 0; i < total * cols; ++i)
           EXPECT_EQ(all[static_cast<size_t>(i)], value(root, i / cols, i % cols));
       }
-      if (r == root) EXPECT_EQ(sent[static_cast<size_t>(CollectiveKind::kBroadcast)], 2 * total * cols * (k - 1));
+      if (r == root) {
+        EXPECT_EQ(sent[static_cast<size_t>(CollectiveKind::kBroadcast)], 2 * total * cols * (k - 1));
+      }
       return core::ok_status();
     }));
   }
