@@ -5,6 +5,7 @@
 
 #include "comm/collectives.h"
 #include "core/io.h"
+#include "parallel/partition.h"
 
 namespace tessera::parallel {
 
@@ -180,8 +181,7 @@ Status CommSynchronizer::broadcast_rows_overlapped(float* all, const std::vector
   const int k = world(), r = rank();
   if (static_cast<int>(counts.size()) != k) return core::invalid_argument("counts do not match the world size");
   if (root < 0 || root >= k) return core::invalid_argument("broadcast root out of range");
-  std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  const std::vector<int64_t> at = row_offsets(counts);
   auto part = [&](int q) { return all + at[static_cast<size_t>(q)] * cols; };
   auto rows = [&](int q) { return counts[static_cast<size_t>(q)]; };
   if (r == root) {

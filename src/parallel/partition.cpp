@@ -65,6 +65,12 @@ std::vector<int64_t> range_sizes(const std::vector<Range>& ranges) {
   return s;
 }
 
+std::vector<int64_t> row_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> at(counts.size() + 1, 0);
+  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  return at;
+}
+
 bool voltage_prefers_eq8(int64_t p, int64_t n, int64_t f, int64_t fh) {
   if (p <= 0 || n <= 0) return false;
   return 1.0 / static_cast<double>(p) - 1.0 / static_cast<double>(n) >

@@ -27,6 +27,8 @@ core::Result<std::vector<double>> parse_ratios(const std::string& text, int k);
 std::vector<Range> split_by_ratio(int64_t n, const std::vector<double>& ratios);
 // Counts of each range.
 std::vector<int64_t> range_sizes(const std::vector<Range>& ranges);
+// First row of each part given the parts' row counts; one more entry, the total.
+std::vector<int64_t> row_offsets(const std::vector<int64_t>& counts);
 
 // Voltage Theorem 2: true when Eq. (8) ((x_p W_Q) W_K^T) x^T is cheaper than
 // Eq. (3) for a partition of p rows out of n, hidden f and head size fh:

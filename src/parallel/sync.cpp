@@ -3,6 +3,8 @@
 #include <numeric>
 #include <vector>
 
+#include "parallel/partition.h"
+
 namespace tessera::parallel {
 
 const char* collective_name(CollectiveKind kind) {
@@ -51,10 +53,8 @@ std::vector<int> own_part_first(int rank, int world) {
 core::Status Synchronizer::broadcast_rows_then_tiles(float* all, const std::vector<int64_t>& counts, int64_t cols,
                                                      int root, const TileFn& on_tile) {
   if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
-  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  TESSERA_RETURN_IF_ERROR(broadcast(all, total * cols, root));
-  std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+  const std::vector<int64_t> at = row_offsets(counts);
+  TESSERA_RETURN_IF_ERROR(broadcast(all, at.back() * cols, root));
   for (const int q : own_part_first(rank(), world()))
     on_tile(q, all + at[static_cast<size_t>(q)] * cols, counts[static_cast<size_t>(q)]);
   return core::ok_status();
@@ -62,14 +62,12 @@ core::Status Synchronizer::broadcast_rows_then_tiles(float* all, const std::vect
 
 core::Status Synchronizer::allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
                                                      const TileFn& on_tile) {
-  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  std::vector<float> all(static_cast<size_t>(total * cols));
+  const std::vector<int64_t> at = row_offsets(counts);
+  std::vector<float> all(static_cast<size_t>(at.back() * cols));
   TESSERA_RETURN_IF_ERROR(allgather_rows(mine, counts, cols, all.data()));
   // The ring's order (own tile first, then the left neighbours'), so both
   // forms hand the caller the same sequence.
   const int k = world();
-  std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
   for (int s = 0; s < k; ++s) {
     const int owner = ((rank() - s) % k + k) % k;
     on_tile(owner, all.data() + at[static_cast<size_t>(owner)] * cols, counts[static_cast<size_t>(owner)]);

@@ -103,8 +103,6 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
   const bool early = ring && !eq8 && p > 0;
   Tensor kv = early ? Tensor::zeros_f32({n, 2 * F}) : Tensor();
   Tensor q = early ? Tensor::zeros_f32({p, F}) : Tensor();
-  std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t r = 0; r < counts.size(); ++r) at[r + 1] = at[r] + counts[r];
   auto layer_attention = [&](int64_t l) {
     const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
     PartitionAttention pa;
@@ -126,7 +124,7 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
     // The first distribution in parts, this device's part first.
     TESSERA_RETURN_IF_ERROR(sync.broadcast_rows_overlapped(
         full.f32(), counts, F, 0,
-        [&](int owner, const float*, int64_t count) { prepare_rows(0, at[static_cast<size_t>(owner)], count); }));
+        [&](int owner, const float*, int64_t count) { prepare_rows(0, rows[static_cast<size_t>(owner)].begin, count); }));
   } else {
     TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
     prepare_rows(0, 0, n);
@@ -139,10 +137,10 @@ Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Sy
     }
     const bool last = l + 1 == c.layers;
     if (!last && ring) {
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* rows,
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* block,
                                                                                       int64_t count) {
-        const int64_t r0 = at[static_cast<size_t>(owner)];
-        if (count > 0) std::memcpy(full.f32() + r0 * F, rows, static_cast<size_t>(count * F) * sizeof(float));
+        const int64_t r0 = rows[static_cast<size_t>(owner)].begin;
+        if (count > 0) std::memcpy(full.f32() + r0 * F, block, static_cast<size_t>(count * F) * sizeof(float));
         prepare_rows(l + 1, r0, count);
       }));
     } else if (!last) {

@@ -66,8 +66,7 @@ TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
   for (const auto& counts : shapes) {
     const int k = static_cast<int>(counts.size());
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    std::vector<int64_t> at(counts.size() + 1, 0);
-    for (size_t q = 0; q < counts.size(); ++q) at[q + 1] = at[q] + counts[q];
+    const std::vector<int64_t> at = row_offsets(counts);
     expect_all_ok(run_ranks(k, [&](int r, Synchronizer& sync) -> core::Status {
       // AllGather: every tile arrives once, with its owner's rows, in ring order.
       std::vector<float> mine;
