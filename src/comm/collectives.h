@@ -109,6 +109,8 @@ class RingAllgather {
   // Waits at most `timeout` (default options.timeout) for the next tile.
   core::Result<Tile> next_tile();
   core::Result<Tile> next_tile(Millis timeout);
+  // Whether next_tile() would return at once (true when none is left).
+  bool next_ready() const { return done() || next_ == 0 || recvs_[static_cast<size_t>(next_ - 1)].ready(); }
   // Waits for our sends to be taken by the transport.
   core::Status finish();
   core::Status finish(Millis timeout);

@@ -35,6 +35,12 @@ Status copy_out(const Tensor& t, float* out, int64_t expect) {
   return core::ok_status();
 }
 
+// Clears next_ready_ however the collective ends (it points into its locals).
+struct ScopeExit {
+  std::function<void()> fn;
+  ~ScopeExit() { fn(); }
+};
+
 }  // namespace
 
 Status CommSynchronizer::allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) {
@@ -119,6 +125,8 @@ Status CommSynchronizer::allgather_rows_overlapped(const float* mine, const std:
   o.tag = kTag;
   comm::RingAllgather ring(group_, o);
   TESSERA_RETURN_IF_ERROR(ring.start(copy_rows(mine, counts[static_cast<size_t>(rank())], cols)));
+  next_ready_ = [&ring] { return ring.next_ready(); };
+  const ScopeExit clear{[this] { next_ready_ = nullptr; }};
   while (!ring.done()) {
     core::Timer t;
     TESSERA_ASSIGN_OR_RETURN(comm::Tile tile, ring.next_tile());
@@ -203,6 +211,8 @@ Status CommSynchronizer::broadcast_rows_overlapped(float* all, const std::vector
   for (const int q : order)
     if (rows(q) > 0) recvs.push_back(group_.irecv_op(comm::OpKind::kBroadcast, root, kTag));
   size_t next = 0;
+  next_ready_ = [&] { return next >= recvs.size() || recvs[next].ready(); };
+  const ScopeExit clear{[this] { next_ready_ = nullptr; }};
   for (const int q : order) {
     if (rows(q) > 0) {
       core::Timer t;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 
 #include "comm/group.h"
 #include "parallel/sync.h"
@@ -29,6 +30,7 @@ class CommSynchronizer final : public Synchronizer {
   // Root sends each part to each rank as its own message, the rank's part first.
   core::Status broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
                                          const TileFn& on_tile) override;
+  bool next_tile_ready() const override { return !next_ready_ || next_ready_(); }
   core::Status allreduce_sum(float* data, int64_t n) override;
   core::Status broadcast(float* data, int64_t n, int root) override;
   core::Status send(int peer, const float* data, int64_t n) override;
@@ -37,6 +39,7 @@ class CommSynchronizer final : public Synchronizer {
  private:
   comm::Group& group_;
   std::chrono::milliseconds timeout_;
+  std::function<bool()> next_ready_;  // set while an overlapped collective runs its tiles
 };
 
 }  // namespace tessera::parallel

@@ -63,6 +63,11 @@ class Synchronizer {
   // on its own rows while the others travel).
   virtual core::Status broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
                                                  const TileFn& on_tile);
+  // Called from a TileFn of allgather_rows_overlapped or
+  // broadcast_rows_overlapped: whether the next tile has already arrived (or
+  // none is left), so work could be put off without waiting for it. The plain
+  // forms hold every tile before the first callback: always true.
+  virtual bool next_tile_ready() const { return true; }
   // Plain forms: the whole collective, then every tile (allgather); every
   // partial, then the whole collective (reduce-scatter).
   core::Status allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,

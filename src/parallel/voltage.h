@@ -17,15 +17,16 @@ struct PartitionAttention {
   float scale = 1.0f;
   bool causal = false;              // positions are the global row indices
   float* out = nullptr;             // [rows.size(), f]
-  const float* kv = nullptr;        // Eq. (3): K|V of every row, [n, 2f], precomputed; null = computed here
-  const float* q = nullptr;         // Q of this device's rows, [rows.size(), f], precomputed; null = computed here
+  // Eq. (3): Q|K|V precomputed, [n, 3f] (Q only where rows are this
+  // device's); null = computed here.
+  const float* qkv = nullptr;
 };
 
-// K|V of rows [r0, r0 + count) of a.x into kv ([n, 2f]), for Eq. (3): lets a
-// device project each block of rows as soon as it arrives.
-void partition_kv_f32(const PartitionAttention& a, int64_t r0, int64_t count, float* kv);
-// Q of this device's rows (a.rows) into q ([rows.size(), f]).
-void partition_q_f32(const PartitionAttention& a, float* q);
+// Columns [col0, col0 + cols) of Q|K|V (0..3f) for rows [r0, r0 + count) of
+// a.x, into qkv ([n, 3f]): lets a device project each block of rows as soon as
+// it arrives, and a part of the columns (V) later for all rows at once.
+void partition_project_f32(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols,
+                           float* qkv);
 
 // Scratch floats `partition_attention_f32` needs.
 int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p);

@@ -57,6 +57,29 @@ TEST(Collectives, RingAllgatherStepsInRingOrder) {
   EXPECT_TRUE(all_ok(st)) << statuses_to_string(st);
 }
 
+TEST(Collectives, RingAllgatherSaysWhetherTheNextTileIsIn) {
+  // 100 KB tiles over 8 Mbit/s links: ~100 ms on the link, so right after the
+  // own tile the next one cannot be in yet.
+  auto st = run_inproc(
+      2,
+      [](Group& g) -> core::Status {
+        RingAllgather ring(g, AllgatherOptions{5000ms, 0});
+        TESSERA_RETURN_IF_ERROR(ring.start(rows_tensor(g.rank(), 100, 250)));
+        TESSERA_EXPECT_OR_FAIL(ring.next_ready(), "the own tile is always ready");
+        TESSERA_ASSIGN_OR_RETURN(Tile own, ring.next_tile());
+        TESSERA_EXPECT_OR_FAIL(!ring.next_ready(), "the other tile is still on the link");
+        const auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!ring.next_ready() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+        TESSERA_EXPECT_OR_FAIL(ring.next_ready(), "the other tile never came");
+        TESSERA_ASSIGN_OR_RETURN(Tile other, ring.next_tile(0ms));  // ready: no wait needed
+        TESSERA_EXPECT_OR_FAIL(other.index == 1 - g.rank(), "ring order");
+        TESSERA_EXPECT_OR_FAIL(ring.done() && ring.next_ready(), "none left counts as ready");
+        return ring.finish();
+      },
+      [](GroupOptions& o) { o.links = LinkMatrix::uniform(2, LinkSpec{8e6, 0}); });
+  EXPECT_TRUE(all_ok(st)) << statuses_to_string(st);
+}
+
 TEST(Collectives, RingOverlapsComputeWithTransfer) {
   // 4 ranks, 500 KB tiles over 40 Mbit/s links: each hop takes ~100 ms. With
   // 100 ms of compute per tile, overlap gives ~400 ms; serial would be ~700.

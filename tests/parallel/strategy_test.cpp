@@ -3,7 +3,10 @@
 // and the per-layer communication volume of each strategy.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "model/safetensors.h"
@@ -24,8 +27,11 @@ struct RunOut {
   std::vector<SyncStats> stats;
 };
 
-// Runs `plan` with one thread per rank, each with its own (sharded) model.
-RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
+using Wrap = std::function<std::unique_ptr<Synchronizer>(std::unique_ptr<Synchronizer>)>;
+
+// Runs `plan` with one thread per rank, each with its own (sharded) model;
+// `wrap`, if given, wraps each rank's synchronizer.
+RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in, const Wrap& wrap = nullptr) {
   auto cfg = model::load_config(dir);
   EXPECT_TRUE(cfg.ok());
   EXPECT_TRUE(complete_plan(plan, *cfg).ok());
@@ -36,7 +42,7 @@ RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& i
   std::vector<core::Status> status(static_cast<size_t>(plan.world));
   for (int r = 0; r < plan.world; ++r) {
     threads.emplace_back([&, r] {
-      auto sync = group.member(r);
+      auto sync = wrap ? wrap(group.member(r)) : group.member(r);
       auto m = model::Transformer::load(dir, load_options(plan, *cfg, r));
       if (!m.ok()) {
         status[static_cast<size_t>(r)] = m.status();
@@ -65,12 +71,75 @@ RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& i
   return out;
 }
 
+// Forwards to a LocalGroup member but answers next_tile_ready from a script
+// (bit i of `pattern` for the i-th question), so a test can choose which
+// tiles seem to be in already and which are still on the link.
+class ScriptedArrivals final : public Synchronizer {
+ public:
+  ScriptedArrivals(std::unique_ptr<Synchronizer> inner, uint64_t pattern, std::atomic<int>* asked)
+      : inner_(std::move(inner)), pattern_(pattern), asked_(asked) {}
+  int rank() const override { return inner_->rank(); }
+  int world() const override { return inner_->world(); }
+  bool next_tile_ready() const override {
+    ++*asked_;
+    return (pattern_ >> (mine_++ % 64)) & 1;
+  }
+  core::Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) override {
+    return inner_->allgather_rows(mine, counts, cols, all);
+  }
+  core::Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all,
+                           int root) override {
+    return inner_->gather_rows(mine, counts, cols, all, root);
+  }
+  core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
+                            int root) override {
+    return inner_->scatter_rows(all, counts, cols, mine, root);
+  }
+  core::Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
+                                   float* mine) override {
+    return inner_->reduce_scatter_rows(full, counts, cols, mine);
+  }
+  core::Status allreduce_sum(float* data, int64_t n) override { return inner_->allreduce_sum(data, n); }
+  core::Status broadcast(float* data, int64_t n, int root) override { return inner_->broadcast(data, n, root); }
+  core::Status send(int peer, const float* data, int64_t n) override { return inner_->send(peer, data, n); }
+  core::Status recv(int peer, float* data, int64_t n) override { return inner_->recv(peer, data, n); }
 
+ private:
+  std::unique_ptr<Synchronizer> inner_;
+  uint64_t pattern_;
+  std::atomic<int>* asked_;  // questions of all ranks
+  mutable int mine_ = 0;
+};
 
 struct Case {
   const char* family;
   const char* input;
 };
+
+// Voltage projects K and V of a block at once or later, depending on whether
+// the next block seems to be in; every mix gives the same output.
+TEST(StrategyTest, VoltageEqualsSingleDeviceWhicheverTilesAreIn) {
+  for (const Case c : {Case{"bert-tiny", "s33"}, Case{"gpt2-tiny", "s13"}}) {
+    const std::string dir = kData + "/" + c.family;
+    const auto in = fixture_input(c.family, c.input);
+    auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+    for (int k = 2; k <= 4; ++k)
+      for (const uint64_t pattern : {uint64_t{0}, ~uint64_t{0}, uint64_t{0x5555555555555555}, uint64_t{0x3c3c0f0f3c3c0f0f}}) {
+        Plan plan;
+        plan.strategy = Strategy::kVoltage;
+        plan.world = k;
+        plan.adaptive_order = false;
+        plan.ratios = k == 3 ? std::vector<double>{2, 0, 1} : std::vector<double>{};
+        std::atomic<int> asked{0};
+        const RunOut got = run_threads(dir, plan, in, [&](std::unique_ptr<Synchronizer> s) {
+          return std::make_unique<ScriptedArrivals>(std::move(s), pattern, &asked);
+        });
+        EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
+            << c.family << " K=" << k << " pattern=" << std::hex << pattern;
+        EXPECT_GT(asked.load(), 0) << "Voltage never asked whether a tile was in";
+      }
+  }
+}
 
 class StrategyTest : public ::testing::TestWithParam<Strategy> {};
 
