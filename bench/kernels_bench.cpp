@@ -34,7 +34,23 @@ void BM_LinearF32(benchmark::State& st) {
   }
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_LinearF32)->Args({128, 768, 2304})->Args({128, 768, 3072})->Args({128, 3072, 768})->Args({1, 768, 3072});
+BENCHMARK(BM_LinearF32)->Args({128, 768, 2304})->Args({128, 768, 3072})->Args({128, 3072, 768})->Args({1, 768, 3072})
+    ->Args({64, 768, 768})->Args({64, 768, 3072})->Args({32, 768, 768});
+
+// One cblas_sgemm for the whole product: what linear_f32's stripes for few
+// rows (64 and 32 here, Voltage on 2 and 4 devices) are measured against.
+void BM_OneProductF32(benchmark::State& st) {
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  set_blas_threads(1);
+  auto x = random_vec(m * k), w = random_vec(n * k);
+  std::vector<float> y(m * n);
+  for (auto _ : st) {
+    gemm_f32(false, true, m, n, k, 1.0f, x.data(), k, w.data(), k, 0.0f, y.data(), n);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_OneProductF32)->Args({64, 768, 768})->Args({64, 768, 3072})->Args({32, 768, 768});
 
 void BM_GeluErf(benchmark::State& st) {
   auto x = random_vec(static_cast<size_t>(st.range(0)));

@@ -32,6 +32,16 @@ void reexec_with_better_blas_core(char** argv, int threads = 0);
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// OpenBLAS's AVX-512 cores (SkylakeX, Cooperlake, SapphireRapids) have a
+// small-matrix kernel that packs neither operand. linear_f32 uses it for few
+// rows: it multiplies W in stripes of this many outputs, each product small
+// enough for that kernel (in the column-major TN form a row-major x W^T
+// becomes: stripe * m <= 1200, stripe * m * k <= 10^6, k >= 32). 0 = one
+// product as usual (rows outside [16, 64], or k too long for a stripe of 16).
+int64_t small_kernel_stripe(int64_t m, int64_t k);
+// Whether the loaded OpenBLAS core has that kernel.
+bool blas_has_small_kernel();
+
 // A dense layer in Hugging Face's layout: W is [n, k] (out, in).
 struct LinearArgs {
   const float* x = nullptr;  // [m, k], row stride ldx

@@ -132,6 +132,52 @@ TEST(LinearTest, ManyOutputsInBlocksEqualReference) {
   }
 }
 
+// Few rows go in stripes of outputs on OpenBLAS's small-matrix kernel (where
+// the core has one): stripes obey that kernel's limits, and results with a
+// partial last stripe and strides equal the reference either way.
+TEST(LinearTest, StripeWidthsFollowTheSmallKernelLimits) {
+  EXPECT_EQ(small_kernel_stripe(64, 768), 16);  // 16 * 64 = 1024 <= 1200
+  EXPECT_EQ(small_kernel_stripe(32, 768), 32);
+  EXPECT_EQ(small_kernel_stripe(43, 768), 16);
+  EXPECT_EQ(small_kernel_stripe(16, 768), 64);  // 64 * 16 * 768 = 786432 <= 10^6
+  EXPECT_EQ(small_kernel_stripe(128, 768), 0);  // rows enough to spread packing over
+  EXPECT_EQ(small_kernel_stripe(8, 768), 0);
+  EXPECT_EQ(small_kernel_stripe(64, 16), 0);    // k below 32
+  EXPECT_EQ(small_kernel_stripe(64, 1536), 0);  // 16 * 64 * 1536 > 10^6
+  for (int64_t m = 16; m <= 64; ++m)
+    for (const int64_t k : {32, 768, 1000}) {
+      const int64_t s = small_kernel_stripe(m, k);
+      if (s == 0) continue;
+      EXPECT_EQ(s % 16, 0);
+      EXPECT_LE(s * m, 1200);
+      EXPECT_LE(s * m * k, 1000000);
+    }
+}
+
+TEST(LinearTest, FewRowsInStripesEqualReference) {
+  const int threads = blas_threads();
+  set_blas_threads(1);  // the stripes are for one BLAS thread
+  for (const int64_t m : {16, 40, 64}) {
+    const int64_t k = 96, n = 100, ldx = k + 3, ldw = k + 1, ldy = n + 2;
+    auto x = random_vec(m * ldx, 21), w = random_vec(n * ldw, 22), b = random_vec(n, 23);
+    std::vector<float> y(m * ldy, 7.0f);
+    LinearArgs a;
+    a.x = x.data(); a.m = m; a.k = k; a.ldx = ldx; a.w = w.data(); a.n = n; a.ldw = ldw;
+    a.bias = b.data(); a.act = Activation::kGeluErf; a.y = y.data(); a.ldy = ldy;
+    linear_f32(nullptr, a);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = b[j];
+        for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * ldx + p]) * w[j * ldw + p];
+        const double gelu = 0.5 * acc * (1.0 + std::erf(acc / std::sqrt(2.0)));
+        ASSERT_NEAR(y[i * ldy + j], gelu, 1e-4) << m << " " << i << " " << j;
+      }
+      for (int64_t j = n; j < ldy; ++j) EXPECT_EQ(y[i * ldy + j], 7.0f);  // padding untouched
+    }
+  }
+  set_blas_threads(threads);
+}
+
 TEST(LayerNormTest, MatchesScalarReference) {
   for (int64_t cols : {1, 5, 16, 64, 100}) {
     const int64_t rows = 3;
