@@ -92,24 +92,39 @@ TEST(LinearTest, FusedEpilogueEqualsSeparateSteps) {
     }
 }
 
+// A linear_f32 case with padded rows everywhere: y starts at 7 (its padding
+// must stay), and the reference is x W^T + b in double precision.
+struct StridedLinear {
+  int64_t m, k, n, ldx, ldw, ldy;
+  std::vector<float> x, w, b, y;
+  LinearArgs args;
+  StridedLinear(int64_t rows, int64_t in, int64_t out, uint32_t seed)
+      : m(rows), k(in), n(out), ldx(in + 3), ldw(in + 1), ldy(out + 2), x(random_vec(m * ldx, seed)),
+        w(random_vec(n * ldw, seed + 1)), b(random_vec(n, seed + 2)), y(m * ldy, 7.0f) {
+    args.x = x.data(); args.m = m; args.k = k; args.ldx = ldx; args.w = w.data(); args.n = n; args.ldw = ldw;
+    args.bias = b.data(); args.y = y.data(); args.ldy = ldy;
+  }
+  double reference(int64_t i, int64_t j) const {
+    double acc = b[j];
+    for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * ldx + p]) * w[j * ldw + p];
+    return acc;
+  }
+  bool padding_untouched() const {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = n; j < ldy; ++j)
+        if (y[i * ldy + j] != 7.0f) return false;
+    return true;
+  }
+};
+
 // Wide inputs (k >= 3072) take the transposed-output path; strided rows too.
 TEST(LinearTest, WideInputWithStridesEqualsReference) {
   for (const int64_t m : {1, 5, 33}) {
-    const int64_t k = 3072, n = 6, ldx = k + 3, ldw = k + 1, ldy = n + 2;
-    auto x = random_vec(m * ldx, 11), w = random_vec(n * ldw, 12), b = random_vec(n, 13);
-    std::vector<float> y(m * ldy, 7.0f);
-    LinearArgs a;
-    a.x = x.data(); a.m = m; a.k = k; a.ldx = ldx; a.w = w.data(); a.n = n; a.ldw = ldw;
-    a.bias = b.data(); a.y = y.data(); a.ldy = ldy;
-    linear_f32(nullptr, a);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double acc = b[j];
-        for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * ldx + p]) * w[j * ldw + p];
-        EXPECT_NEAR(y[i * ldy + j], acc, 2e-3) << m << " " << i << " " << j;
-      }
-      for (int64_t j = n; j < ldy; ++j) EXPECT_EQ(y[i * ldy + j], 7.0f);  // padding untouched
-    }
+    StridedLinear t(m, 3072, 6, 11);
+    linear_f32(nullptr, t.args);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < t.n; ++j) EXPECT_NEAR(t.y[i * t.ldy + j], t.reference(i, j), 2e-3) << m << " " << i << " " << j;
+    EXPECT_TRUE(t.padding_untouched()) << m;
   }
 }
 
@@ -158,22 +173,15 @@ TEST(LinearTest, FewRowsInStripesEqualReference) {
   const int threads = blas_threads();
   set_blas_threads(1);  // the stripes are for one BLAS thread
   for (const int64_t m : {16, 40, 64}) {
-    const int64_t k = 96, n = 100, ldx = k + 3, ldw = k + 1, ldy = n + 2;
-    auto x = random_vec(m * ldx, 21), w = random_vec(n * ldw, 22), b = random_vec(n, 23);
-    std::vector<float> y(m * ldy, 7.0f);
-    LinearArgs a;
-    a.x = x.data(); a.m = m; a.k = k; a.ldx = ldx; a.w = w.data(); a.n = n; a.ldw = ldw;
-    a.bias = b.data(); a.act = Activation::kGeluErf; a.y = y.data(); a.ldy = ldy;
-    linear_f32(nullptr, a);
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        double acc = b[j];
-        for (int64_t p = 0; p < k; ++p) acc += static_cast<double>(x[i * ldx + p]) * w[j * ldw + p];
-        const double gelu = 0.5 * acc * (1.0 + std::erf(acc / std::sqrt(2.0)));
-        ASSERT_NEAR(y[i * ldy + j], gelu, 1e-4) << m << " " << i << " " << j;
+    StridedLinear t(m, 96, 100, 21);  // 100 outputs: the last stripe is partial
+    t.args.act = Activation::kGeluErf;
+    linear_f32(nullptr, t.args);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < t.n; ++j) {
+        const double z = t.reference(i, j), gelu = 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+        EXPECT_NEAR(t.y[i * t.ldy + j], gelu, 1e-4) << m << " " << i << " " << j;
       }
-      for (int64_t j = n; j < ldy; ++j) EXPECT_EQ(y[i * ldy + j], 7.0f);  // padding untouched
-    }
+    EXPECT_TRUE(t.padding_untouched()) << m;
   }
   set_blas_threads(threads);
 }
