@@ -37,7 +37,8 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 // rows: it multiplies W in stripes of this many outputs, each product small
 // enough for that kernel (in the column-major TN form a row-major x W^T
 // becomes: stripe * m <= 1200, stripe * m * k <= 10^6, k >= 32). 0 = one
-// product as usual (rows outside [16, 64], or k too long for a stripe of 16).
+// product as usual (rows outside [16, 64], k below 32, or k too long for a
+// stripe of 16).
 int64_t small_kernel_stripe(int64_t m, int64_t k);
 // Whether the loaded OpenBLAS core has that kernel.
 bool blas_has_small_kernel();

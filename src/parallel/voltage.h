@@ -24,7 +24,7 @@ struct PartitionAttention {
 
 // Columns [col0, col0 + cols) of Q|K|V (0..3f) for rows [r0, r0 + count) of
 // a.x, into qkv ([n, 3f]): lets a device project each block of rows as soon as
-// it arrives, and a part of the columns (V) later for all rows at once.
+// it arrives, or put K and V off and project them later for many rows at once.
 void partition_project_f32(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols,
                            float* qkv);
 
