@@ -5,7 +5,6 @@
 // keys and values while the next block travels (see run_voltage).
 #include "parallel/voltage.h"
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -20,8 +19,8 @@ using core::Result;
 using core::Tensor;
 
 int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p) {
-  // max(qkv [n,3f], q [p,f] + T [p,f] + U [p,f]) + scores [p,n]
-  return std::max(3 * n * f, 3 * p * f) + p * n;
+  // qkv [n,3f] (Eq. 8: q, T, U [p,f] each, p <= n), then scores [p,n]
+  return 3 * n * f + p * n;
 }
 
 namespace {
@@ -59,7 +58,7 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
     at.ldv = 3 * f; at.out = a.out; at.ldo = f;
     at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
     at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_pos0 = 0;
-    kernels::attention_f32(nullptr, at, scratch + std::max(3 * a.n * f, 3 * p * f), p * a.n);
+    kernels::attention_f32(nullptr, at, scratch + 3 * a.n * f, p * a.n);
     return;
   }
   // Eq. (8) needs Q of this device's rows only.
