@@ -24,6 +24,8 @@
 #include "core/io.h"
 #include "model/safetensors.h"
 #include "parallel/strategy.h"
+#include "cli/plan_flags.h"
+#include "core/stats.h"
 #include "runtime/distributed.h"
 #include "runtime/job.h"
 
@@ -50,15 +52,10 @@ struct BenchSweepFlags {
   bool secure = false;
   bool insecure = false;
   int timeout_s = 60;
-  double cr = 8.0;  // prism's compression rate
+  // The strategies' own flags (--cr, --no-overlap, ...), applied to each
+  // strategy that takes them; --strategies entries may add "name:key=value".
+  std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
 };
-
-// "galaxy-no-overlap" is galaxy without its ring tile overlap, so both can
-// be swept side by side; other names are strategies as `run` takes them.
-constexpr const char* kNoOverlap = "-no-overlap";
-std::string base_strategy(const std::string& name) {
-  return name.ends_with(kNoOverlap) ? name.substr(0, name.size() - std::strlen(kNoOverlap)) : name;
-}
 
 const std::vector<std::string> kColumns = {
     "model", "strategy", "devices", "threads", "cpus_per_device", "secure", "link", "bandwidth_mbit", "seq", "reps",
@@ -185,12 +182,10 @@ double bandwidth_mbit(const std::string& link) {
 
 // One combination: warm-up and timed runs in one session; the figures of the
 // median run go into the row.
-void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, const runtime::RunRequest& req, Row& row) {
+void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, const parallel::Plan& plan,
+             const runtime::RunRequest& req, Row& row) {
   runtime::DistributedOptions o = base;
-  o.strategy = base_strategy(row["strategy"]);
-  o.overlap = !row["strategy"].ends_with(kNoOverlap);
-  if (o.strategy == "prism") o.prism_rate = f.cr;
-  o.devices = std::stoi(row["devices"]);
+  o.plan = plan;
   o.link = row["link"] == "none" ? "" : row["link"];
   auto session = runtime::Session::start(o);
   if (!session.ok()) {
@@ -198,19 +193,20 @@ void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, 
     row["status"] = (impossible ? "skipped: " : "error: ") + session.status().message();
     return;
   }
-  std::vector<std::pair<double, nlohmann::json>> runs;
+  std::vector<double> latencies;
+  std::vector<nlohmann::json> figures;
   for (int i = 0; i < f.warmup + f.reps; ++i) {
     auto r = (*session)->run(req);
     if (!r.ok()) {
       row["status"] = "error: " + r.status().to_string();
       return;
     }
-    if (i >= f.warmup) runs.emplace_back(r->latency_ms, (*session)->last_stats());
+    if (i < f.warmup) continue;
+    latencies.push_back(r->latency_ms);
+    figures.push_back((*session)->last_stats());
   }
-  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  const size_t mid = runs.size() / 2;
-  const double median = runs.size() % 2 ? runs[mid].first : 0.5 * (runs[mid - 1].first + runs[mid].first);
-  const nlohmann::json& stats = runs[runs.size() % 2 ? mid : mid - 1].second;
+  const double median = core::median(latencies);
+  const nlohmann::json& stats = figures[core::median_index(latencies)];
   double max_bytes = 0, compute_max = 0, comm_max = 0;
   std::vector<std::string> bytes;
   for (const auto& rk : stats["ranks"]) {
@@ -222,7 +218,7 @@ void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, 
   }
   const auto& r0 = stats["ranks"][0];
   row["median_ms"] = fmt(median);
-  row["min_ms"] = fmt(runs.front().first);
+  row["min_ms"] = fmt(*std::min_element(latencies.begin(), latencies.end()));
   row["max_bytes_sent"] = fmt(max_bytes, "%.0f");
   row["bytes_sent_per_rank"] = join(bytes, ";");
   row["compute_ms_rank0"] = fmt(r0.value("compute_ms", 0.0));
@@ -415,9 +411,8 @@ int bench(BenchSweepFlags& f) {
   if (f.strategies.empty() || f.devices.empty() || f.links.empty())
     return fail("--strategies, --devices and --link must not be empty");
   for (const auto& s : f.strategies) {
-    auto st = parallel::parse_strategy(base_strategy(s));
-    if (!st.ok()) return fail(st.status().message());
-    if (s.ends_with(kNoOverlap) && *st != parallel::Strategy::kGalaxy) return fail(s + ": only galaxy has a -no-overlap form");
+    auto p = plan_from_spec(s, *f.plan, 1);
+    if (!p.ok()) return fail(s + ": " + p.status().message());
   }
   for (int k : f.devices)
     if (k < 1 || k > 64) return fail("--devices entries must be in [1, 64]");
@@ -519,15 +514,16 @@ int bench(BenchSweepFlags& f) {
           row = copy;
           ++reused;
         } else {
-          runtime::JobSpec job;  // the plan validation Session::start would do
-          job.strategy = base_strategy(strategy);
-          if (job.strategy == "prism") job.prism_rate = f.cr;
-          job.endpoints.assign(static_cast<size_t>(k), "");
-          auto plan = job.plan(*cfg);
-          if (!plan.ok()) {
-            row["status"] = "skipped: " + plan.status().message();
+          auto plan = plan_from_spec(strategy, *f.plan, k);
+          core::Status st = plan.status();
+          if (plan.ok()) {
+            parallel::Plan checked = *plan;  // the plan validation Session::start would do
+            st = parallel::complete_plan(checked, *cfg);
+          }
+          if (!st.ok()) {
+            row["status"] = "skipped: " + st.message();
           } else {
-            measure(f, base, req, row);
+            measure(f, base, *plan, req, row);
           }
         }
         if (is_ok(row) && !same) ++ran;
@@ -558,8 +554,12 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "bench", "sweep strategies x devices x link speeds on local worker processes; one CSV row each (resumable)");
   cmd->add_option("--model", f->model, "Hugging Face model folder (required unless --plot-only)");
-  cmd->add_option("--cr", f->cr, "prism: compression rate R")->capture_default_str();
-  cmd->add_option("--strategies", f->strategies, "strategies, comma-separated; galaxy-no-overlap: galaxy without tile overlap")->delimiter(',')->capture_default_str();
+  f->plan->given["--cr"] = "8";  // PRISM's default rate in a sweep
+  add_plan_flags(cmd, f->plan, false);
+  cmd->add_option("--strategies", f->strategies,
+                  "strategies, comma-separated; NAME:key=value sets an option, NAME-no-overlap is NAME:overlap=false")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--devices", f->devices, "device counts, comma-separated")->delimiter(',')->capture_default_str();
   cmd->add_option("--link", f->links, "link bandwidths, comma-separated (a JSON matrix file, or none: unpaced)")
       ->delimiter(',')

@@ -1,6 +1,6 @@
 // `tessera fidelity`: how close a strategy's outputs are to the exact
 // single-device forward on seeded random inputs. The strategy runs in this
-// process with one thread per device (LocalGroup), so no network is involved;
+// process with one thread per device (run_in_process), so no network is involved;
 // the figures depend only on the arithmetic.
 #include <algorithm>
 #include <cmath>
@@ -13,9 +13,10 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "runtime/in_process.h"
 #include "kernels/gemm.h"
 #include "model/transformer.h"
-#include "parallel/local_group.h"
 #include "parallel/strategy.h"
 
 namespace tessera::cli {
@@ -24,14 +25,10 @@ namespace {
 
 struct FidelityFlags {
   std::string model;
-  std::string strategy = "prism";
-  std::string rates;  // "8" or "2,4,8": one evaluation per rate, same inputs
-  int64_t segments = 0;
-  int devices = 2;
+  std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
   int samples = 10;
   int64_t seq = 128;
   uint64_t seed = 1;
-  std::string partition;
   bool json = false;
 };
 
@@ -70,35 +67,6 @@ std::vector<model::ModelInput> random_inputs(const model::ModelConfig& c, int sa
   return out;
 }
 
-// Runs the plan with one thread per rank; returns the terminal's output.
-core::Result<model::ForwardOutput> run_threads(const std::vector<const model::Transformer*>& models,
-                                               const parallel::Plan& plan, const model::ModelInput& in) {
-  const model::Transformer& terminal = *models[0];
-  TESSERA_ASSIGN_OR_RETURN(core::Tensor x, terminal.embed(in));
-  const int64_t n = x.dim(0);
-  parallel::LocalGroup group(plan.world);
-  std::vector<core::Status> status(static_cast<size_t>(plan.world));
-  model::ForwardOutput out;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < plan.world; ++r) {
-    threads.emplace_back([&, r] {
-      auto sync = group.member(r);
-      auto y = parallel::run_layers(*models[static_cast<size_t>(r)], plan, *sync, r == 0 ? x : core::Tensor(), n, nullptr);
-      if (!y.ok()) {
-        status[static_cast<size_t>(r)] = y.status();
-        return;
-      }
-      if (r != 0) return;
-      terminal.finish_hidden(*y, nullptr);
-      out.hidden.push_back(*y);
-      status[0] = terminal.head(*y, false, &out, nullptr);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& s : status) TESSERA_RETURN_IF_ERROR(s);
-  return out;
-}
-
 void score(const Reference& ref, const model::ForwardOutput& got, Scores& s) {
   const core::Tensor& a = ref.hidden;
   const core::Tensor& b = got.hidden.back();
@@ -124,20 +92,26 @@ void score(const Reference& ref, const model::ForwardOutput& got, Scores& s) {
   }
 }
 
-core::Result<std::vector<double>> parse_rates(const std::string& text) {
-  std::vector<double> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !std::isfinite(v)) return core::invalid_argument("--cr entry '" + item + "' is not a number");
-    out.push_back(v);
+// A numeric strategy flag given as a list ("--cr 2,4,8") makes one plan per
+// value, evaluated on the same inputs.
+core::Result<std::vector<PlanFlags>> expand_lists(const PlanFlags& f) {
+  std::vector<PlanFlags> out{f};
+  for (const auto& [flag, text] : f.given) {
+    if (text.find(',') == std::string::npos) continue;
+    bool numeric = false;
+    for (const parallel::Strategy* s : parallel::strategies())
+      for (const auto& fl : s->flags())
+        numeric = numeric || (fl.flag == flag && fl.kind == parallel::OptionFlag::Kind::kNumber);
+    if (!numeric) continue;
+    std::vector<PlanFlags> next;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      for (PlanFlags p : out) {
+        p.given[flag] = item;
+        next.push_back(std::move(p));
+      }
+    out = std::move(next);
   }
   return out;
 }
@@ -148,41 +122,19 @@ int fidelity(const FidelityFlags& f) {
   if (!cfg.ok()) return fail(cfg.status().to_string());
   if (cfg->family != model::Family::kVit && (f.seq < 1 || f.seq > cfg->max_positions))
     return fail("--seq must be in [1, max_position_embeddings]");
-  auto strategy = parallel::parse_strategy(f.strategy);
-  if (!strategy.ok()) return fail(strategy.status().to_string());
-  auto rates = parse_rates(f.rates);
-  if (!rates.ok()) return fail(rates.status().to_string());
-  if (rates->empty()) rates->push_back(0.0);
+  auto variants = expand_lists(*f.plan);
+  if (!variants.ok()) return fail(variants.status().to_string());
   std::vector<parallel::Plan> plans;
-  for (double rate : *rates) {
-    parallel::Plan p;
-    p.strategy = *strategy;
-    p.world = f.devices;
-    p.prism_rate = rate;
-    p.prism_segments = f.segments;
-    if (!f.partition.empty()) {
-      auto r = parallel::parse_ratios(f.partition, f.devices);
-      if (!r.ok()) return fail(r.status().to_string());
-      p.ratios = *r;
-    }
-    if (auto st = parallel::complete_plan(p, *cfg); !st.ok()) return fail(st.to_string());
-    plans.push_back(p);
+  for (const PlanFlags& v : *variants) {
+    auto p = build_plan(v, v.strategy, v.devices, true);
+    if (!p.ok()) return fail(p.status().to_string());
+    if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
+    plans.push_back(*p);
   }
   auto full = model::Transformer::load(f.model);
   if (!full.ok()) return fail(full.status().to_string());
-  // Position-wise strategies need every layer on every rank, so the ranks
-  // share one copy; tp, galaxy and pipeline load each rank's shard.
-  std::vector<model::Transformer> shards;
-  std::vector<const model::Transformer*> models(static_cast<size_t>(f.devices), &*full);
-  if (*strategy == parallel::Strategy::kTp || *strategy == parallel::Strategy::kGalaxy ||
-      *strategy == parallel::Strategy::kPipeline) {
-    for (int r = 0; r < f.devices; ++r) {
-      auto m = model::Transformer::load(f.model, parallel::load_options(plans[0], *cfg, r));
-      if (!m.ok()) return fail(m.status().to_string());
-      shards.push_back(std::move(*m));
-    }
-    for (int r = 0; r < f.devices; ++r) models[static_cast<size_t>(r)] = &shards[static_cast<size_t>(r)];
-  }
+  auto models = runtime::load_rank_models(f.model, plans[0]);
+  if (!models.ok()) return fail(models.status().to_string());
   kernels::set_blas_threads(1);  // ranks are threads; each runs its GEMMs on one core
   const auto inputs = random_inputs(*cfg, f.samples, f.seq, f.seed);
   std::vector<Reference> refs;
@@ -194,27 +146,24 @@ int fidelity(const FidelityFlags& f) {
   for (const auto& plan : plans) {
     Scores s;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      auto got = run_threads(models, plan, inputs[i]);
+      auto got = runtime::run_in_process(plan, *models, inputs[i]);
       if (!got.ok()) return fail(got.status().to_string());
-      score(refs[i], *got, s);
+      score(refs[i], got->output, s);
     }
     const double cosine = s.cosine_sum / static_cast<double>(std::max<int64_t>(s.rows, 1));
     const int64_t rows = refs[0].hidden.dim(0);
     nlohmann::json j = {{"model", f.model}, {"model_type", model::family_name(cfg->family)},
-                        {"strategy", parallel::strategy_name(plan.strategy)}, {"devices", plan.world},
+                        {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
                         {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
                         {"max_abs_err", s.max_abs_err}};
-    if (plan.prism_rate > 0) j["cr"] = plan.prism_rate;
-    if (plan.prism_segments > 0) j["segments"] = plan.prism_segments;
     j["top1_agreement"] = s.top1_rows > 0 ? nlohmann::json(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows))
                                           : nlohmann::json(nullptr);
     if (f.json) {
       std::cout << j.dump() << '\n';
       continue;
     }
-    std::string label = parallel::strategy_name(plan.strategy);
-    if (plan.prism_rate > 0) label += " cr=" + nlohmann::json(plan.prism_rate).dump();
-    if (plan.prism_segments > 0) label += " segments=" + std::to_string(plan.prism_segments);
+    std::string label = plan.strategy;
+    for (const auto& [k, v] : plan.options.items()) label += " " + k + "=" + v.dump();
     std::printf("%s devices=%d samples=%d rows=%lld: cosine %.6f (min %.6f)  max_abs_err %.3g  top1 %s\n", label.c_str(),
                 plan.world, f.samples, static_cast<long long>(rows), cosine, s.min_cosine, s.max_abs_err,
                 s.top1_rows > 0 ? std::to_string(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows)).c_str()
@@ -230,11 +179,9 @@ void add_fidelity_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "fidelity", "compare a strategy with the exact single-device forward on random inputs (ranks as threads)");
   cmd->add_option("--model", f->model, "Hugging Face model folder")->required();
-  cmd->add_option("--strategy", f->strategy, "single, tp, sp, voltage, pipeline, prism")->capture_default_str();
-  auto* cr = cmd->add_option("--cr", f->rates, "prism compression rate R; a list (2,4,8) evaluates each on the same inputs");
-  cmd->add_option("--segments", f->segments, "prism: segment means per partition")->excludes(cr);
-  cmd->add_option("--devices", f->devices, "devices (threads)")->capture_default_str();
-  cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");
+  f->plan->strategy = "prism";
+  f->plan->devices = 2;
+  add_plan_flags(cmd, f->plan);
   cmd->add_option("--samples", f->samples, "random inputs")->capture_default_str();
   cmd->add_option("--seq", f->seq, "tokens per input (text models)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "input seed")->capture_default_str();

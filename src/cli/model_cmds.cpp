@@ -5,11 +5,13 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "core/stats.h"
 #include "core/io.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
-#include "parallel/prism.h"
+#include "parallel/strategy.h"
 #include "runtime/distributed.h"
 #include "runtime/single_device.h"
 
@@ -20,6 +22,7 @@ namespace {
 struct RunFlags {
   runtime::RunRequest req;
   runtime::DistributedOptions dist;
+  std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
   bool stats = false;
   int timeout_s = 60;
   int reps = 1;
@@ -54,16 +57,18 @@ int finish_parse(RunFlags& f) {
   return 0;
 }
 
-// Adds to the session's figures what each device computed (analytic GEMM
-// GFLOPs of the layers) and sent per layer (all its bytes over the layers,
-// including the terminal's first distribution and the final gather).
+// Adds to the session's figures what each device computed (GEMM and
+// attention GFLOPs of the layers, from the strategy's estimate) and sent per
+// layer (all its bytes over the layers, including the terminal's first
+// distribution and the final gather).
 nlohmann::json with_work_figures(const runtime::Session& s) {
   nlohmann::json j = s.last_stats();
-  const auto flops = parallel::layer_flops_per_device(s.plan(), s.model().config(), j["rows"].get<int64_t>());
+  auto sched = parallel::estimate(s.plan(), s.model().config(), j["rows"].get<int64_t>());
   const double layers = static_cast<double>(std::max<int64_t>(s.model().config().layers, 1));
   for (auto& r : j["ranks"]) {
     const int rank = r["rank"].get<int>();
-    if (rank >= 0 && rank < static_cast<int>(flops.size())) r["gflops"] = flops[static_cast<size_t>(rank)] / 1e9;
+    if (sched.ok() && rank >= 0 && rank < static_cast<int>(sched->devices.size()))
+      r["gflops"] = sched->devices[static_cast<size_t>(rank)].flops() / 1e9;
     r["bytes_per_layer"] = r["bytes_sent"].get<double>() / layers;
   }
   return j;
@@ -73,26 +78,36 @@ int run_distributed(RunFlags& f) {
   if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
   if (f.reps < 1 || f.warmup < 0) return fail("--reps must be >= 1 and --warmup >= 0");
   f.dist.model_dir = f.req.model_dir;
-  f.dist.timeout_ms = f.timeout_s * 1000;
+  f.dist.timeout_ms = int64_t{f.timeout_s} * 1000;
+  int world = f.plan->devices;
+  if (!f.dist.cluster_file.empty()) {
+    auto cluster = runtime::load_cluster_file(f.dist.cluster_file);
+    if (!cluster.ok()) return fail(cluster.status().to_string());
+    world = 1 + static_cast<int>(cluster->workers.size());
+  }
+  auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
+  if (!plan.ok()) return fail(plan.status().to_string());
+  f.dist.plan = *plan;
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
   for (int i = 0; i < f.warmup; ++i)
     if (auto w = (*session)->run(f.req); !w.ok()) return fail(w.status().to_string());
   // Timed runs: the figures reported are those of the median-latency run.
-  std::vector<std::pair<double, nlohmann::json>> runs;
+  std::vector<double> latencies;
+  std::vector<nlohmann::json> figures;
   core::Result<runtime::RunResult> r = core::internal_error("no run");
   for (int i = 0; i < f.reps; ++i) {
     r = (*session)->run(f.req);
     if (!r.ok()) return fail(r.status().to_string());
-    nlohmann::json j = with_work_figures(**session);
-    runs.emplace_back(j["latency_ms"].get<double>(), std::move(j));
+    figures.push_back(with_work_figures(**session));
+    latencies.push_back(figures.back()["latency_ms"].get<double>());
   }
-  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   if (f.stats) {
-    nlohmann::json j = runs[runs.size() / 2].second;
+    nlohmann::json j = figures[core::median_index(latencies)];
     j["reps"] = f.reps;
-    j["latency_min_ms"] = runs.front().first;
-    j["latency_max_ms"] = runs.back().first;
+    j["latency_median_ms"] = core::median(latencies);
+    j["latency_min_ms"] = *std::min_element(latencies.begin(), latencies.end());
+    j["latency_max_ms"] = *std::max_element(latencies.begin(), latencies.end());
     std::cout << j.dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
@@ -104,7 +119,7 @@ int run_distributed(RunFlags& f) {
 
 int run_command(RunFlags& f) {
   if (int rc = finish_parse(f)) return rc;
-  if (f.dist.strategy != "single" || f.dist.devices != 1 || !f.dist.cluster_file.empty()) return run_distributed(f);
+  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty()) return run_distributed(f);
   f.req.generate_tokens = f.generate;
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
   auto r = runtime::run_single(f.req);
@@ -130,19 +145,10 @@ void add_run(CLI::App& app) {
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
   f->req.gen.greedy = false;
-  f->dist.strategy = "single";
-  f->dist.devices = 1;
-  cmd->add_option("--strategy", f->dist.strategy, "single, tp, sp, voltage, pipeline, prism, galaxy")->capture_default_str();
-  auto* cr = cmd->add_option("--cr", f->dist.prism_rate, "prism: compression rate R, floor(N_p / R) means per partition");
-  cmd->add_option("--segments", f->dist.prism_segments, "prism: segment means per partition")->excludes(cr);
-  cmd->add_option("--devices", f->dist.devices, "devices (local worker processes on loopback)")->capture_default_str();
+  add_plan_flags(cmd, f->plan);
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--cpus-per-device", f->dist.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
       ->capture_default_str();
-  cmd->add_option("--partition", f->dist.partition, "work share of each device, e.g. 3,1 (default equal)");
-  cmd->add_option("--ffn-partition", f->dist.ffn_partition, "tp, galaxy: FFN-column share of each device (default: --partition)");
-  cmd->add_flag("--no-overlap{false}", f->dist.overlap, "galaxy, voltage: no overlap of ring communication with the GEMMs");
-  cmd->add_option("--layers", f->dist.layers, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)");
   cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
@@ -215,8 +221,8 @@ int bench_local(const BenchFlags& b) {
     if (!out.ok()) return fail(out.status().to_string());
     if (i >= b.warmup) ms.push_back(t.ms());
   }
+  const double median = core::median(ms);
   std::sort(ms.begin(), ms.end());
-  const double median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   const int64_t rows = c.family == model::Family::kVit ? c.max_rows() : b.seq;
   if (b.json) {
     nlohmann::json j = {{"model", b.model}, {"model_type", model::family_name(c.family)}, {"rows", rows},

@@ -22,13 +22,21 @@ void add_worker(CLI::App& app) {
 
 void add_worker_job(CLI::App& app) {
   auto job = std::make_shared<std::string>();
+  auto key_fd = std::make_shared<int>(-1);
   CLI::App* cmd = app.add_subcommand("worker-job", "a local worker process (started by `tessera run --devices K`)");
   cmd->group("");  // hidden
   cmd->add_option("--job", *job, "job JSON")->required();
-  cmd->callback([job] {
+  cmd->add_option("--key-fd", *key_fd, "inherited descriptor holding the cluster key");
+  cmd->callback([job, key_fd] {
     auto spec = runtime::JobSpec::from_json(*job);
     if (!spec.ok()) throw CLI::RuntimeError(fail(spec.status().to_string()));
-    const auto st = runtime::run_worker(*spec);
+    runtime::WorkerEnv env;
+    if (*key_fd >= 0) {
+      auto key = runtime::read_key_from_fd(*key_fd);
+      if (!key.ok()) throw CLI::RuntimeError(fail(key.status().to_string()));
+      env.key = *key;
+    }
+    const auto st = runtime::run_worker(*spec, env);
     if (!st.ok()) throw CLI::RuntimeError(fail("worker " + std::to_string(spec->rank) + ": " + st.to_string()));
   });
 }

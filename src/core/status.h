@@ -76,6 +76,7 @@ class [[nodiscard]] Result {
   T* operator->() { return &checked(); }
   const T* operator->() const { return &const_cast<Result*>(this)->checked(); }
   T& operator*() & { return checked(); }
+  T value_or(T fallback) const& { return ok() ? std::get<T>(v_) : std::move(fallback); }
 
  private:
   T& checked();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/flop_count.h"
 
 namespace tessera::kernels {
 
@@ -55,6 +56,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  count_flops(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda > 0 ? lda : 1), b, static_cast<blasint>(ldb > 0 ? ldb : 1), beta, c,

@@ -7,6 +7,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 
 namespace tessera::model {
 
@@ -146,14 +147,8 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
   const int64_t n = in.dim(0), F = config_.hidden;
   kernels::linear_rows_f32(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, ws.qkv.f32());
-  kernels::AttentionArgs a;
-  a.q = ws.qkv.f32();
-  a.ldq = 3 * F;
-  a.k = ws.qkv.f32() + F;
-  a.v = ws.qkv.f32() + 2 * F;
-  a.ldk = a.ldv = 3 * F;
-  a.n_kv = n;
-  a.kv_pos0 = pos0;
+  AttentionIo io = fused_qkv_io(ws.qkv.f32(), F, n, ws.ctx.f32());
+  io.q_pos0 = io.kv_pos0 = pos0;
   if (cache != nullptr) {
     float* kc = cache->k[static_cast<size_t>(l)].f32();
     float* vc = cache->v[static_cast<size_t>(l)].f32();
@@ -161,20 +156,13 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
       std::memcpy(kc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
       std::memcpy(vc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
     }
-    a.k = kc;
-    a.v = vc;
-    a.ldk = a.ldv = F;
-    a.n_kv = pos0 + n;
-    a.kv_pos0 = 0;
+    io.k = kc;
+    io.v = vc;
+    io.ldk = io.ldv = F;
+    io.n_kv = pos0 + n;
+    io.kv_pos0 = 0;
   }
-  a.out = ws.ctx.f32();
-  a.ldo = F;
-  a.n_q = n;
-  a.heads = config_.heads;
-  a.head_dim = config_.head_dim();
-  a.scale = attention_scale(l);
-  a.causal = config_.causal();
-  a.q_pos0 = pos0;
+  const kernels::AttentionArgs a = attention_args(*this, l, io);
   kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
 }
 
@@ -189,23 +177,16 @@ void Transformer::layer_input(int64_t l, const float* x, int64_t n, float* out, 
 
 void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
                              core::ThreadPool* pool) const {
-  const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  const int64_t F = c.hidden;
   if (n == 0) return;
-  ws.ensure(c, n, 1);
+  ws.ensure(config_, n, 1);
+  // Output projection with its bias and residual fused, then the blocks.
   float* h = ws.h.f32();
   kernels::linear_rows_f32(pool, ctx, n, w.attn_out_w, w.attn_out_b, Activation::kNone, x, h);
-  if (c.pre_layernorm()) {
-    kernels::layernorm_f32_mt(pool, h, ws.a.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    kernels::linear_rows_f32(pool, ws.a.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
-    kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, h, out);
-    return;
-  }
-  kernels::layernorm_f32_mt(pool, h, h, n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
-  kernels::linear_rows_f32(pool, h, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, ws.ffn.f32());
+  const float* mlp_in = attention_residual(*this, l, h, x, false, n, ws.a.f32(), pool);
+  kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, config_.act, nullptr, ws.ffn.f32());
   kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, h, out);
-  kernels::layernorm_f32_mt(pool, out, out, n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+  mlp_residual(*this, l, out, h, false, n, out, pool);
 }
 
 void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {

@@ -1,16 +1,16 @@
 // Galaxy hybrid model parallelism (Ye et al., §III-B): tensor parallelism on
-// the MHA block (whole heads, partition A) and the MLP block (FFN columns,
-// partition B); sequence parallelism on the connective blocks (residual add
-// and layer norm) over an equal sequence partition S. An AllGather opens
-// each TP block and a ReduceScatter closes it, so the residual stream stays
-// split by sequence. With plan.overlap both run as rings whose tiles overlap
-// the first and last GEMM of the block (§III-D).
+// the MHA block (whole heads, partition A: plan.ratios) and the MLP block
+// (FFN columns, partition B: option "ffn_ratios"); sequence parallelism on
+// the connective blocks (residual add and layer norm) over an equal sequence
+// partition S. An AllGather opens each TP block and a ReduceScatter closes
+// it, so the residual stream stays split by sequence. With option "overlap"
+// (default) both run as rings whose tiles overlap the first and last GEMM of
+// the block (§III-D).
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/attention.h"
-#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -22,16 +22,9 @@ using kernels::Activation;
 
 namespace {
 
-// Row offsets of the parts of S.
-std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> at(counts.size() + 1, 0);
-  for (size_t i = 0; i < counts.size(); ++i) at[i + 1] = at[i] + counts[i];
-  return at;
-}
-
 // One TP block: gather the connective block's rows, GEMM1 on each tile as it
 // arrives, the middle (attention, or nothing for the MLP), then GEMM2 per
-// destination part and reduce-scatter.
+// destination part into the reduce-scatter.
 struct TpBlock {
   Synchronizer& sync;
   bool overlap;
@@ -39,100 +32,183 @@ struct TpBlock {
   int64_t cols;
 
   template <typename First, typename Middle, typename Last>
-  Status run(const float* mine, First&& first, Middle&& middle, Last&& last, float* out) const {
-    const TileFn on_tile = first;
-    const PartialFn partial = last;
-    TESSERA_RETURN_IF_ERROR(overlap ? sync.allgather_rows_overlapped(mine, counts, cols, on_tile)
-                                    : sync.allgather_rows_then_tiles(mine, counts, cols, on_tile));
+  Status run(std::span<const float> mine, First&& first, Middle&& middle, Last&& last, std::span<float> out) const {
+    TESSERA_ASSIGN_OR_RETURN(auto tiles, overlap ? sync.allgather_tiles(mine, counts, cols)
+                                                 : sync.allgather_tiles_whole(mine, counts, cols));
+    while (!tiles->done()) {
+      TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+      first(t);
+    }
+    TESSERA_RETURN_IF_ERROR(tiles->finish());
     middle();
-    return overlap ? sync.reduce_scatter_rows_overlapped(counts, cols, partial, out)
-                   : sync.partials_then_reduce_scatter(counts, cols, partial, out);
+    TESSERA_ASSIGN_OR_RETURN(auto parts, overlap ? sync.reduce_scatter_parts(counts, cols, out)
+                                                 : sync.reduce_scatter_parts_whole(counts, cols, out));
+    while (!parts->done()) {
+      TESSERA_ASSIGN_OR_RETURN(const PartialSlot slot, parts->next());
+      last(slot);
+      TESSERA_RETURN_IF_ERROR(parts->submit());
+    }
+    return parts->finish();
   }
 };
 
-}  // namespace
+class Galaxy final : public Strategy {
+ public:
+  std::string name() const override { return "galaxy"; }
+  std::string summary() const override {
+    return "Galaxy: TP on heads and FFN columns, SP on the connective blocks, ring tiles overlap the GEMMs";
+  }
+  std::vector<OptionFlag> flags() const override {
+    return {{"--ffn-partition", "ffn_ratios", OptionFlag::Kind::kString, "FFN-column share of each device (default: --partition)"},
+            {"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool, "no overlap of ring communication with the GEMMs", false}};
+  }
 
-Result<Tensor> run_galaxy(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                          core::ThreadPool* pool) {
-  const model::ModelConfig& c = model.config();
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"ffn_ratios", "overlap"}));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<double> ffn, ratio_option(plan, "ffn_ratios", plan.ratios));
+    TESSERA_ASSIGN_OR_RETURN(const bool overlap, option(plan, "overlap", true));
+    plan.options = {{"ffn_ratios", ffn}, {"overlap", overlap}};
+    return core::ok_status();
+  }
+
+  model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) const override {
+    const auto r = static_cast<size_t>(rank);
+    return shard_load_options(head_ranges(c, plan.ratios)[r], ffn_ranges(c, ffn_ratios(plan))[r], rank);
+  }
+
+  Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                     core::ThreadPool* pool) const override;
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
+
+ private:
+  static std::vector<double> ffn_ratios(const Plan& plan) {
+    return option<std::vector<double>>(plan, "ffn_ratios", plan.ratios).value_or(plan.ratios);
+  }
+  // The connective blocks' equal sequence partition S (§III-C).
+  static std::vector<int64_t> seq_counts(int64_t n, int world) {
+    return range_sizes(split_by_ratio(n, equal_ratios(world)));
+  }
+};
+
+Result<Tensor> Galaxy::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                           core::ThreadPool* pool) const {
+  const model::ModelConfig& c = m.config();
   const int64_t F = c.hidden, hd = c.head_dim();
-  const size_t me = static_cast<size_t>(sync.rank());
-  const Range heads = tp_head_ranges(plan, c)[me];
-  const int64_t fl = heads.size() * hd, il = tp_ffn_ranges(plan, c)[me].size();
-  const auto counts = range_sizes(galaxy_seq_ranges(n, sync.world()));
-  const auto at = offsets_of(counts);
+  const auto me = static_cast<size_t>(sync.rank());
+  const Range heads = head_ranges(c, plan.ratios)[me];
+  const int64_t fl = heads.size() * hd, il = ffn_ranges(c, ffn_ratios(plan))[me].size();
+  const auto counts = seq_counts(n, sync.world());
+  const auto at = row_offsets(counts);
   const int64_t s = counts[me];
-  const bool pre = c.pre_layernorm();
 
   // Sequence-parallel state: the residual stream (xr), the input of the next
-  // TP block (ar) and the reduce-scatter result (g), s rows each.
+  // TP block (ar), the reduce-scatter result (g) and the MLP's residual (hr),
+  // s rows each.
   Tensor xr = Tensor::zeros_f32({s, F}), ar = Tensor::zeros_f32({s, F}), g = Tensor::zeros_f32({s, F});
-  Tensor hr = Tensor::zeros_f32({s, F});  // BERT: the MLP's residual, LN1(attention + x)
+  Tensor hr = Tensor::zeros_f32({s, F});
   // Tensor-parallel state over all n rows, for this rank's heads / columns.
   Tensor qkv = Tensor::zeros_f32({n, 3 * fl}), ctx = Tensor::zeros_f32({n, fl}), f = Tensor::zeros_f32({n, il});
   const int64_t scratch = std::max<int64_t>(kernels::attention_scratch_floats(n, n, heads.size()), 1);
   Tensor scores = Tensor::zeros_f32({scratch});
-  TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? x.f32() : nullptr, counts, F, xr.f32(), 0));
-  const TpBlock block{sync, plan.overlap, counts, F};
+  TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? floats(x.f32(), n * F) : std::span<const float>(), counts,
+                                            F, floats(xr.f32(), s * F), 0));
+  const TpBlock block{sync, option(plan, "overlap", true).value_or(true), counts, F};
 
   for (int64_t l = 0; l < c.layers; ++l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
+    const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     // MHA block. GEMM1 (Q, K, V of this rank's heads) tile by tile.
-    model.layer_input(l, xr.f32(), s, ar.f32(), pool);
-    auto qkv_tile = [&](int owner, const float* rows, int64_t cnt) {
-      if (cnt > 0 && fl > 0)
-        kernels::linear_rows_f32(pool, rows, cnt, w.qkv_w, w.qkv_b, Activation::kNone, nullptr,
-                                 qkv.f32() + at[static_cast<size_t>(owner)] * 3 * fl);
+    m.layer_input(l, xr.f32(), s, ar.f32(), pool);
+    auto qkv_tile = [&](const Tile& t) {
+      if (t.count > 0 && fl > 0)
+        kernels::linear_rows_f32(pool, t.rows.data(), t.count, w.qkv_w, w.qkv_b, Activation::kNone, nullptr,
+                                 qkv.f32() + at[static_cast<size_t>(t.owner)] * 3 * fl);
     };
     auto attention = [&] {
-      if (fl == 0 || n == 0) return;
-      kernels::AttentionArgs a;
-      a.q = qkv.f32(); a.k = qkv.f32() + fl; a.v = qkv.f32() + 2 * fl; a.ldq = a.ldk = a.ldv = 3 * fl;
-      a.out = ctx.f32(); a.ldo = fl; a.n_q = a.n_kv = n; a.heads = heads.size(); a.head_dim = hd;
-      a.scale = model.attention_scale(l); a.causal = c.causal();
-      kernels::attention_f32(pool, a, scores.f32(), scores.numel());
+      if (fl == 0) return;
+      model::AttentionIo io = model::fused_qkv_io(qkv.f32(), fl, n, ctx.f32());
+      io.heads = heads.size();
+      kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
     };
     // GEMM2 (output projection rows of this rank's heads) per destination
     // part; the bias is added once, after the sum.
-    auto out_proj = [&](int dest, float* out) {
-      kernels::linear_rows_f32(pool, ctx.f32() + at[static_cast<size_t>(dest)] * fl, counts[static_cast<size_t>(dest)],
-                               w.attn_out_w, Tensor(), Activation::kNone, nullptr, out);
+    auto out_proj = [&](const PartialSlot& slot) {
+      const auto d = static_cast<size_t>(slot.dest);
+      kernels::linear_rows_f32(pool, ctx.f32() + at[d] * fl, counts[d], w.attn_out_w, Tensor(), Activation::kNone,
+                               nullptr, slot.out.data());
     };
-    TESSERA_RETURN_IF_ERROR(block.run(ar.f32(), qkv_tile, attention, out_proj, g.f32()));
+    TESSERA_RETURN_IF_ERROR(block.run(floats(ar.f32(), s * F), qkv_tile, attention, out_proj, floats(g.f32(), s * F)));
 
     // Connective block on this rank's rows: residual add and layer norm.
-    kernels::bias_act_residual_f32_mt(pool, g.f32(), s, F, F, w.attn_out_b.f32(), Activation::kNone, xr.f32(), F);
-    if (pre) {
-      std::swap(xr, g);  // xr = x + attention
-      kernels::layernorm_f32_mt(pool, xr.f32(), ar.f32(), s, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    } else {
-      kernels::layernorm_f32_mt(pool, g.f32(), hr.f32(), s, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
-    }
+    const float* mlp_in = model::attention_residual(m, l, g.f32(), xr.f32(), true, s, ar.f32(), pool);
+    std::swap(hr, g);  // hr: the MLP's residual
 
     // MLP block: FFN-in columns of this rank tile by tile, FFN-out per part.
-    auto ffn_in = [&](int owner, const float* rows, int64_t cnt) {
-      if (cnt > 0 && il > 0)
-        kernels::linear_rows_f32(pool, rows, cnt, w.ffn_in_w, w.ffn_in_b, c.act, nullptr,
-                                 f.f32() + at[static_cast<size_t>(owner)] * il);
+    auto ffn_in = [&](const Tile& t) {
+      if (t.count > 0 && il > 0)
+        kernels::linear_rows_f32(pool, t.rows.data(), t.count, w.ffn_in_w, w.ffn_in_b, c.act, nullptr,
+                                 f.f32() + at[static_cast<size_t>(t.owner)] * il);
     };
-    auto ffn_out = [&](int dest, float* out) {
-      kernels::linear_rows_f32(pool, f.f32() + at[static_cast<size_t>(dest)] * il, counts[static_cast<size_t>(dest)],
-                               w.ffn_out_w, Tensor(), Activation::kNone, nullptr, out);
+    auto ffn_out = [&](const PartialSlot& slot) {
+      const auto d = static_cast<size_t>(slot.dest);
+      kernels::linear_rows_f32(pool, f.f32() + at[d] * il, counts[d], w.ffn_out_w, Tensor(), Activation::kNone, nullptr,
+                               slot.out.data());
     };
-    TESSERA_RETURN_IF_ERROR(block.run(pre ? ar.f32() : hr.f32(), ffn_in, [] {}, ffn_out, g.f32()));
+    TESSERA_RETURN_IF_ERROR(block.run(floats(mlp_in, s * F), ffn_in, [] {}, ffn_out, floats(g.f32(), s * F)));
 
     // Connective block: residual add, and BERT's LN2.
-    kernels::bias_act_residual_f32_mt(pool, g.f32(), s, F, F, w.ffn_out_b.f32(), Activation::kNone,
-                                      pre ? xr.f32() : hr.f32(), F);
-    if (pre) {
-      std::swap(xr, g);
-    } else {
-      kernels::layernorm_f32_mt(pool, g.f32(), xr.f32(), s, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    }
+    model::mlp_residual(m, l, g.f32(), hr.f32(), true, s, xr.f32(), pool);
   }
   Tensor out = sync.rank() == 0 ? Tensor::zeros_f32({n, F}) : Tensor();
-  TESSERA_RETURN_IF_ERROR(sync.gather_rows(xr.f32(), counts, F, sync.rank() == 0 ? out.f32() : nullptr, 0));
+  TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(xr.f32(), s * F), counts, F,
+                                           sync.rank() == 0 ? floats(out.f32(), n * F) : std::span<float>(), 0));
   return out;
 }
+
+Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const {
+  const int K = plan.world;
+  const int64_t F = c.hidden;
+  const auto heads = head_ranges(c, plan.ratios);
+  const auto ffn = ffn_ranges(c, ffn_ratios(plan));
+  const auto counts = seq_counts(n, K);
+  const bool overlap = option(plan, "overlap", true).value_or(true);
+  Schedule sched;
+  for (int r = 0; r < K; ++r) {
+    const int64_t w = heads[static_cast<size_t>(r)].size() * c.head_dim(), il = ffn[static_cast<size_t>(r)].size();
+    const int64_t s = counts[static_cast<size_t>(r)];
+    const auto others = everyone_but(r, K);
+    DeviceSchedule d;
+    d.phases.push_back({"scatter rows", -1, {}, {transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - s) * F : 0, others)}, false});
+    for (int64_t l = 0; l < c.layers; ++l) {
+      // Each TP block: AllGather overlapping GEMM1, the middle, GEMM2 overlapping the ReduceScatter.
+      Phase gather1{"mha allgather", l, {elementwise("norm", s, F)}, {}, overlap};
+      for (int64_t cnt : counts)
+        if (cnt > 0 && w > 0) gather1.work.push_back(gemm("qkv", cnt, F, 3 * w));
+      gather1.transfers.push_back(transfer(CollectiveKind::kAllgather, "x", ring_allgather_sent(counts, F, r), others));
+      Phase middle{"attention", l, {}, {}, false};
+      if (w > 0) middle.work.push_back(attention("attention", n, n, w));
+      Phase scatter1{"mha reduce-scatter", l, {}, {}, overlap};
+      for (int64_t cnt : counts) scatter1.work.push_back(gemm("attn_out", cnt, w, F));
+      scatter1.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "attn_out", ring_reduce_scatter_sent(counts, F, r), others));
+      Phase gather2{"mlp allgather", l, {elementwise("residual+norm", s, F)}, {}, overlap};
+      for (int64_t cnt : counts)
+        if (cnt > 0 && il > 0) gather2.work.push_back(gemm("ffn_in", cnt, F, il));
+      gather2.transfers.push_back(transfer(CollectiveKind::kAllgather, "h", ring_allgather_sent(counts, F, r), others));
+      Phase scatter2{"mlp reduce-scatter", l, {}, {}, overlap};
+      for (int64_t cnt : counts) scatter2.work.push_back(gemm("ffn_out", cnt, il, F));
+      scatter2.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "ffn_out", ring_reduce_scatter_sent(counts, F, r), others));
+      for (Phase* ph : {&gather1, &middle, &scatter1, &gather2, &scatter2}) d.phases.push_back(std::move(*ph));
+      d.phases.push_back({"residual", l, {elementwise("residual+norm", s, F)}, {}, false});
+    }
+    d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : s * F, {0})}, false});
+    d.weight_bytes = c.layers * layer_weight_bytes(c, w, il) + (r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (4 * s * F + n * (4 * w + il) + kernels::attention_scratch_floats(n, n, heads[static_cast<size_t>(r)].size())) * 4;
+    sched.devices.push_back(std::move(d));
+  }
+  return sched;
+}
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_galaxy_strategy() { return std::make_unique<Galaxy>(); }
 
 }  // namespace tessera::parallel

@@ -17,85 +17,80 @@ class LocalMember final : public Synchronizer {
   int rank() const override { return rank_; }
   int world() const override { return g_->world_; }
 
-  Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) override {
-    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+  Status allgather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
+                        std::span<float> all) override {
+    TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), true));
     stats_.add(CollectiveKind::kAllgather, ring_allgather_sent(counts, cols, rank_));
-    return exchange(mine, [&](const std::vector<const float*>& slots) {
-      int64_t at = 0;
-      for (int r = 0; r < world(); ++r) {
-        copy(all + at * cols, slots[static_cast<size_t>(r)], counts[static_cast<size_t>(r)] * cols);
-        at += counts[static_cast<size_t>(r)];
-      }
-    });
+    return exchange(mine.data(), [&](const std::vector<const float*>& slots) { concat(slots, counts, cols, all.data()); });
   }
 
-  Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all, int root) override {
-    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+  Status gather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols, std::span<float> all,
+                     int root) override {
+    TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank_ == root));
     if (rank_ != root) stats_.add(CollectiveKind::kGather, counts[static_cast<size_t>(rank_)] * cols);
-    return exchange(mine, [&](const std::vector<const float*>& slots) {
-      if (rank_ != root) return;
-      int64_t at = 0;
-      for (int r = 0; r < world(); ++r) {
-        copy(all + at * cols, slots[static_cast<size_t>(r)], counts[static_cast<size_t>(r)] * cols);
-        at += counts[static_cast<size_t>(r)];
-      }
+    return exchange(mine.data(), [&](const std::vector<const float*>& slots) {
+      if (rank_ == root) concat(slots, counts, cols, all.data());
     });
   }
 
-  Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine, int root) override {
-    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+  Status scatter_rows(std::span<const float> all, const std::vector<int64_t>& counts, int64_t cols, std::span<float> mine,
+                      int root) override {
+    TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank_ == root));
     if (rank_ == root) {
       const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
       stats_.add(CollectiveKind::kScatter, (total - counts[static_cast<size_t>(root)]) * cols);
     }
-    return exchange(all, [&](const std::vector<const float*>& slots) {
+    return exchange(all.data(), [&](const std::vector<const float*>& slots) {
       const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0});
-      copy(mine, slots[static_cast<size_t>(root)] + at * cols, counts[static_cast<size_t>(rank_)] * cols);
+      copy(mine.data(), slots[static_cast<size_t>(root)] + at * cols, counts[static_cast<size_t>(rank_)] * cols);
     });
   }
 
-  Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols, float* mine) override {
-    TESSERA_RETURN_IF_ERROR(check_counts(counts));
+  Status reduce_scatter_rows(std::span<const float> full, const std::vector<int64_t>& counts, int64_t cols,
+                             std::span<float> mine) override {
+    TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), full.size(), true));
     stats_.add(CollectiveKind::kReduceScatter, ring_reduce_scatter_sent(counts, cols, rank_));
     const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0}) * cols;
     const int64_t n = counts[static_cast<size_t>(rank_)] * cols;
     std::vector<float> sum(static_cast<size_t>(n), 0.0f);
-    TESSERA_RETURN_IF_ERROR(exchange(full, [&](const std::vector<const float*>& slots) {
+    TESSERA_RETURN_IF_ERROR(exchange(full.data(), [&](const std::vector<const float*>& slots) {
       for (int r = 0; r < world(); ++r)
         for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][at + i];
     }));
-    copy(mine, sum.data(), n);
+    copy(mine.data(), sum.data(), n);
     return core::ok_status();
   }
 
-  Status allreduce_sum(float* data, int64_t n) override {
+  Status allreduce_sum(std::span<float> data) override {
+    const auto n = static_cast<int64_t>(data.size());
     stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank_));
-    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
-    TESSERA_RETURN_IF_ERROR(exchange(data, [&](const std::vector<const float*>& slots) {
+    std::vector<float> sum(data.size(), 0.0f);
+    TESSERA_RETURN_IF_ERROR(exchange(data.data(), [&](const std::vector<const float*>& slots) {
       for (int r = 0; r < world(); ++r)  // rank order: every rank gets identical bits
         for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][i];
     }));
-    copy(data, sum.data(), n);
+    copy(data.data(), sum.data(), n);
     return core::ok_status();
   }
 
-  Status broadcast(float* data, int64_t n, int root) override {
-    if (rank_ == root) stats_.add(CollectiveKind::kBroadcast, n * (world() - 1));
-    return exchange(data, [&](const std::vector<const float*>& slots) {
-      if (rank_ != root) copy(data, slots[static_cast<size_t>(root)], n);
+  Status broadcast(std::span<float> data, int root) override {
+    const auto n = static_cast<int64_t>(data.size());
+    stats_.add(CollectiveKind::kBroadcast, tree_broadcast_sent(n, world(), rank_, root));
+    return exchange(data.data(), [&](const std::vector<const float*>& slots) {
+      if (rank_ != root) copy(data.data(), slots[static_cast<size_t>(root)], n);
     });
   }
 
-  Status send(int peer, const float* data, int64_t n) override {
+  Status send(int peer, std::span<const float> data) override {
     if (peer < 0 || peer >= world() || peer == rank_) return core::invalid_argument("bad peer " + std::to_string(peer));
-    stats_.add(CollectiveKind::kSendRecv, n);
+    stats_.add(CollectiveKind::kSendRecv, static_cast<int64_t>(data.size()));
     std::lock_guard<std::mutex> lock(g_->mu_);
-    g_->mail_[{rank_, peer}].emplace_back(data, data + n);
+    g_->mail_[{rank_, peer}].emplace_back(data.begin(), data.end());
     g_->cv_.notify_all();
     return core::ok_status();
   }
 
-  Status recv(int peer, float* data, int64_t n) override {
+  Status recv(int peer, std::span<float> data) override {
     if (peer < 0 || peer >= world() || peer == rank_) return core::invalid_argument("bad peer " + std::to_string(peer));
     core::Timer t;
     std::unique_lock<std::mutex> lock(g_->mu_);
@@ -105,10 +100,10 @@ class LocalMember final : public Synchronizer {
     std::vector<float> msg = std::move(box.front());
     box.pop_front();
     stats_.blocked_ms += t.ms();
-    if (static_cast<int64_t>(msg.size()) != n)
-      return core::invalid_argument("expected " + std::to_string(n) + " floats from rank " + std::to_string(peer) + ", got " +
-                                    std::to_string(msg.size()));
-    copy(data, msg.data(), n);
+    if (msg.size() != data.size())
+      return core::invalid_argument("expected " + std::to_string(data.size()) + " floats from rank " + std::to_string(peer) +
+                                    ", got " + std::to_string(msg.size()));
+    copy(data.data(), msg.data(), static_cast<int64_t>(msg.size()));
     return core::ok_status();
   }
 
@@ -117,11 +112,12 @@ class LocalMember final : public Synchronizer {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
   }
 
-  Status check_counts(const std::vector<int64_t>& counts) const {
-    if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
-    for (int64_t c : counts)
-      if (c < 0) return core::invalid_argument("negative count");
-    return core::ok_status();
+  void concat(const std::vector<const float*>& slots, const std::vector<int64_t>& counts, int64_t cols, float* all) const {
+    int64_t at = 0;
+    for (int r = 0; r < world(); ++r) {
+      copy(all + at * cols, slots[static_cast<size_t>(r)], counts[static_cast<size_t>(r)] * cols);
+      at += counts[static_cast<size_t>(r)];
+    }
   }
 
   // Publishes `mine`, waits for every rank, runs `read` on all slots, waits again.

@@ -17,6 +17,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/weighted_attention.h"
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -46,11 +47,16 @@ int64_t PrismLayout::key_rows(int p) const {
   return own == 0 ? 0 : own + total_means() - means[static_cast<size_t>(p)];  // no queries, no keys
 }
 
+double prism_rate(const Plan& plan) { return option(plan, "rate", 0.0).value_or(0.0); }
+int64_t prism_segments_option(const Plan& plan) { return option(plan, "segments", int64_t{0}).value_or(0); }
+
 PrismLayout prism_layout(const Plan& plan, int64_t n) {
   PrismLayout lay;
   lay.rows = split_by_ratio(n, plan.ratios);
+  const double rate = prism_rate(plan);
+  const int64_t segments = prism_segments_option(plan);
   for (const Range& r : lay.rows) {
-    const int64_t l = prism_segment_count(r.size(), plan.prism_rate, plan.prism_segments);
+    const int64_t l = prism_segment_count(r.size(), rate, segments);
     lay.segments.push_back(prism_segments(r.size(), l));
     lay.means.push_back(l);
   }
@@ -72,62 +78,38 @@ void segment_means_f32(const float* x, int64_t cols, const std::vector<Range>& s
   }
 }
 
-double layer_gemm_flops(int64_t rows, int64_t key_rows, int64_t hidden, int64_t intermediate) {
-  const double p = static_cast<double>(rows), k = static_cast<double>(key_rows), f = static_cast<double>(hidden);
-  const double q = 2 * p * f * f, kv = 4 * k * f * f, attn = 4 * p * k * f, out = 2 * p * f * f;
-  const double ffn = 4 * p * f * static_cast<double>(intermediate);
-  return q + kv + attn + out + ffn;
-}
+namespace {
 
-std::vector<double> layer_flops_per_device(const Plan& plan, const model::ModelConfig& c, int64_t n) {
-  const int k = plan.world;
-  const int64_t F = c.hidden, I = c.intermediate, layers = c.layers;
-  const double f = static_cast<double>(F);
-  std::vector<double> out(static_cast<size_t>(k), 0.0);
-  const auto rows = split_by_ratio(n, plan.ratios);
-  for (int d = 0; d < k; ++d) {
-    const int64_t p = rows[static_cast<size_t>(d)].size();
-    const double pd = static_cast<double>(p), nd = static_cast<double>(n);
-    double per_layer = 0.0;
-    int64_t layers_here = layers;
-    switch (plan.strategy) {
-      case Strategy::kSingle: per_layer = layer_gemm_flops(n, n, F, I); break;
-      case Strategy::kSp:  // K, V of own rows only; scores over all n
-        per_layer = 8 * pd * f * f + 4 * pd * nd * f + 4 * pd * f * static_cast<double>(I);
-        break;
-      case Strategy::kVoltage:
-        if (plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim())) {
-          // Eq. (8): Q, Q_h W_K,h, (S x) W_V,h and the output projection are
-          // 2pF^2 each; scores and S x are 2pnF per head.
-          per_layer = 8 * pd * f * f + 4 * static_cast<double>(c.heads) * pd * nd * f + 4 * pd * f * static_cast<double>(I);
-        } else {
-          per_layer = layer_gemm_flops(p, n, F, I);
-        }
-        break;
-      case Strategy::kTp:
-      case Strategy::kGalaxy: {  // the same GEMMs; galaxy splits only the element-wise work further
-        const double w = static_cast<double>(tp_head_ranges(plan, c)[static_cast<size_t>(d)].size() * c.head_dim());
-        const double fi = static_cast<double>(tp_ffn_ranges(plan, c)[static_cast<size_t>(d)].size());
-        per_layer = 6 * nd * f * w + 4 * nd * nd * w + 2 * nd * w * f + 4 * nd * f * fi;
-        break;
-      }
-      case Strategy::kPipeline:
-        per_layer = layer_gemm_flops(n, n, F, I);
-        layers_here = static_cast<int64_t>(plan.layers.layers_on(d).size());
-        break;
-      case Strategy::kPrism: {
-        const PrismLayout lay = prism_layout(plan, n);
-        per_layer = layer_gemm_flops(p, lay.key_rows(d), F, I);
-        break;
-      }
-    }
-    out[static_cast<size_t>(d)] = per_layer * static_cast<double>(layers_here);
+class Prism final : public Strategy {
+ public:
+  std::string name() const override { return "prism"; }
+  std::string summary() const override { return "PRISM: position-wise rows, segment means instead of rows (lossy)"; }
+  bool exact() const override { return false; }
+  std::vector<OptionFlag> flags() const override {
+    return {{"--cr", "rate", OptionFlag::Kind::kNumber, "compression rate R, floor(N_p / R) means per partition"},
+            {"--segments", "segments", OptionFlag::Kind::kNumber, "segment means per partition"}};
   }
-  return out;
-}
 
-Result<Tensor> run_prism(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                         core::ThreadPool* pool) {
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"rate", "segments"}));
+    TESSERA_ASSIGN_OR_RETURN(const double rate, option(plan, "rate", 0.0));
+    TESSERA_ASSIGN_OR_RETURN(const int64_t segments, option(plan, "segments", int64_t{0}));
+    const bool has_rate = rate != 0.0, has_segments = segments != 0;
+    if (has_rate == has_segments)
+      return core::invalid_argument("prism needs exactly one of a compression rate (--cr) or segments (--segments)");
+    if (has_rate && !(rate >= 1.0 && rate <= 1e9)) return core::invalid_argument("compression rate must be in [1, 1e9]");
+    if (has_segments && segments < 1) return core::invalid_argument("segments must be >= 1");
+    plan.options = has_rate ? nlohmann::json{{"rate", rate}} : nlohmann::json{{"segments", segments}};
+    return core::ok_status();
+  }
+
+  Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                     core::ThreadPool* pool) const override;
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
+};
+
+Result<Tensor> Prism::run(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                          core::ThreadPool* pool) const {
   const model::ModelConfig& c = model.config();
   const int64_t F = c.hidden;
   const int world = sync.world(), me = sync.rank();
@@ -181,7 +163,9 @@ Result<Tensor> run_prism(const model::Transformer& model, const Plan& plan, Sync
           if (q != p) put(z.f32() + mean_at[static_cast<size_t>(q)] * F, lay.means[static_cast<size_t>(q)]);
       }
     }
-    TESSERA_RETURN_IF_ERROR(sync.scatter_rows(me == 0 ? packed.f32() : nullptr, init_counts, F, state.f32(), 0));
+    const int64_t total = std::accumulate(init_counts.begin(), init_counts.end(), int64_t{0});
+    TESSERA_RETURN_IF_ERROR(sync.scatter_rows(me == 0 ? floats(packed.f32(), total * F) : std::span<const float>(),
+                                              init_counts, F, floats(state.f32(), nhat * F), 0));
   }
 
   Tensor a = Tensor::zeros_f32({std::max<int64_t>(nhat, 1), F});
@@ -203,17 +187,18 @@ Result<Tensor> run_prism(const model::Transformer& model, const Plan& plan, Sync
       la.m = nhat; la.w = w.qkv_w.f32() + F * F; la.n = 2 * F; la.bias = w.qkv_b.empty() ? nullptr : w.qkv_b.f32() + F;
       la.y = kv.f32(); la.ldy = 2 * F;
       kernels::linear_f32(pool, la);
-      kernels::WeightedAttentionArgs at;
-      at.q = q.f32(); at.ldq = F; at.k = kv.f32(); at.ldk = 2 * F; at.v = kv.f32() + F; at.ldv = 2 * F;
-      at.out = ctx.f32(); at.ldo = F; at.n_q = np; at.n_kv = nhat; at.heads = c.heads; at.head_dim = c.head_dim();
-      at.scale = model.attention_scale(l); at.counts = g.data();
-      at.causal = c.causal(); at.q_pos0 = mine.begin; at.key_pos = key_pos.data();
+      model::AttentionIo io;
+      io.q = q.f32(); io.ldq = F; io.k = kv.f32(); io.ldk = 2 * F; io.v = kv.f32() + F; io.ldv = 2 * F;
+      io.out = ctx.f32(); io.ldo = F; io.n_q = np; io.n_kv = nhat; io.q_pos0 = mine.begin;
+      kernels::WeightedAttentionArgs at = model::weighted_attention_args(model, l, io);
+      at.counts = g.data();
+      at.key_pos = key_pos.data();
       kernels::weighted_attention_f32(pool, at, scores.f32(), scores.numel());
       model.layer_tail(l, state.f32(), ctx.f32(), np, state.f32(), ws, pool);
     }
     if (l + 1 == c.layers) break;
     segment_means_f32(state.f32(), F, my_segments, my_means.f32());
-    TESSERA_RETURN_IF_ERROR(sync.allgather_rows(my_means.f32(), lay.means, F, z.f32()));
+    TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(my_means.f32(), lme * F), lay.means, F, floats(z.f32(), lsum * F)));
     // Keep the other partitions' means, in rank order, after this device's rows.
     const int64_t before = mean_at[static_cast<size_t>(me)], after = lsum - mean_at[static_cast<size_t>(me) + 1];
     if (np == 0) continue;
@@ -226,8 +211,52 @@ Result<Tensor> run_prism(const model::Transformer& model, const Plan& plan, Sync
   // The terminal gets every row: --dump writes hidden.L and GPT-2's LM head
   // reads every position. BERT's and ViT's heads read only row 0.
   Tensor out = me == 0 ? Tensor::zeros_f32({n, F}) : Tensor();
-  TESSERA_RETURN_IF_ERROR(sync.gather_rows(state.f32(), counts, F, me == 0 ? out.f32() : nullptr, 0));
+  TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(state.f32(), np * F), counts, F,
+                                           me == 0 ? floats(out.f32(), n * F) : std::span<float>(), 0));
   return out;
 }
+
+Schedule Prism::estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const {
+  const int K = plan.world;
+  const int64_t F = c.hidden;
+  const PrismLayout lay = prism_layout(plan, n);
+  const auto counts = range_sizes(lay.rows);
+  Schedule s;
+  for (int r = 0; r < K; ++r) {
+    const int64_t np = counts[static_cast<size_t>(r)], nhat = lay.key_rows(r);
+    const auto others = everyone_but(r, K);
+    DeviceSchedule d;
+    int64_t scattered = 0;
+    if (r == 0)
+      for (int q = 1; q < K; ++q) scattered += lay.key_rows(q) * F;
+    Phase first{"scatter rows and means", -1, {}, {transfer(CollectiveKind::kScatter, "x", scattered, others)}, false};
+    if (r == 0) first.work.push_back(elementwise("segment means", n, F));
+    d.phases.push_back(std::move(first));
+    for (int64_t l = 0; l < c.layers; ++l) {
+      Phase layer{"layer", l, {}, {}, false};
+      if (np > 0) {
+        layer.work.push_back(elementwise("norm", nhat, F));
+        layer.work.push_back(gemm("q", np, F, F));
+        layer.work.push_back(gemm("kv", nhat, F, 2 * F));
+        layer.work.push_back(attention("weighted attention", np, nhat, F));
+        add_tail_work(layer.work, c, np);
+      }
+      d.phases.push_back(std::move(layer));
+      if (l + 1 == c.layers) break;
+      Phase means{"allgather means", l, {elementwise("segment means", np, F)}, {}, false};
+      means.transfers.push_back(transfer(CollectiveKind::kAllgather, "means", ring_allgather_sent(lay.means, F, r), others));
+      d.phases.push_back(std::move(means));
+    }
+    d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : np * F, {0})}, false});
+    d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (3 * nhat * F + 2 * np * F + lay.total_means() * F + np * nhat + np * (3 * F + c.intermediate)) * 4;
+    s.devices.push_back(std::move(d));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_prism_strategy() { return std::make_unique<Prism>(); }
 
 }  // namespace tessera::parallel

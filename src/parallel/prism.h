@@ -16,6 +16,10 @@ namespace tessera::parallel {
 
 struct Plan;
 
+// The plan's rate and segment options (0 = unset).
+double prism_rate(const Plan& plan);
+int64_t prism_segments_option(const Plan& plan);
+
 // Segment means of a partition of `rows` rows: max(1, floor(rows / rate))
 // when a rate is given (Eq. 16 for equal partitions), else min(segments,
 // rows); an empty partition has none.
@@ -38,16 +42,5 @@ PrismLayout prism_layout(const Plan& plan, int64_t n);
 
 // out[s] = column means of x's rows in segments[s]; x [rows, cols] packed.
 void segment_means_f32(const float* x, int64_t cols, const std::vector<Range>& segments, float* out);
-
-// Matrix-product FLOPs (2 per multiply-add) one layer costs a device that
-// owns `rows` query rows and attends over `key_rows` keys whose projections it
-// computes itself (single device, Voltage's Eq. 3 order, PRISM).
-double layer_gemm_flops(int64_t rows, int64_t key_rows, int64_t hidden, int64_t intermediate);
-
-// The transformer layers' matrix-product FLOPs on each device under `plan`
-// (completed) for n rows: what run_layers computes, for every strategy
-// (Voltage in the order it picks). Embeddings and the head, which run once on
-// the terminal, and element-wise work are not counted.
-std::vector<double> layer_flops_per_device(const Plan& plan, const model::ModelConfig& c, int64_t n);
 
 }  // namespace tessera::parallel

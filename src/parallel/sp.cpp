@@ -1,9 +1,10 @@
-// Sequence parallelism: rows split over devices; each computes Q, K, V for
-// its rows and AllGathers K and V (two AllGathers per layer).
+// Sequence parallelism: rows split over devices (plan.ratios); each computes
+// Q, K, V for its rows and AllGathers K and V (two AllGathers per layer).
 #include <cstring>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -11,41 +12,84 @@ namespace tessera::parallel {
 using core::Result;
 using core::Tensor;
 
-Result<Tensor> run_sp(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                      core::ThreadPool* pool) {
-  const model::ModelConfig& c = model.config();
-  const int64_t F = c.hidden;
-  const auto rows = split_by_ratio(n, plan.ratios);
-  const auto counts = range_sizes(rows);
-  const Range me = rows[static_cast<size_t>(sync.rank())];
-  const int64_t p = me.size();
-  Tensor xp = Tensor::zeros_f32({p, F}), a = Tensor::zeros_f32({p, F}), qkv = Tensor::zeros_f32({p, 3 * F});
-  Tensor kp = Tensor::zeros_f32({p, F}), vp = Tensor::zeros_f32({p, F}), ctx = Tensor::zeros_f32({p, F});
-  Tensor k = Tensor::zeros_f32({n, F}), v = Tensor::zeros_f32({n, F});
-  Tensor scores = Tensor::zeros_f32({std::max<int64_t>(p * n, 1)});
-  TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? x.f32() : nullptr, counts, F, xp.f32(), 0));
-  model::Workspace ws;
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
-    model.layer_input(l, xp.f32(), p, a.f32(), pool);
-    kernels::linear_rows_f32(pool, a.f32(), p, w.qkv_w, w.qkv_b, kernels::Activation::kNone, nullptr, qkv.f32());
-    for (int64_t i = 0; i < p; ++i) {
-      std::memcpy(kp.f32() + i * F, qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
-      std::memcpy(vp.f32() + i * F, qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
+namespace {
+
+class Sp final : public Strategy {
+ public:
+  std::string name() const override { return "sp"; }
+  std::string summary() const override { return "sequence parallelism: rows split, AllGather of K and V"; }
+
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override { return only_options(plan, {}); }
+
+  Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                     core::ThreadPool* pool) const override {
+    const model::ModelConfig& c = m.config();
+    const int64_t F = c.hidden;
+    const auto rows = row_ranges(plan, n);
+    const auto counts = range_sizes(rows);
+    const Range me = rows[static_cast<size_t>(sync.rank())];
+    const int64_t p = me.size();
+    Tensor xp = Tensor::zeros_f32({p, F}), a = Tensor::zeros_f32({p, F}), qkv = Tensor::zeros_f32({p, 3 * F});
+    Tensor kp = Tensor::zeros_f32({p, F}), vp = Tensor::zeros_f32({p, F}), ctx = Tensor::zeros_f32({p, F});
+    Tensor k = Tensor::zeros_f32({n, F}), v = Tensor::zeros_f32({n, F});
+    Tensor scores = Tensor::zeros_f32({std::max<int64_t>(p * n, 1)});
+    TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? floats(x.f32(), n * F) : std::span<const float>(), counts,
+                                              F, floats(xp.f32(), p * F), 0));
+    model::Workspace ws;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+      m.layer_input(l, xp.f32(), p, a.f32(), pool);
+      kernels::linear_rows_f32(pool, a.f32(), p, w.qkv_w, w.qkv_b, kernels::Activation::kNone, nullptr, qkv.f32());
+      for (int64_t i = 0; i < p; ++i) {
+        std::memcpy(kp.f32() + i * F, qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
+        std::memcpy(vp.f32() + i * F, qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
+      }
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(kp.f32(), p * F), counts, F, floats(k.f32(), n * F)));
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(vp.f32(), p * F), counts, F, floats(v.f32(), n * F)));
+      if (p == 0) continue;
+      model::AttentionIo io;
+      io.q = qkv.f32(); io.ldq = 3 * F; io.k = k.f32(); io.ldk = F; io.v = v.f32(); io.ldv = F;
+      io.out = ctx.f32(); io.ldo = F; io.n_q = p; io.n_kv = n; io.q_pos0 = me.begin;
+      kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
+      m.layer_tail(l, xp.f32(), ctx.f32(), p, xp.f32(), ws, pool);
     }
-    TESSERA_RETURN_IF_ERROR(sync.allgather_rows(kp.f32(), counts, F, k.f32()));
-    TESSERA_RETURN_IF_ERROR(sync.allgather_rows(vp.f32(), counts, F, v.f32()));
-    if (p == 0) continue;
-    kernels::AttentionArgs at;
-    at.q = qkv.f32(); at.ldq = 3 * F; at.k = k.f32(); at.ldk = F; at.v = v.f32(); at.ldv = F;
-    at.out = ctx.f32(); at.ldo = F; at.n_q = p; at.n_kv = n; at.heads = c.heads; at.head_dim = c.head_dim();
-    at.scale = model.attention_scale(l); at.causal = c.causal(); at.q_pos0 = me.begin; at.kv_pos0 = 0;
-    kernels::attention_f32(pool, at, scores.f32(), scores.numel());
-    model.layer_tail(l, xp.f32(), ctx.f32(), p, xp.f32(), ws, pool);
+    Tensor out = sync.rank() == 0 ? Tensor::zeros_f32({n, F}) : Tensor();
+    TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(xp.f32(), p * F), counts, F,
+                                             sync.rank() == 0 ? floats(out.f32(), n * F) : std::span<float>(), 0));
+    return out;
   }
-  Tensor out = sync.rank() == 0 ? Tensor::zeros_f32({n, F}) : Tensor();
-  TESSERA_RETURN_IF_ERROR(sync.gather_rows(xp.f32(), counts, F, sync.rank() == 0 ? out.f32() : nullptr, 0));
-  return out;
-}
+
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
+    const int K = plan.world;
+    const int64_t F = c.hidden;
+    const auto counts = range_sizes(row_ranges(plan, n));
+    Schedule s;
+    for (int r = 0; r < K; ++r) {
+      const int64_t p = counts[static_cast<size_t>(r)];
+      DeviceSchedule d;
+      d.phases.push_back({"scatter rows", -1, {}, {transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - p) * F : 0, everyone_but(r, K))}, false});
+      for (int64_t l = 0; l < c.layers; ++l) {
+        Phase kv{"qkv", l, {elementwise("norm", p, F)}, {}, false};
+        if (p > 0) kv.work.push_back(gemm("qkv", p, F, 3 * F));
+        for (const char* what : {"k", "v"})
+          kv.transfers.push_back(transfer(CollectiveKind::kAllgather, what, ring_allgather_sent(counts, F, r), everyone_but(r, K)));
+        Phase rest{"attention+mlp", l, {}, {}, false};
+        if (p > 0) rest.work.push_back(attention("attention", p, n, F));
+        add_tail_work(rest.work, c, p);
+        d.phases.push_back(std::move(kv));
+        d.phases.push_back(std::move(rest));
+      }
+      d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * F, {0})}, false});
+      d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
+      d.activation_bytes = (p * (9 * F + c.intermediate) + 2 * n * F + p * n) * 4;
+      s.devices.push_back(std::move(d));
+    }
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_sp_strategy() { return std::make_unique<Sp>(); }
 
 }  // namespace tessera::parallel

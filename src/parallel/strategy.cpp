@@ -1,113 +1,239 @@
 #include "parallel/strategy.h"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "core/check.h"
+
 namespace tessera::parallel {
 
 using core::Result;
+using core::Status;
 using core::Tensor;
+using nlohmann::json;
 
-Result<Strategy> parse_strategy(const std::string& name) {
-  if (name == "single") return Strategy::kSingle;
-  if (name == "tp") return Strategy::kTp;
-  if (name == "sp") return Strategy::kSp;
-  if (name == "voltage") return Strategy::kVoltage;
-  if (name == "pipeline") return Strategy::kPipeline;
-  if (name == "prism") return Strategy::kPrism;
-  if (name == "galaxy") return Strategy::kGalaxy;
-  return core::invalid_argument("unknown strategy '" + name + "' (single, tp, sp, voltage, pipeline, prism, galaxy)");
+std::vector<std::unique_ptr<Strategy>> builtin_strategies();  // registry.cpp
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::unique_ptr<Strategy>> list;
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry();  // never destroyed: strategies outlive static destructors
+    reg->list = builtin_strategies();
+    return reg;
+  }();
+  return *r;
 }
 
-const char* strategy_name(Strategy s) {
-  switch (s) {
-    case Strategy::kSingle: return "single";
-    case Strategy::kTp: return "tp";
-    case Strategy::kSp: return "sp";
-    case Strategy::kVoltage: return "voltage";
-    case Strategy::kPipeline: return "pipeline";
-    case Strategy::kPrism: return "prism";
-    case Strategy::kGalaxy: return "galaxy";
+}  // namespace
+
+void register_strategy(std::unique_ptr<Strategy> s) {
+  TESSERA_CHECK(s != nullptr);
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (auto& have : reg.list)
+    if (have->name() == s->name()) {
+      have = std::move(s);
+      return;
+    }
+  reg.list.push_back(std::move(s));
+}
+
+const Strategy* find_strategy(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (const auto& s : reg.list)
+    if (s->name() == name) return s.get();
+  return nullptr;
+}
+
+std::vector<const Strategy*> strategies() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::vector<const Strategy*> out;
+  for (const auto& s : reg.list) out.push_back(s.get());
+  return out;
+}
+
+std::string strategy_names() {
+  std::string out;
+  for (const Strategy* s : strategies()) out += (out.empty() ? "" : ", ") + s->name();
+  return out;
+}
+
+Result<const Strategy*> strategy_for(const std::string& name) {
+  const Strategy* s = find_strategy(name);
+  if (s == nullptr) return core::invalid_argument("unknown strategy '" + name + "' (" + strategy_names() + ")");
+  return s;
+}
+
+json Plan::to_json() const {
+  return {{"strategy", strategy}, {"world", world}, {"ratios", ratios}, {"options", options.is_null() ? json::object() : options}};
+}
+
+Result<Plan> Plan::from_json(const json& j) {
+  if (!j.is_object()) return core::invalid_argument("plan: not a JSON object");
+  Plan p;
+  if (!j.contains("strategy") || !j["strategy"].is_string()) return core::invalid_argument("plan: 'strategy' must be a string");
+  p.strategy = j["strategy"].get<std::string>();
+  if (!j.contains("world") || !j["world"].is_number_integer()) return core::invalid_argument("plan: 'world' must be an integer");
+  const int64_t world = j["world"].get<int64_t>();
+  if (world < 1 || world > 64) return core::invalid_argument("plan: 'world' must be in [1, 64]");
+  p.world = static_cast<int>(world);
+  if (j.contains("ratios")) {
+    if (!j["ratios"].is_array() || j["ratios"].size() > 64) return core::invalid_argument("plan: 'ratios' must be a short array");
+    for (const auto& r : j["ratios"]) {
+      if (!r.is_number()) return core::invalid_argument("plan: 'ratios' must hold numbers");
+      p.ratios.push_back(r.get<double>());
+    }
   }
-  return "?";
+  if (j.contains("options")) {
+    if (!j["options"].is_object()) return core::invalid_argument("plan: 'options' must be an object");
+    p.options = j["options"];
+  }
+  return p;
 }
 
-core::Status complete_plan(Plan& plan, const model::ModelConfig& config) {
+Status only_options(const Plan& plan, const std::vector<std::string>& known) {
+  if (plan.options.is_null()) return core::ok_status();
+  if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
+  for (const auto& [key, value] : plan.options.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      return core::invalid_argument("option '" + key + "' does not apply to strategy '" + plan.strategy + "'");
+  return core::ok_status();
+}
+
+Result<std::vector<double>> ratio_option(const Plan& plan, const std::string& key, const std::vector<double>& fallback) {
+  if (!plan.options.is_object() || !plan.options.contains(key)) return fallback;
+  const json& v = plan.options.at(key);
+  if (v.is_string()) return parse_ratios(v.get<std::string>(), plan.world);
+  if (!v.is_array() || static_cast<int>(v.size()) != plan.world)
+    return core::invalid_argument("option '" + key + "' needs " + std::to_string(plan.world) + " shares");
+  std::vector<double> out;
+  double sum = 0;
+  for (const auto& r : v) {
+    if (!r.is_number() || !std::isfinite(r.get<double>()) || r.get<double>() < 0)
+      return core::invalid_argument("option '" + key + "' must hold finite shares >= 0");
+    out.push_back(r.get<double>());
+    sum += out.back();
+  }
+  if (!(sum > 0)) return core::invalid_argument("option '" + key + "': shares must not all be 0");
+  return out;  // as given: shares are relative, and completing a plan twice must not change it
+}
+
+std::vector<Range> row_ranges(const Plan& plan, int64_t n) { return split_by_ratio(n, plan.ratios); }
+
+int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols) {
+  const int64_t F = c.hidden;
+  // QKV [3w, F] + [3w], out [F, w] + [F], FFN [I', F] + [I'] and [F, I'] + [F], two norms.
+  const int64_t floats = 3 * width * F + 3 * width + F * width + F + 2 * ffn_cols * F + ffn_cols + F + 4 * F;
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t terminal_weight_bytes(const model::ModelConfig& c) {
+  const int64_t F = c.hidden;
+  int64_t floats = c.max_rows() * F;  // positions
+  if (c.family == model::Family::kVit) {
+    floats += F + F * c.channels * c.patch_size * c.patch_size + F + 2 * F;  // cls, patches, final norm
+  } else {
+    floats += c.vocab * F + (c.family == model::Family::kBert ? c.type_vocab * F + 2 * F : 2 * F);
+  }
+  if (c.family != model::Family::kGpt2 && c.head != model::HeadKind::kNone)
+    floats += F * F + F + c.num_labels() * F + c.num_labels();  // pooler, classifier
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows) {
+  if (rows <= 0) return;
+  const int64_t F = c.hidden, I = c.intermediate;
+  w.push_back(gemm("attn_out", rows, F, F));
+  w.push_back(elementwise("norm", rows, F));
+  w.push_back(gemm("ffn_in", rows, F, I));
+  w.push_back(gemm("ffn_out", rows, I, F));
+  w.push_back(elementwise("norm", rows, F));
+}
+
+void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows) {
+  if (rows <= 0) return;
+  const int64_t F = c.hidden;
+  w.push_back(elementwise("norm", rows, F));
+  w.push_back(gemm("qkv", rows, F, 3 * F));
+  w.push_back(attention("attention", rows, kv_rows, F));
+  add_tail_work(w, c, rows);
+}
+
+std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios) {
+  return split_by_ratio(c.heads, ratios);
+}
+
+std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios) {
+  return split_by_ratio(c.intermediate, ffn_ratios);
+}
+
+model::LoadOptions shard_load_options(Range heads, Range ffn, int rank) {
+  model::LoadOptions o;
+  o.embeddings = o.head = rank == 0;
+  o.head_begin = heads.begin;
+  o.head_end = heads.end;
+  o.ffn_begin = ffn.begin;
+  o.ffn_end = ffn.end;
+  return o;
+}
+
+Status complete_plan(Plan& plan, const model::ModelConfig& config) {
+  TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
   if (plan.world < 1 || plan.world > 64) return core::invalid_argument("device count must be in [1, 64]");
-  if (plan.strategy == Strategy::kSingle && plan.world != 1)
-    return core::invalid_argument("strategy 'single' runs on one device");
   if (plan.ratios.empty()) plan.ratios = equal_ratios(plan.world);
   if (static_cast<int>(plan.ratios.size()) != plan.world)
     return core::invalid_argument("partition has " + std::to_string(plan.ratios.size()) + " entries for " +
                                   std::to_string(plan.world) + " devices");
-  const bool sharded = plan.strategy == Strategy::kTp || plan.strategy == Strategy::kGalaxy;
-  if (!plan.ffn_ratios.empty() && !sharded)
-    return core::invalid_argument("a separate FFN partition applies to strategies 'tp' and 'galaxy' only");
-  if (sharded && plan.ffn_ratios.empty()) plan.ffn_ratios = plan.ratios;
-  if (sharded && static_cast<int>(plan.ffn_ratios.size()) != plan.world)
-    return core::invalid_argument("FFN partition has " + std::to_string(plan.ffn_ratios.size()) + " entries for " +
-                                  std::to_string(plan.world) + " devices");
-  if (plan.strategy == Strategy::kPipeline) {
-    if (plan.layers.device_of_layer.empty()) plan.layers = contiguous_layers(config.layers, plan.world);
-    if (static_cast<int64_t>(plan.layers.device_of_layer.size()) != config.layers || plan.layers.devices != plan.world)
-      return core::invalid_argument("layer map does not match the model's layers or the device count");
+  double sum = 0;
+  for (double r : plan.ratios) {
+    if (!std::isfinite(r) || r < 0) return core::invalid_argument("partition shares must be finite and >= 0");
+    sum += r;
   }
-  const bool has_rate = plan.prism_rate != 0.0, has_segments = plan.prism_segments != 0;
-  if (plan.strategy == Strategy::kPrism) {
-    if (has_rate == has_segments)
-      return core::invalid_argument("prism needs exactly one of a compression rate (--cr) or segments (--segments)");
-    if (has_rate && !(plan.prism_rate >= 1.0 && plan.prism_rate <= 1e9))
-      return core::invalid_argument("compression rate must be in [1, 1e9]");
-    if (has_segments && plan.prism_segments < 1) return core::invalid_argument("segments must be >= 1");
-  } else if (has_rate || has_segments) {
-    return core::invalid_argument("a compression rate or segment count applies to strategy 'prism' only");
-  }
-  return core::ok_status();
+  if (!(sum > 0)) return core::invalid_argument("partition shares must not all be 0");
+  if (plan.options.is_null()) plan.options = json::object();
+  if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
+  return s->complete(plan, config);
 }
 
-std::vector<Range> tp_head_ranges(const Plan& plan, const model::ModelConfig& c) {
-  return split_by_ratio(c.heads, plan.ratios);
-}
-
-std::vector<Range> tp_ffn_ranges(const Plan& plan, const model::ModelConfig& c) {
-  return split_by_ratio(c.intermediate, plan.ffn_ratios.empty() ? plan.ratios : plan.ffn_ratios);
-}
-
-std::vector<Range> galaxy_seq_ranges(int64_t n, int world) { return split_by_ratio(n, equal_ratios(world)); }
-
-model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) {
+model::LoadOptions Strategy::load_options(const Plan&, const model::ModelConfig&, int rank) const {
   model::LoadOptions o;
   o.embeddings = o.head = rank == 0;
-  if (plan.strategy == Strategy::kPipeline) {
-    o.only_layers = plan.layers.layers_on(rank);
-    if (o.only_layers.empty()) o.layer_end = 0;  // a device with no layer loads none
-  } else if (plan.strategy == Strategy::kTp || plan.strategy == Strategy::kGalaxy) {
-    const Range h = tp_head_ranges(plan, c)[static_cast<size_t>(rank)];
-    const Range f = tp_ffn_ranges(plan, c)[static_cast<size_t>(rank)];
-    o.head_begin = h.begin;
-    o.head_end = h.end;
-    o.ffn_begin = f.begin;
-    o.ffn_end = f.end;
-  }
   return o;
+}
+
+model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank) {
+  const Strategy* s = find_strategy(plan.strategy);
+  TESSERA_CHECK_MSG(s != nullptr, "load_options of an unchecked plan (" << plan.strategy << ")");
+  return s->load_options(plan, config, rank);
 }
 
 Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                           core::ThreadPool* pool) {
+  TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
   if (sync.world() != plan.world) return core::invalid_argument("synchronizer world size differs from the plan");
+  if (n < 1) return core::invalid_argument("a run needs at least one row");
   if (sync.rank() == 0 && (x.rank() != 2 || x.dim(0) != n || x.dim(1) != model.config().hidden))
     return core::invalid_argument("terminal input must be [n, hidden]");
-  switch (plan.strategy) {
-    case Strategy::kSingle: {
-      model::Workspace ws;
-      for (int64_t l = 0; l < model.config().layers; ++l) model.layer(l, x, 0, nullptr, ws, pool);
-      return x;
-    }
-    case Strategy::kTp: return run_tp(model, plan, sync, std::move(x), n, pool);
-    case Strategy::kSp: return run_sp(model, plan, sync, std::move(x), n, pool);
-    case Strategy::kVoltage: return run_voltage(model, plan, sync, std::move(x), n, pool);
-    case Strategy::kPipeline: return run_pipeline(model, plan, sync, std::move(x), n, pool);
-    case Strategy::kPrism: return run_prism(model, plan, sync, std::move(x), n, pool);
-    case Strategy::kGalaxy: return run_galaxy(model, plan, sync, std::move(x), n, pool);
-  }
-  return core::internal_error("unknown strategy");
+  return s->run(model, plan, sync, std::move(x), n, pool);
+}
+
+Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n) {
+  TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
+  if (n < 1) return core::invalid_argument("an estimate needs at least one row");
+  Schedule sched = s->estimate(plan, config, n);
+  if (static_cast<int>(sched.devices.size()) != plan.world)
+    return core::internal_error("strategy '" + plan.strategy + "' estimated the wrong number of devices");
+  return sched;
 }
 
 }  // namespace tessera::parallel

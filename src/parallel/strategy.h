@@ -1,8 +1,14 @@
-// The distributed strategies on one engine. Each rank calls run_layers with
-// its own (possibly sharded) model and a Synchronizer; rank 0 is the
-// terminal, which embeds the input before and applies the head after.
+// A strategy is a unit: one file holds its options, what each rank loads,
+// its layer loop and its cost estimate, and one line of registry.cpp names
+// it. Nothing else switches on strategy names: the CLI, the runtime, the
+// benchmarks and the tests list the registry.
+//
+// Rank 0 is the terminal: it embeds the input before run() and applies the
+// head after it; run() takes and returns the hidden rows [n, F] there.
 #pragma once
 
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -11,62 +17,109 @@
 #include "core/thread_pool.h"
 #include "model/transformer.h"
 #include "parallel/partition.h"
+#include "parallel/schedule.h"
 #include "parallel/sync.h"
 
 namespace tessera::parallel {
 
-enum class Strategy { kSingle, kTp, kSp, kVoltage, kPipeline, kPrism, kGalaxy };
-core::Result<Strategy> parse_strategy(const std::string& name);
-const char* strategy_name(Strategy s);
-
+// What to run: the strategy, the device count, each device's share, and the
+// strategy's own options (its JSON, written and validated by the strategy).
 struct Plan {
-  Strategy strategy = Strategy::kSingle;
+  std::string strategy = "single";
   int world = 1;
-  std::vector<double> ratios;  // rows (sp, voltage, prism) or heads (tp, galaxy); empty = equal
-  std::vector<double> ffn_ratios;  // FFN columns (tp, galaxy); empty = as ratios
-  LayerMap layers;             // pipeline; empty = contiguous equal ranges
-  bool adaptive_order = true;  // Voltage Theorem 2; false = always Eq. (3)
-  // PRISM: exactly one of the compression rate R (L_p = max(1, floor(N_p / R)))
-  // or the segment means per partition L; 0 = unset.
-  double prism_rate = 0.0;
-  int64_t prism_segments = 0;
-  // Overlap ring collectives with GEMMs: Galaxy's tiles (§III-D); Voltage's
-  // K/V projection of each block of rows as it arrives.
-  bool overlap = true;
+  // Each device's share of the strategy's unit of work (rows, heads, ...);
+  // empty = equal. Normalised by complete_plan.
+  std::vector<double> ratios;
+  nlohmann::json options = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  // Checks the types and ranges of the common fields; the options are the
+  // strategy's to check (complete_plan).
+  [[nodiscard]] static core::Result<Plan> from_json(const nlohmann::json& j);
 };
 
-// Fills defaults (equal ratios, contiguous layers) and checks the plan.
-core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
-// What rank `rank` loads: layer set (pipeline), head/FFN shard (tp),
-// embeddings and head (rank 0).
+// A command-line option of a strategy: `--flag VALUE` (or a bare flag that
+// sets `key` to `flag_value`) is put into Plan::options[key].
+struct OptionFlag {
+  enum class Kind { kString, kNumber, kSetsBool };
+  std::string flag;  // "--cr"
+  std::string key;   // "rate"
+  Kind kind = Kind::kString;
+  std::string help;
+  bool flag_value = false;  // kSetsBool: the value the bare flag sets
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+  virtual std::string summary() const = 0;
+  // False for lossy strategies (PRISM): tests then compare fidelity, not bits.
+  virtual bool exact() const { return true; }
+  virtual std::vector<OptionFlag> flags() const { return {}; }
+  // Fills defaults into plan.options, checks them against the config and
+  // writes them back in canonical form (so the plan round-trips).
+  [[nodiscard]] virtual core::Status complete(Plan& plan, const model::ModelConfig& c) const = 0;
+  // What rank `rank` loads; the default: every layer whole, the embeddings
+  // and head on the terminal.
+  virtual model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) const;
+  [[nodiscard]] virtual core::Result<core::Tensor> run(const model::Transformer& m, const Plan& plan,
+                                                       Synchronizer& sync, core::Tensor x, int64_t n,
+                                                       core::ThreadPool* pool) const = 0;
+  // The schedule run() follows for n rows: a pure function, no weights, no
+  // network. Weight bytes come from load_options.
+  virtual Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const = 0;
+};
+
+// The registry (registry.cpp lists the built-in strategies).
+void register_strategy(std::unique_ptr<Strategy> s);  // replaces one of the same name
+const Strategy* find_strategy(const std::string& name);
+[[nodiscard]] core::Result<const Strategy*> strategy_for(const std::string& name);
+std::vector<const Strategy*> strategies();
+std::string strategy_names();  // "single, tp, ..."
+
+// Common checks (world, ratios), then the strategy's own complete().
+[[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank);
-
-// The head and FFN-column ranges of each rank under tensor parallelism
-// (tp, and galaxy's MHA and MLP blocks: partitions A and B).
-std::vector<Range> tp_head_ranges(const Plan& plan, const model::ModelConfig& config);
-std::vector<Range> tp_ffn_ranges(const Plan& plan, const model::ModelConfig& config);
-
-// Galaxy's connective blocks: an equal sequence partition S (§III-C).
-std::vector<Range> galaxy_seq_ranges(int64_t n, int world);
-
 // Runs every layer. Rank 0 passes the embedded input [n, F] and gets back the
 // last layer's output [n, F] (before GPT-2's ln_f); other ranks pass and get
 // an empty tensor. `n` is known to every rank.
-core::Result<core::Tensor> run_layers(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
-                                      core::Tensor x, int64_t n, core::ThreadPool* pool);
+[[nodiscard]] core::Result<core::Tensor> run_layers(const model::Transformer& model, const Plan& plan,
+                                                    Synchronizer& sync, core::Tensor x, int64_t n,
+                                                    core::ThreadPool* pool);
+// The plan's schedule, with each device's weight bytes filled in.
+[[nodiscard]] core::Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n);
 
-// Per-strategy layer loops (one file each).
-core::Result<core::Tensor> run_tp(const model::Transformer& model, const Plan& plan, Synchronizer& sync, core::Tensor x,
-                                  int64_t n, core::ThreadPool* pool);
-core::Result<core::Tensor> run_sp(const model::Transformer& model, const Plan& plan, Synchronizer& sync, core::Tensor x,
-                                  int64_t n, core::ThreadPool* pool);
-core::Result<core::Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
-                                       core::Tensor x, int64_t n, core::ThreadPool* pool);
-core::Result<core::Tensor> run_pipeline(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
-                                        core::Tensor x, int64_t n, core::ThreadPool* pool);
-core::Result<core::Tensor> run_galaxy(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
-                                      core::Tensor x, int64_t n, core::ThreadPool* pool);
-core::Result<core::Tensor> run_prism(const model::Transformer& model, const Plan& plan, Synchronizer& sync,
-                                     core::Tensor x, int64_t n, core::ThreadPool* pool);
+// Helpers the strategies share.
+// The options as an object (null -> {}), with `key` read as T or `fallback`.
+template <typename T>
+core::Result<T> option(const Plan& plan, const std::string& key, T fallback) {
+  if (!plan.options.is_object() || !plan.options.contains(key)) return fallback;
+  try {
+    return plan.options.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return core::invalid_argument("strategy '" + plan.strategy + "': option '" + key + "' has the wrong type");
+  }
+}
+// Refuses options the strategy does not know.
+[[nodiscard]] core::Status only_options(const Plan& plan, const std::vector<std::string>& known);
+// A share vector option ("1,1,2" or [1,1,2]) for plan.world devices; absent = `fallback`.
+[[nodiscard]] core::Result<std::vector<double>> ratio_option(const Plan& plan, const std::string& key,
+                                                             const std::vector<double>& fallback);
+// The rows of each device under plan.ratios.
+std::vector<Range> row_ranges(const Plan& plan, int64_t n);
+// One layer's weight-matrix and vector bytes, whole or as a TP shard.
+int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols);
+// Bytes of the embeddings and the head (the terminal's).
+int64_t terminal_weight_bytes(const model::ModelConfig& c);
+// The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
+// layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
+void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);
+void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows);
+// Tensor-parallel shards (tp, and galaxy's MHA and MLP blocks): the heads and
+// FFN columns of each device, and what a device loads.
+std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios);
+std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios);
+model::LoadOptions shard_load_options(Range heads, Range ffn, int rank);
 
 }  // namespace tessera::parallel

@@ -7,6 +7,9 @@
 
 namespace tessera::parallel {
 
+using core::Result;
+using core::Status;
+
 const char* collective_name(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kAllgather: return "allgather";
@@ -28,19 +31,20 @@ void SyncStats::add(CollectiveKind kind, int64_t elements) {
   calls[static_cast<size_t>(kind)] += 1;
 }
 
-core::Status Synchronizer::allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts,
-                                                     int64_t cols, const TileFn& on_tile) {
-  return allgather_rows_then_tiles(mine, counts, cols, on_tile);
-}
-
-core::Status Synchronizer::reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
-                                                          const PartialFn& partial, float* mine) {
-  return partials_then_reduce_scatter(counts, cols, partial, mine);
-}
-
-core::Status Synchronizer::broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols,
-                                                     int root, const TileFn& on_tile) {
-  return broadcast_rows_then_tiles(all, counts, cols, root, on_tile);
+Status Synchronizer::check_rows(const std::vector<int64_t>& counts, int64_t cols, size_t mine_floats,
+                                size_t all_floats, bool check_all) const {
+  if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
+  if (cols < 0) return core::invalid_argument("negative column count");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0) return core::invalid_argument("negative row count");
+    total += c;
+  }
+  if (mine_floats < static_cast<size_t>(counts[static_cast<size_t>(rank())] * cols))
+    return core::invalid_argument("this rank's buffer is shorter than its rows");
+  if (check_all && all_floats < static_cast<size_t>(total * cols))
+    return core::invalid_argument("the buffer for all rows is shorter than the rows");
+  return core::ok_status();
 }
 
 std::vector<int> own_part_first(int rank, int world) {
@@ -50,41 +54,104 @@ std::vector<int> own_part_first(int rank, int world) {
   return order;
 }
 
-core::Status Synchronizer::broadcast_rows_then_tiles(float* all, const std::vector<int64_t>& counts, int64_t cols,
-                                                     int root, const TileFn& on_tile) {
-  if (static_cast<int>(counts.size()) != world()) return core::invalid_argument("counts do not match the world size");
-  const std::vector<int64_t> at = row_offsets(counts);
-  TESSERA_RETURN_IF_ERROR(broadcast(all, at.back() * cols, root));
-  for (const int q : own_part_first(rank(), world()))
-    on_tile(q, all + at[static_cast<size_t>(q)] * cols, counts[static_cast<size_t>(q)]);
-  return core::ok_status();
+std::vector<int> ring_order(int rank, int world) {
+  std::vector<int> order;
+  for (int s = 0; s < world; ++s) order.push_back(((rank - s) % world + world) % world);
+  return order;
 }
 
-core::Status Synchronizer::allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
-                                                     const TileFn& on_tile) {
-  const std::vector<int64_t> at = row_offsets(counts);
-  std::vector<float> all(static_cast<size_t>(at.back() * cols));
-  TESSERA_RETURN_IF_ERROR(allgather_rows(mine, counts, cols, all.data()));
-  // The ring's order (own tile first, then the left neighbours'), so both
-  // forms hand the caller the same sequence.
-  const int k = world();
-  for (int s = 0; s < k; ++s) {
-    const int owner = ((rank() - s) % k + k) % k;
-    on_tile(owner, all.data() + at[static_cast<size_t>(owner)] * cols, counts[static_cast<size_t>(owner)]);
+namespace {
+
+// Tiles of rows that are all in memory already, in a given part order.
+class WholeTiles final : public TileStream {
+ public:
+  WholeTiles(std::vector<float> owned, const float* rows, std::vector<int64_t> counts, int64_t cols, std::vector<int> order)
+      : owned_(std::move(owned)), rows_(rows ? rows : owned_.data()), at_(row_offsets(counts)), counts_(std::move(counts)),
+        cols_(cols), order_(std::move(order)) {}
+  Result<Tile> next() override {
+    if (done()) return core::internal_error("no tile left");
+    const int q = order_[next_++];
+    const auto i = static_cast<size_t>(q);
+    return Tile{q, counts_[i], floats(rows_ + at_[i] * cols_, counts_[i] * cols_)};
   }
-  return core::ok_status();
+  bool ready() const override { return true; }
+  bool done() const override { return next_ >= order_.size(); }
+  Status finish() override { return core::ok_status(); }
+
+ private:
+  std::vector<float> owned_;
+  const float* rows_;
+  std::vector<int64_t> at_, counts_;
+  int64_t cols_;
+  std::vector<int> order_;
+  size_t next_ = 0;
+};
+
+// Every partial first, then one ReduceScatter.
+class WholePartials final : public PartialStream {
+ public:
+  WholePartials(Synchronizer& sync, std::vector<int64_t> counts, int64_t cols, std::span<float> mine)
+      : sync_(sync), at_(row_offsets(counts)), counts_(std::move(counts)), cols_(cols), mine_(mine),
+        full_(static_cast<size_t>(at_.back() * cols), 0.0f) {}
+  Result<PartialSlot> next() override {
+    if (done()) return core::internal_error("no part left");
+    const auto d = static_cast<size_t>(next_);
+    return PartialSlot{next_, floats(full_.data() + at_[d] * cols_, counts_[d] * cols_)};
+  }
+  Status submit() override {
+    ++next_;
+    return core::ok_status();
+  }
+  bool done() const override { return next_ >= static_cast<int>(counts_.size()); }
+  Status finish() override { return sync_.reduce_scatter_rows(full_, counts_, cols_, mine_); }
+
+ private:
+  Synchronizer& sync_;
+  std::vector<int64_t> at_, counts_;
+  int64_t cols_;
+  std::span<float> mine_;
+  std::vector<float> full_;
+  int next_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TileStream>> Synchronizer::allgather_tiles_whole(std::span<const float> mine,
+                                                                      const std::vector<int64_t>& counts, int64_t cols) {
+  TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), 0, false));
+  std::vector<float> all(static_cast<size_t>(row_offsets(counts).back() * cols));
+  TESSERA_RETURN_IF_ERROR(allgather_rows(mine, counts, cols, all));
+  return std::unique_ptr<TileStream>(new WholeTiles(std::move(all), nullptr, counts, cols, ring_order(rank(), world())));
 }
 
-core::Status Synchronizer::partials_then_reduce_scatter(const std::vector<int64_t>& counts, int64_t cols,
-                                                        const PartialFn& partial, float* mine) {
-  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  std::vector<float> full(static_cast<size_t>(total * cols));
-  int64_t at = 0;
-  for (size_t d = 0; d < counts.size(); ++d) {
-    partial(static_cast<int>(d), full.data() + at * cols);
-    at += counts[d];
-  }
-  return reduce_scatter_rows(full.data(), counts, cols, mine);
+Result<std::unique_ptr<TileStream>> Synchronizer::broadcast_tiles_whole(std::span<float> all,
+                                                                      const std::vector<int64_t>& counts, int64_t cols,
+                                                                      int root) {
+  TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, all.size(), all.size(), true));
+  const int64_t total = row_offsets(counts).back() * cols;
+  TESSERA_RETURN_IF_ERROR(broadcast(all.first(static_cast<size_t>(total)), root));
+  return std::unique_ptr<TileStream>(new WholeTiles({}, all.data(), counts, cols, own_part_first(rank(), world())));
+}
+
+Result<std::unique_ptr<PartialStream>> Synchronizer::reduce_scatter_parts_whole(const std::vector<int64_t>& counts,
+                                                                               int64_t cols, std::span<float> mine) {
+  TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), 0, false));
+  return std::unique_ptr<PartialStream>(new WholePartials(*this, counts, cols, mine));
+}
+
+Result<std::unique_ptr<TileStream>> Synchronizer::allgather_tiles(std::span<const float> mine,
+                                                                const std::vector<int64_t>& counts, int64_t cols) {
+  return allgather_tiles_whole(mine, counts, cols);
+}
+
+Result<std::unique_ptr<TileStream>> Synchronizer::broadcast_tiles(std::span<float> all, const std::vector<int64_t>& counts,
+                                                                int64_t cols, int root) {
+  return broadcast_tiles_whole(all, counts, cols, root);
+}
+
+Result<std::unique_ptr<PartialStream>> Synchronizer::reduce_scatter_parts(const std::vector<int64_t>& counts, int64_t cols,
+                                                                        std::span<float> mine) {
+  return reduce_scatter_parts_whole(counts, cols, mine);
 }
 
 int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, int rank) {
@@ -104,13 +171,26 @@ int64_t ring_reduce_scatter_sent(const std::vector<int64_t>& counts, int64_t col
   return (total - counts[static_cast<size_t>(rank)]) * cols;
 }
 
+int64_t tree_broadcast_sent(int64_t n, int world, int rank, int root) {
+  // Virtual rank v receives at its lowest set bit and sends to v + m for
+  // every smaller power of two m with v + m < world.
+  const int v = ((rank - root) % world + world) % world;
+  int mask = 1;
+  while (mask < world && !(v & mask)) mask <<= 1;
+  int64_t children = 0;
+  for (mask >>= 1; mask > 0; mask >>= 1)
+    if (v + mask < world) ++children;
+  return n * children;
+}
+
 int64_t ring_allreduce_sent(int64_t n, int world, int rank) {
-  // Reduce-scatter then allgather over K chunks of n: in each phase a rank
-  // forwards every chunk but one, 2(K-1)n/K in all when K divides n.
+  // A ring reduce-scatter then a ring allgather over K chunks of n (the first
+  // n mod K chunks one longer): the first phase forwards every chunk but the
+  // rank's own, the second every chunk but its successor's.
   if (world <= 1) return 0;
-  const int64_t base = n / world, rem = n % world;
-  const int skipped = (rank + 1) % world;
-  return 2 * (n - (base + (skipped < rem ? 1 : 0)));
+  std::vector<int64_t> chunks(static_cast<size_t>(world));
+  for (int i = 0; i < world; ++i) chunks[static_cast<size_t>(i)] = n / world + (i < n % world ? 1 : 0);
+  return ring_reduce_scatter_sent(chunks, 1, rank) + ring_allgather_sent(chunks, 1, rank);
 }
 
 }  // namespace tessera::parallel

@@ -1,11 +1,13 @@
-// The communication steps a strategy needs, injected into the executor:
-// real ranks use comm collectives (comm_sync.h), tests use LocalGroup
-// (threads in one process, no network).
+// The communication steps a strategy needs, injected into its run(): real
+// ranks use the comm layer (runtime/comm_sync.h), tests use LocalGroup
+// (threads in one process, no network). Buffers are spans whose sizes are
+// checked against the row counts.
 #pragma once
 
 #include <array>
 #include <cstdint>
-#include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,11 +27,47 @@ struct SyncStats {
   void add(CollectiveKind kind, int64_t elements);
 };
 
-// Galaxy's tile callbacks (§III-D). A TileFn receives one part of an
-// allgather (its owner rank and counts[owner] rows); a PartialFn writes this
-// rank's partial sum of part `dest` (counts[dest] rows) into `out`.
-using TileFn = std::function<void(int owner, const float* rows, int64_t count)>;
-using PartialFn = std::function<void(int dest, float* out)>;
+inline std::span<float> floats(float* p, int64_t n) { return {p, static_cast<size_t>(n > 0 ? n : 0)}; }
+inline std::span<const float> floats(const float* p, int64_t n) { return {p, static_cast<size_t>(n > 0 ? n : 0)}; }
+
+// One part of an AllGather or a broadcast: `count` rows of the rank `owner`.
+// The rows stay valid until the stream's next call.
+struct Tile {
+  int owner = 0;
+  int64_t count = 0;
+  std::span<const float> rows;
+};
+
+// The parts of an AllGather or a broadcast, handed over as each can be used,
+// so a strategy computes on one part while the next travels (Galaxy's ring
+// tiles, Voltage's blocks of rows).
+class TileStream {
+ public:
+  virtual ~TileStream() = default;
+  // The next part; waits (within the timeout) until it is in.
+  [[nodiscard]] virtual core::Result<Tile> next() = 0;
+  // Whether next() would return without waiting (or no part is left).
+  virtual bool ready() const = 0;
+  virtual bool done() const = 0;
+  // After the last part: waits until this rank's own sends have left.
+  [[nodiscard]] virtual core::Status finish() = 0;
+};
+
+// A ReduceScatter fed one destination part at a time: next() names the part
+// to compute and a zeroed buffer for this rank's partial sum of it, submit()
+// passes it on. finish() leaves the sum of this rank's part in `mine`.
+struct PartialSlot {
+  int dest = 0;
+  std::span<float> out;
+};
+class PartialStream {
+ public:
+  virtual ~PartialStream() = default;
+  [[nodiscard]] virtual core::Result<PartialSlot> next() = 0;
+  [[nodiscard]] virtual core::Status submit() = 0;
+  virtual bool done() const = 0;
+  [[nodiscard]] virtual core::Status finish() = 0;
+};
 
 class Synchronizer {
  public:
@@ -39,64 +77,71 @@ class Synchronizer {
 
   // Each rank contributes counts[rank] rows of `cols` floats (`mine`); all
   // ranks receive every row in rank order in `all`.
-  virtual core::Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) = 0;
-  // As allgather_rows, but only `root` receives (`all` may be null elsewhere).
-  virtual core::Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all,
-                                   int root) = 0;
+  [[nodiscard]] virtual core::Status allgather_rows(std::span<const float> mine, const std::vector<int64_t>& counts,
+                                                    int64_t cols, std::span<float> all) = 0;
+  // As allgather_rows, but only `root` receives (`all` may be empty elsewhere).
+  [[nodiscard]] virtual core::Status gather_rows(std::span<const float> mine, const std::vector<int64_t>& counts,
+                                                 int64_t cols, std::span<float> all, int root) = 0;
   // `root` holds every row in `all`; each rank receives its counts[rank] rows.
-  virtual core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
-                                    int root) = 0;
+  [[nodiscard]] virtual core::Status scatter_rows(std::span<const float> all, const std::vector<int64_t>& counts,
+                                                  int64_t cols, std::span<float> mine, int root) = 0;
   // Every rank holds a full [sum(counts), cols] partial in `full`; rank r
   // receives the sum over ranks of its counts[r] rows in `mine`.
-  virtual core::Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
-                                           float* mine) = 0;
-  // Overlapped forms (Galaxy's ring tiles): the callback runs on each tile
-  // while the next one travels. The defaults have nothing to overlap with and
-  // run the plain forms below; transports that can overlap override them.
-  virtual core::Status allgather_rows_overlapped(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
-                                                 const TileFn& on_tile);
-  virtual core::Status reduce_scatter_rows_overlapped(const std::vector<int64_t>& counts, int64_t cols,
-                                                      const PartialFn& partial, float* mine);
-  // `root` holds every row in `all` (part q: counts[q] rows); every rank
-  // receives them into `all`, each part handed to `on_tile` as it arrives,
-  // the rank's own part first (Voltage's first distribution: a device starts
-  // on its own rows while the others travel).
-  virtual core::Status broadcast_rows_overlapped(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
-                                                 const TileFn& on_tile);
-  // Called from a TileFn of allgather_rows_overlapped or
-  // broadcast_rows_overlapped: whether the next tile has already arrived (or
-  // none is left), so work could be put off without waiting for it. The plain
-  // forms hold every tile before the first callback: always true.
-  virtual bool next_tile_ready() const { return true; }
-  // Plain forms: the whole collective, then every tile (allgather); every
-  // partial, then the whole collective (reduce-scatter).
-  core::Status allgather_rows_then_tiles(const float* mine, const std::vector<int64_t>& counts, int64_t cols,
-                                         const TileFn& on_tile);
-  core::Status broadcast_rows_then_tiles(float* all, const std::vector<int64_t>& counts, int64_t cols, int root,
-                                         const TileFn& on_tile);
-  core::Status partials_then_reduce_scatter(const std::vector<int64_t>& counts, int64_t cols, const PartialFn& partial,
-                                            float* mine);
+  [[nodiscard]] virtual core::Status reduce_scatter_rows(std::span<const float> full, const std::vector<int64_t>& counts,
+                                                         int64_t cols, std::span<float> mine) = 0;
   // Element-wise sum over ranks, result everywhere.
-  virtual core::Status allreduce_sum(float* data, int64_t n) = 0;
-  virtual core::Status broadcast(float* data, int64_t n, int root) = 0;
-  virtual core::Status send(int peer, const float* data, int64_t n) = 0;
-  virtual core::Status recv(int peer, float* data, int64_t n) = 0;
+  [[nodiscard]] virtual core::Status allreduce_sum(std::span<float> data) = 0;
+  [[nodiscard]] virtual core::Status broadcast(std::span<float> data, int root) = 0;
+  [[nodiscard]] virtual core::Status send(int peer, std::span<const float> data) = 0;
+  [[nodiscard]] virtual core::Status recv(int peer, std::span<float> data) = 0;
+
+  // Streaming forms. The AllGather's parts come in ring order (this rank's
+  // own first, then its left neighbours'); the broadcast's parts are received
+  // into `all` in place, this rank's own part first. The defaults run the
+  // whole collective first (nothing to overlap with); transports that can
+  // overlap override them. The *_whole forms always run it first (a
+  // strategy's --no-overlap).
+  [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> allgather_tiles(std::span<const float> mine,
+                                                                                  const std::vector<int64_t>& counts,
+                                                                                  int64_t cols);
+  [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> broadcast_tiles(std::span<float> all,
+                                                                                  const std::vector<int64_t>& counts,
+                                                                                  int64_t cols, int root);
+  [[nodiscard]] virtual core::Result<std::unique_ptr<PartialStream>> reduce_scatter_parts(
+      const std::vector<int64_t>& counts, int64_t cols, std::span<float> mine);
+  [[nodiscard]] core::Result<std::unique_ptr<TileStream>> allgather_tiles_whole(std::span<const float> mine,
+                                                                               const std::vector<int64_t>& counts,
+                                                                               int64_t cols);
+  [[nodiscard]] core::Result<std::unique_ptr<TileStream>> broadcast_tiles_whole(std::span<float> all,
+                                                                               const std::vector<int64_t>& counts,
+                                                                               int64_t cols, int root);
+  [[nodiscard]] core::Result<std::unique_ptr<PartialStream>> reduce_scatter_parts_whole(
+      const std::vector<int64_t>& counts, int64_t cols, std::span<float> mine);
 
   const SyncStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
  protected:
+  // Checks a collective's arguments: one count per rank, none negative, and
+  // each span at least as long as the rows it must hold (0 = not checked).
+  core::Status check_rows(const std::vector<int64_t>& counts, int64_t cols, size_t mine_floats, size_t all_floats,
+                          bool check_all) const;
   SyncStats stats_;
 };
 
-// Part order of broadcast_rows_overlapped at `rank`: its own part, then the
-// others in rank order.
+// Part order of broadcast_tiles at `rank`: its own part, then the others in
+// rank order.
 std::vector<int> own_part_first(int rank, int world);
+// Part order of allgather_tiles at `rank`: the ring's, own part first, then
+// rank - 1, rank - 2, ... (mod world).
+std::vector<int> ring_order(int rank, int world);
 
 // Elements a rank sends in the ring algorithms the comm layer uses; shared
 // by every Synchronizer so the accounting is the same in tests and on wire.
 int64_t ring_allgather_sent(const std::vector<int64_t>& counts, int64_t cols, int rank);
 int64_t ring_allreduce_sent(int64_t n, int world, int rank);
 int64_t ring_reduce_scatter_sent(const std::vector<int64_t>& counts, int64_t cols, int rank);
+// The comm layer's broadcast is a binomial tree: a rank sends n to each child.
+int64_t tree_broadcast_sent(int64_t n, int world, int rank, int root);
 
 }  // namespace tessera::parallel

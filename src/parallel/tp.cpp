@@ -1,9 +1,9 @@
 // Megatron tensor parallelism: Q/K/V and FFN-in split by columns (whole
 // heads), attention-out and FFN-out by rows, two AllReduce per layer.
-#include <cstring>
-
+// plan.ratios shares the heads; option "ffn_ratios" the FFN columns.
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -12,52 +12,107 @@ using core::Result;
 using core::Tensor;
 using kernels::Activation;
 
-Result<Tensor> run_tp(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                      core::ThreadPool* pool) {
-  const model::ModelConfig& c = model.config();
-  const int64_t F = c.hidden, hd = c.head_dim();
-  const Range heads = tp_head_ranges(plan, c)[static_cast<size_t>(sync.rank())];
-  const Range cols = tp_ffn_ranges(plan, c)[static_cast<size_t>(sync.rank())];
-  const int64_t fl = heads.size() * hd, il = cols.size();
-  Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
-  TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
-  Tensor a = Tensor::zeros_f32({n, F}), qkv = Tensor::zeros_f32({n, 3 * fl}), ctx = Tensor::zeros_f32({n, fl});
-  Tensor part = Tensor::zeros_f32({n, F}), h = Tensor::zeros_f32({n, F}), f = Tensor::zeros_f32({n, il});
-  Tensor scores = Tensor::zeros_f32({std::max<int64_t>(n * n * heads.size(), 1)});
-  float* xf = full.f32();
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
-    model.layer_input(l, xf, n, a.f32(), pool);
-    if (fl > 0) {
-      kernels::linear_rows_f32(pool, a.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv.f32());
-      kernels::AttentionArgs at;
-      at.q = qkv.f32(); at.k = qkv.f32() + fl; at.v = qkv.f32() + 2 * fl; at.ldq = at.ldk = at.ldv = 3 * fl;
-      at.out = ctx.f32(); at.ldo = fl; at.n_q = at.n_kv = n; at.heads = heads.size(); at.head_dim = hd;
-      at.scale = model.attention_scale(l); at.causal = c.causal();
-      kernels::attention_f32(pool, at, scores.f32(), scores.numel());
-    }
-    // Partial attention output; bias and residual are added once, after the sum.
-    kernels::linear_rows_f32(pool, ctx.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
-    TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(part.f32(), n * F));
-    kernels::bias_act_residual_f32_mt(pool, part.f32(), n, F, F, w.attn_out_b.f32(), Activation::kNone, xf, F);
-    const bool pre = c.pre_layernorm();
-    if (pre) {
-      std::swap(h, part);  // h = attention output + residual
-      kernels::layernorm_f32_mt(pool, h.f32(), a.f32(), n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    } else {
-      kernels::layernorm_f32_mt(pool, part.f32(), h.f32(), n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);
-    }
-    kernels::linear_rows_f32(pool, pre ? a.f32() : h.f32(), n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f.f32());
-    kernels::linear_rows_f32(pool, f.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
-    TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(part.f32(), n * F));
-    kernels::bias_act_residual_f32_mt(pool, part.f32(), n, F, F, w.ffn_out_b.f32(), Activation::kNone, h.f32(), F);
-    if (pre) {
-      std::memcpy(xf, part.f32(), static_cast<size_t>(n * F) * sizeof(float));
-    } else {
-      kernels::layernorm_f32_mt(pool, part.f32(), xf, n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
-    }
+namespace {
+
+class Tp final : public Strategy {
+ public:
+  std::string name() const override { return "tp"; }
+  std::string summary() const override { return "Megatron tensor parallelism: heads and FFN columns, two AllReduce per layer"; }
+  std::vector<OptionFlag> flags() const override {
+    return {{"--ffn-partition", "ffn_ratios", OptionFlag::Kind::kString, "FFN-column share of each device (default: --partition)"}};
   }
-  return sync.rank() == 0 ? full : Tensor();
-}
+
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"ffn_ratios"}));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<double> ffn, ratio_option(plan, "ffn_ratios", plan.ratios));
+    plan.options["ffn_ratios"] = ffn;
+    return core::ok_status();
+  }
+
+  model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) const override {
+    const auto r = static_cast<size_t>(rank);
+    return shard_load_options(head_ranges(c, plan.ratios)[r], ffn_ranges(c, ffn_ratios(plan))[r], rank);
+  }
+
+  Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                     core::ThreadPool* pool) const override {
+    const model::ModelConfig& c = m.config();
+    const int64_t F = c.hidden, hd = c.head_dim();
+    const auto r = static_cast<size_t>(sync.rank());
+    const Range heads = head_ranges(c, plan.ratios)[r];
+    const int64_t fl = heads.size() * hd, il = ffn_ranges(c, ffn_ratios(plan))[r].size();
+    Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
+    TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
+    Tensor a = Tensor::zeros_f32({n, F}), qkv = Tensor::zeros_f32({n, 3 * fl}), ctx = Tensor::zeros_f32({n, fl});
+    Tensor part = Tensor::zeros_f32({n, F}), h = Tensor::zeros_f32({n, F}), f = Tensor::zeros_f32({n, il});
+    Tensor scores = Tensor::zeros_f32({std::max<int64_t>(n * n * heads.size(), 1)});
+    float* xf = full.f32();
+    for (int64_t l = 0; l < c.layers; ++l) {
+      const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+      m.layer_input(l, xf, n, a.f32(), pool);
+      if (fl > 0) {
+        kernels::linear_rows_f32(pool, a.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv.f32());
+        model::AttentionIo io = model::fused_qkv_io(qkv.f32(), fl, n, ctx.f32());
+        io.heads = heads.size();
+        kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
+      }
+      // Partial output projections; bias and residual are added once, after the sum.
+      kernels::linear_rows_f32(pool, ctx.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
+      TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part.f32(), n * F)));
+      const float* mlp_in = model::attention_residual(m, l, part.f32(), xf, true, n, a.f32(), pool);
+      std::swap(h, part);  // h: the MLP's residual
+      kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f.f32());
+      kernels::linear_rows_f32(pool, f.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
+      TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part.f32(), n * F)));
+      model::mlp_residual(m, l, part.f32(), h.f32(), true, n, xf, pool);
+    }
+    return sync.rank() == 0 ? full : Tensor();
+  }
+
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
+    const int K = plan.world;
+    const auto heads = head_ranges(c, plan.ratios);
+    const auto ffn = ffn_ranges(c, ffn_ratios(plan));
+    const int64_t F = c.hidden;
+    Schedule s;
+    for (int r = 0; r < K; ++r) {
+      const int64_t w = heads[static_cast<size_t>(r)].size() * c.head_dim(), il = ffn[static_cast<size_t>(r)].size();
+      DeviceSchedule d;
+      d.phases.push_back({"broadcast input", -1, {}, {transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * F, K, r, 0), everyone_but(r, K))}, false});
+      for (int64_t l = 0; l < c.layers; ++l) {
+        Phase attn{"attention", l, {}, {}, false};
+        attn.work.push_back(elementwise("norm", n, F));
+        if (w > 0) {
+          attn.work.push_back(gemm("qkv", n, F, 3 * w));
+          attn.work.push_back(attention("attention", n, n, w));
+        }
+        attn.work.push_back(gemm("attn_out", n, w, F));
+        attn.transfers.push_back(transfer(CollectiveKind::kAllreduce, "attn_out", ring_allreduce_sent(n * F, K, r), everyone_but(r, K)));
+        Phase mlp{"mlp", l, {}, {}, false};
+        mlp.work.push_back(elementwise("residual+norm", n, F));
+        mlp.work.push_back(gemm("ffn_in", n, F, il));
+        mlp.work.push_back(gemm("ffn_out", n, il, F));
+        mlp.transfers.push_back(transfer(CollectiveKind::kAllreduce, "ffn_out", ring_allreduce_sent(n * F, K, r), everyone_but(r, K)));
+        d.phases.push_back(std::move(attn));
+        d.phases.push_back(std::move(mlp));
+        d.phases.push_back({"residual", l, {elementwise("residual+norm", n, F)}, {}, false});
+      }
+      d.weight_bytes = c.layers * layer_weight_bytes(c, w, il) + (r == 0 ? terminal_weight_bytes(c) : 0);
+      const auto h = heads[static_cast<size_t>(r)].size();
+      d.activation_bytes = (n * (4 * F + 3 * w + w + il) + n * n * h) * 4;
+      s.devices.push_back(std::move(d));
+    }
+    return s;
+  }
+
+ private:
+  static std::vector<double> ffn_ratios(const Plan& plan) {
+    return option<std::vector<double>>(plan, "ffn_ratios", plan.ratios).value_or(plan.ratios);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_tp_strategy() { return std::make_unique<Tp>(); }
 
 }  // namespace tessera::parallel

@@ -1,8 +1,10 @@
 // Voltage (position-wise) parallelism: every device holds the whole layer
-// input, computes the output rows of its partition, then one AllGather per
-// layer; the last layer goes to the terminal only. With plan.overlap (and
-// Eq. 3) the AllGather runs as a ring and the blocks of rows are projected to
-// keys and values while the next block travels (see run_voltage).
+// input, computes the output rows of its partition (plan.ratios), then one
+// AllGather per layer; the last layer goes to the terminal only. Options:
+// "overlap" (default true): the first distribution and the AllGathers run as
+// ring tiles, and each block of rows is projected to keys and values while
+// the next block travels; "adaptive_order" (default true): Theorem 2 picks
+// Eq. (3) or Eq. (8) per device.
 #include "parallel/voltage.h"
 
 #include <cstring>
@@ -57,7 +59,7 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
     at.q = qkv + a.rows.begin * 3 * f; at.ldq = 3 * f; at.k = qkv + f; at.ldk = 3 * f; at.v = qkv + 2 * f;
     at.ldv = 3 * f; at.out = a.out; at.ldo = f;
     at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
-    at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_pos0 = 0;
+    at.causal = a.causal; at.q_pos0 = a.rows.begin;
     kernels::attention_f32(nullptr, at, scratch + 3 * a.n * f, p * a.n);
     return;
   }
@@ -84,100 +86,181 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
   }
 }
 
-Result<Tensor> run_voltage(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                           core::ThreadPool* pool) {
-  const model::ModelConfig& c = model.config();
+namespace {
+
+class Voltage final : public Strategy {
+ public:
+  std::string name() const override { return "voltage"; }
+  std::string summary() const override {
+    return "Voltage: position-wise rows, Theorem 2's attention order, one AllGather per layer";
+  }
+  std::vector<OptionFlag> flags() const override {
+    return {{"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool, "no overlap of ring communication with the GEMMs", false},
+            {"--no-adaptive-order", "adaptive_order", OptionFlag::Kind::kSetsBool, "always Eq. (3), never Theorem 2's Eq. (8)", false}};
+  }
+
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"overlap", "adaptive_order"}));
+    TESSERA_ASSIGN_OR_RETURN(const bool overlap, option(plan, "overlap", true));
+    TESSERA_ASSIGN_OR_RETURN(const bool adaptive, option(plan, "adaptive_order", true));
+    plan.options = {{"overlap", overlap}, {"adaptive_order", adaptive}};
+    return core::ok_status();
+  }
+
+  Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                     core::ThreadPool* pool) const override;
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
+
+ private:
+  static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
+    return option(plan, "adaptive_order", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
+  }
+};
+
+Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                            core::ThreadPool* pool) const {
+  const model::ModelConfig& c = m.config();
   const int64_t F = c.hidden;
-  const auto rows = split_by_ratio(n, plan.ratios);
+  const auto rows = row_ranges(plan, n);
   const auto counts = range_sizes(rows);
   const Range me = rows[static_cast<size_t>(sync.rank())];
   const int64_t p = me.size();
   Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
   Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
   Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
-  const bool eq8 = plan.adaptive_order && voltage_prefers_eq8(p, n, F, c.head_dim());
-  // Eq. (3) with overlap: the ring AllGather hands over each block of rows as
-  // it arrives. The device projects this device's own rows to Q at once, and
-  // puts K and V of every block off while the next block is already in: they
-  // run as one product per run of adjacent rows once every block is in, so
-  // OpenBLAS packs W_K and W_V once for many rows instead of once per block.
-  // While the next block is still on the link, the device projects K, then V,
-  // of the blocks put off so far: work while it would wait. (BERT-base on 2
-  // devices at 1 Gbit/s: about 1% faster than K|V of each block as it comes,
-  // median of 16 paired runs; no slower at 500 Mbit/s.)
-  // Which collectives run must not depend on the rank (p and eq8 do).
-  const bool ring = plan.overlap;
-  const bool early = ring && !eq8 && p > 0;
+  const bool use_eq8 = eq8(plan, c, p, n);
+  // With overlap (and Eq. 3), each block of rows is projected as it arrives:
+  // Q of this device's own rows, K and V of every row. Which collectives run
+  // must not depend on the rank (p and the order do).
+  const bool ring = option(plan, "overlap", true).value_or(true);
+  const bool early = ring && !use_eq8 && p > 0;
   Tensor qkv = early ? Tensor::zeros_f32({n, 3 * F}) : Tensor();
-  std::vector<char> k_pending(counts.size(), 0), v_pending(counts.size(), 0);
   auto layer_attention = [&](int64_t l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
+    const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     PartitionAttention pa;
     pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
-    pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = model.attention_scale(l);
+    pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = m.attention_scale(l);
     pa.causal = c.causal(); pa.out = ctx.f32(); pa.qkv = early ? qkv.f32() : nullptr;
     return pa;
   };
-  // Columns [col0, col0 + F) of the pending blocks, one product per run of
-  // adjacent pending (or empty) blocks.
-  auto project_pending = [&](int64_t l, std::vector<char>& pending, int64_t col0) {
-    for (size_t q = 0; q < counts.size();) {
-      if (!pending[q]) { ++q; continue; }
-      size_t end = q;
-      while (end < counts.size() && (pending[end] || counts[end] == 0)) pending[end++] = 0;
-      partition_project_f32(layer_attention(l), rows[q].begin, rows[end - 1].end - rows[q].begin, col0, F, qkv.f32());
-      q = end;
-    }
-  };
-  auto project_all_pending = [&](int64_t l) {
-    if (!early) return;
-    project_pending(l, k_pending, F);
-    project_pending(l, v_pending, 2 * F);
-  };
-  // Layer l's attention input for part `owner` (count rows) of `full`.
+  // Layer l's attention input for the `count` rows of `owner`, in `full` already.
   auto prepare_rows = [&](int64_t l, int owner, int64_t count) {
     const int64_t r0 = rows[static_cast<size_t>(owner)].begin;
     if (p == 0 || count == 0) return;
-    model.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
+    m.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
     if (!early) return;
     if (owner == sync.rank()) partition_project_f32(layer_attention(l), r0, count, 0, F, qkv.f32());
-    k_pending[static_cast<size_t>(owner)] = v_pending[static_cast<size_t>(owner)] = 1;
-    if (!sync.next_tile_ready()) project_pending(l, k_pending, F);
-    if (!sync.next_tile_ready()) project_pending(l, v_pending, 2 * F);
+    partition_project_f32(layer_attention(l), r0, count, F, 2 * F, qkv.f32());
   };
   if (ring) {
-    // The first distribution in parts, this device's part first.
-    TESSERA_RETURN_IF_ERROR(sync.broadcast_rows_overlapped(
-        full.f32(), counts, F, 0,
-        [&](int owner, const float*, int64_t count) { prepare_rows(0, owner, count); }));
-    project_all_pending(0);
+    // The first distribution in parts, this device's part first, received in place.
+    TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.broadcast_tiles(floats(full.f32(), n * F), counts, F, 0));
+    while (!tiles->done()) {
+      TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+      prepare_rows(0, t.owner, t.count);
+    }
+    TESSERA_RETURN_IF_ERROR(tiles->finish());
   } else {
-    TESSERA_RETURN_IF_ERROR(sync.broadcast(full.f32(), n * F, 0));
-    if (p > 0) model.layer_input(0, full.f32(), n, a.f32(), pool);
+    TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
+    if (p > 0) m.layer_input(0, full.f32(), n, a.f32(), pool);
   }
   model::Workspace ws;
   for (int64_t l = 0; l < c.layers; ++l) {
     if (p > 0) {
-      partition_attention_f32(layer_attention(l), eq8, scratch.f32());
-      model.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
+      partition_attention_f32(layer_attention(l), use_eq8, scratch.f32());
+      m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
     }
     const bool last = l + 1 == c.layers;
     if (!last && ring) {
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows_overlapped(out.f32(), counts, F, [&](int owner, const float* block,
-                                                                                      int64_t count) {
-        const int64_t r0 = rows[static_cast<size_t>(owner)].begin;
-        if (count > 0) std::memcpy(full.f32() + r0 * F, block, static_cast<size_t>(count * F) * sizeof(float));
-        prepare_rows(l + 1, owner, count);
-      }));
-      project_all_pending(l + 1);
+      TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.allgather_tiles(floats(out.f32(), p * F), counts, F));
+      while (!tiles->done()) {
+        TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+        const int64_t r0 = rows[static_cast<size_t>(t.owner)].begin;
+        if (t.count > 0) std::memcpy(full.f32() + r0 * F, t.rows.data(), t.rows.size_bytes());
+        prepare_rows(l + 1, t.owner, t.count);
+      }
+      TESSERA_RETURN_IF_ERROR(tiles->finish());
     } else if (!last) {
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(out.f32(), counts, F, full.f32()));
-      if (p > 0) model.layer_input(l + 1, full.f32(), n, a.f32(), pool);
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(out.f32(), p * F), counts, F, floats(full.f32(), n * F)));
+      if (p > 0) m.layer_input(l + 1, full.f32(), n, a.f32(), pool);
     } else {
-      TESSERA_RETURN_IF_ERROR(sync.gather_rows(out.f32(), counts, F, sync.rank() == 0 ? full.f32() : nullptr, 0));
+      TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(out.f32(), p * F), counts, F,
+                                               sync.rank() == 0 ? floats(full.f32(), n * F) : std::span<float>(), 0));
     }
   }
   return sync.rank() == 0 ? full : Tensor();
 }
+
+Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const {
+  const int K = plan.world;
+  const int64_t F = c.hidden, hd = c.head_dim();
+  const auto counts = range_sizes(row_ranges(plan, n));
+  const bool ring = option(plan, "overlap", true).value_or(true);
+  Schedule s;
+  for (int r = 0; r < K; ++r) {
+    const int64_t p = counts[static_cast<size_t>(r)];
+    const bool use_eq8 = eq8(plan, c, p, n), early = ring && !use_eq8 && p > 0;
+    DeviceSchedule d;
+    // Projections done as blocks arrive belong to the phase of the transfer
+    // they overlap.
+    auto blocks_work = [&](Phase& ph) {
+      if (p == 0) return;
+      ph.work.push_back(elementwise("norm", n, F));
+      if (!early) return;
+      ph.work.push_back(gemm("q", p, F, F));
+      for (int64_t cnt : counts)
+        if (cnt > 0) ph.work.push_back(gemm("kv", cnt, F, 2 * F));
+    };
+    Phase first{"distribute input", -1, {}, {}, ring};
+    const int64_t first_sent = ring ? (r == 0 ? n * F * (K - 1) : 0) : tree_broadcast_sent(n * F, K, r, 0);
+    first.transfers.push_back(transfer(CollectiveKind::kBroadcast, "x", first_sent, everyone_but(r, K)));
+    blocks_work(first);
+    d.phases.push_back(std::move(first));
+    for (int64_t l = 0; l < c.layers; ++l) {
+      Phase layer{"layer", l, {}, {}, false};
+      if (p > 0) {
+        if (use_eq8) {
+          layer.work.push_back(gemm("q", p, F, F));
+          for (int64_t h = 0; h < c.heads; ++h) {
+            layer.work.push_back(gemm("q_wk", p, hd, F));
+            layer.work.push_back(gemm("scores", p, F, n));
+            layer.work.push_back(gemm("s_x", p, n, F));
+            layer.work.push_back(gemm("sx_wv", p, F, hd));
+          }
+        } else {
+          if (!early) {
+            layer.work.push_back(gemm("q", p, F, F));
+            layer.work.push_back(gemm("kv", n, F, 2 * F));
+          }
+          layer.work.push_back(attention("attention", p, n, F));
+        }
+        add_tail_work(layer.work, c, p);
+      }
+      d.phases.push_back(std::move(layer));
+      const bool last = l + 1 == c.layers;
+      Phase sync_phase{last ? "gather output" : "allgather", l, {}, {}, !last && ring};
+      if (last) {
+        sync_phase.transfers.push_back(transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * F, {0}));
+      } else {
+        sync_phase.transfers.push_back(transfer(CollectiveKind::kAllgather, "x", ring_allgather_sent(counts, F, r), everyone_but(r, K)));
+        if (ring) {
+          blocks_work(sync_phase);
+        } else if (p > 0) {
+          sync_phase.work.push_back(elementwise("norm", n, F));
+        }
+      }
+      d.phases.push_back(std::move(sync_phase));
+    }
+    d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (2 * n * F + 2 * p * F + partition_attention_scratch(n, F, p) + (early ? 3 * n * F : 0) +
+                          p * (3 * F + c.intermediate)) * 4;
+    s.devices.push_back(std::move(d));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_voltage_strategy() { return std::make_unique<Voltage>(); }
 
 }  // namespace tessera::parallel

@@ -1,5 +1,6 @@
 #include "runtime/distributed.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -19,6 +20,7 @@
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "parallel/strategy.h"
+#include "runtime/in_process.h"
 
 namespace tessera::runtime {
 
@@ -58,18 +60,16 @@ int64_t peak_rss_bytes() {
   return 0;
 }
 
-Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key = std::nullopt) {
+Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key) {
   comm::GroupOptions o;
   o.rank = job.rank;
   o.endpoints = job.endpoints;
   o.group_id = job.group_id;
   o.insecure = job.insecure;
   o.connect_timeout = comm::Millis(job.timeout_ms);
-  if (!job.insecure && key) {
+  if (!job.insecure) {
+    if (!key) return core::invalid_argument("a secure job needs the cluster key");
     o.key = key;
-  } else if (!job.insecure) {
-    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey k, comm::read_key_file(job.key_file));
-    o.key = k;
   }
   if (!job.link.empty()) {
     TESSERA_ASSIGN_OR_RETURN(o.links, comm::LinkMatrix::from_arg(job.link, static_cast<int>(job.endpoints.size())));
@@ -127,13 +127,11 @@ void pin_all_threads(const cpu_set_t& set) {
 }  // namespace
 
 Status run_worker(const JobSpec& job, const WorkerEnv& env) {
-  JobSpec local = job;
-  if (env.key) local.key_file.clear();
-  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(local, env.key));
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
   go.bind_endpoint = env.bind_endpoint;
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
-  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.plan(cfg));
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.completed_plan(cfg));
   core::Timer load;
   auto model = model::Transformer::load(job.model_dir, parallel::load_options(plan, cfg, job.rank));
   const comm::Millis timeout(job.timeout_ms);
@@ -146,7 +144,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
       0, kToTerminalTag, json_tensor({{"op", "ready"}, {"weight_bytes", weight_bytes}, {"load_ms", load.ms()}}), timeout));
   kernels::set_blas_threads(job.threads);
   core::ThreadPool pool(job.threads);
-  parallel::CommSynchronizer sync(*group, timeout);
+  CommSynchronizer sync(*group, timeout);
   for (;;) {
     // Idle until the terminal asks; a lost terminal ends the wait with an error.
     auto req = recv_json(*group, 0, kToWorkerTag, comm::Millis(24ll * 3600 * 1000));
@@ -167,116 +165,176 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   }
 }
 
-Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) {
-  std::unique_ptr<Session> s(new Session());
-  s->opts_ = opts;
-  if (opts.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
-  if (opts.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
-  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
-  std::optional<ClusterFile> cluster;
-  if (!opts.cluster_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(cluster, load_cluster_file(opts.cluster_file));
-    s->opts_.devices = 1 + static_cast<int>(cluster->workers.size());
-    if (!opts.insecure && opts.key_file.empty())
-      return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+Result<comm::ClusterKey> read_key_from_fd(int fd) {
+  // "PUBLIC\nSECRET\n", Z85 keys of 40 characters each.
+  std::string text;
+  char buf[256];
+  for (;;) {
+    const ssize_t got = ::read(fd, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return core::io_error("reading the key descriptor: " + std::string(std::strerror(errno)));
+    if (got == 0) break;
+    text.append(buf, static_cast<size_t>(got));
+    if (text.size() > 1024) break;
   }
-  const int devices = s->opts_.devices;
-  if (devices < 1 || devices > 64) return core::invalid_argument("--devices must be in [1, 64]");
-  JobSpec& job = s->job_;
-  job.model_dir = opts.model_dir;
-  job.strategy = opts.strategy;
-  job.threads = opts.threads_per_device;
-  job.timeout_ms = opts.timeout_ms;
-  job.link = opts.link;
-  job.insecure = opts.insecure;
-  job.adaptive_order = opts.adaptive_order;
-  job.prism_rate = opts.prism_rate;
-  job.prism_segments = opts.prism_segments;
-  job.overlap = opts.overlap;
+  ::close(fd);
+  const size_t nl = text.find('\n');
+  if (text.size() != 82 || nl != 40 || text[81] != '\n') return core::invalid_argument("the key descriptor holds no key");
+  comm::ClusterKey key{text.substr(0, 40), text.substr(41, 40)};
+  TESSERA_RETURN_IF_ERROR(comm::validate_cluster_key(key));
+  return key;
+}
+
+Status Session::check_options() {
+  if (opts_.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+  if (opts_.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
+  if (opts_.timeout_ms < 1) return core::invalid_argument("the timeout must be positive");
+  if (!opts_.cluster_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.cluster_file));
+    if (!opts_.insecure && opts_.key_file.empty())
+      return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+    const int world = 1 + static_cast<int>(cluster_->workers.size());
+    if (opts_.plan.world != world)
+      return core::invalid_argument("the plan has " + std::to_string(opts_.plan.world) + " devices, the cluster " +
+                                    std::to_string(world));
+  }
+  if (opts_.plan.world < 1 || opts_.plan.world > 64) return core::invalid_argument("--devices must be in [1, 64]");
+  return core::ok_status();
+}
+
+// The plan, completed, and the job every worker gets (its rank aside).
+Status Session::plan_job(const model::ModelConfig& cfg) {
+  plan_ = opts_.plan;
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan_, cfg));
+  JobSpec& job = job_;
+  job.model_dir = opts_.model_dir;
+  job.threads = opts_.threads_per_device;
+  job.timeout_ms = opts_.timeout_ms;
+  job.link = opts_.link;
+  job.insecure = opts_.insecure;
+  job.plan = plan_;
   job.group_id = "tessera-" + std::to_string(::getpid()) + "-" +
                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  if (!opts.partition.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(job.ratios, parallel::parse_ratios(opts.partition, devices));
-  }
-  if (!opts.ffn_partition.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(job.ffn_ratios, parallel::parse_ratios(opts.ffn_partition, devices));
-  }
-  if (!opts.layers.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(parallel::LayerMap m, parallel::parse_layer_map(opts.layers, cfg.layers, devices));
-    job.layer_map = m.device_of_layer;
-  }
-  std::string bind;
-  if (cluster) {
-    job.endpoints.push_back(cluster->terminal);
-    for (const auto& w : cluster->workers) {
+  if (cluster_) {
+    job.endpoints.push_back(cluster_->terminal);
+    for (const auto& w : cluster_->workers) {
       TESSERA_ASSIGN_OR_RETURN(std::string data, next_port_endpoint(w));
       job.endpoints.push_back(data);
     }
-    TESSERA_ASSIGN_OR_RETURN(bind, bind_form(cluster->terminal));
+    TESSERA_ASSIGN_OR_RETURN(bind_, bind_form(cluster_->terminal));
   } else {
-    TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(devices));
+    TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(plan_.world));
   }
-  job.key_file = opts.key_file;
-  if (!opts.insecure && job.key_file.empty()) {  // local workers share an ephemeral key
-    s->temp_key_ = "/tmp/tessera-key-" + job.group_id + ".json";
-    TESSERA_ASSIGN_OR_RETURN(comm::ClusterKey key, comm::generate_cluster_key());
-    TESSERA_RETURN_IF_ERROR(comm::write_key_file(s->temp_key_, key));
-    job.key_file = s->temp_key_;
+  return core::ok_status();
+}
+
+// The key stays in memory: read from the user's file, or made for this session.
+Status Session::prepare_key() {
+  if (opts_.insecure) return core::ok_status();
+  if (!opts_.key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(key_, comm::read_key_file(opts_.key_file));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(key_, comm::generate_cluster_key());
   }
-  TESSERA_ASSIGN_OR_RETURN(s->plan_, job.plan(cfg));
-  std::optional<comm::ClusterKey> key;
-  if (!opts.insecure) {
-    TESSERA_ASSIGN_OR_RETURN(key, comm::read_key_file(job.key_file));
-  }
-  const std::vector<int> cpus = opts.cpus_per_device > 0 && !cluster ? allowed_cpus() : std::vector<int>{};
-  for (int r = 1; r < devices; ++r) {
-    JobSpec w = job;
+  return core::ok_status();
+}
+
+Status Session::start_daemon_jobs() {
+  for (int r = 1; r < plan_.world; ++r) {
+    JobSpec w = job_;
     w.rank = r;
-    if (cluster) {
-      w.key_file.clear();  // the daemon uses its own copy of the cluster key
-      TESSERA_ASSIGN_OR_RETURN(std::string answer, comm::control_request(cluster->workers[static_cast<size_t>(r - 1)], key,
-                                                                         w.to_json().dump(), comm::Millis(opts.timeout_ms)));
-      json a = json::parse(answer, nullptr, false);
-      if (a.is_discarded() || !a.is_object() || a.value("ok", false) != true)
-        return core::network_error("worker " + cluster->workers[static_cast<size_t>(r - 1)] + " refused the job: " +
-                                   (a.is_object() ? a.value("error", std::string("?")) : std::string("bad answer")));
-      continue;
+    const std::string& ep = cluster_->workers[static_cast<size_t>(r - 1)];
+    TESSERA_ASSIGN_OR_RETURN(std::string answer,
+                             comm::control_request(ep, key_, w.to_json().dump(), comm::Millis(opts_.timeout_ms)));
+    json a = json::parse(answer, nullptr, false);
+    if (a.is_discarded() || !a.is_object() || !a.contains("ok") || a["ok"] != true) {
+      const bool has_error = a.is_object() && a.contains("error") && a["error"].is_string();
+      return core::network_error("worker " + ep + " refused the job: " +
+                                 (has_error ? a["error"].get<std::string>() : std::string("bad answer")));
     }
+  }
+  return core::ok_status();
+}
+
+Status Session::fork_local_workers() {
+  const std::vector<int> cpus = opts_.cpus_per_device > 0 ? allowed_cpus() : std::vector<int>{};
+  for (int r = 1; r < plan_.world; ++r) {
+    JobSpec w = job_;
+    w.rank = r;
     const std::string arg = w.to_json().dump();
+    // The key travels over a pipe the child inherits, never through a file or argv.
+    int fds[2] = {-1, -1};
+    if (key_) {
+      if (::pipe2(fds, O_CLOEXEC) != 0) return core::internal_error("pipe failed: " + std::string(std::strerror(errno)));
+      const std::string text = key_->public_z85 + "\n" + key_->secret_z85 + "\n";
+      const bool written = ::write(fds[1], text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ::close(fds[1]);
+      if (!written) {
+        ::close(fds[0]);
+        return core::internal_error("writing the key pipe failed");
+      }
+    }
+    const std::string key_fd = std::to_string(fds[0]);
     const pid_t pid = ::fork();
-    if (pid < 0) return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
+    if (pid < 0) {
+      if (fds[0] >= 0) ::close(fds[0]);
+      return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
+    }
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
       if (!cpus.empty()) {  // inherited across exec
-        const cpu_set_t set = device_cpus(cpus, r, opts.cpus_per_device);
+        const cpu_set_t set = device_cpus(cpus, r, opts_.cpus_per_device);
         (void)::sched_setaffinity(0, sizeof(set), &set);
       }
+      if (fds[0] >= 0) (void)::fcntl(fds[0], F_SETFD, 0);  // this one descriptor survives exec
       // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
       ::setenv("OPENBLAS_NUM_THREADS", std::to_string(w.threads).c_str(), 1);
-      const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), nullptr};
+      const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), "--key-fd", key_fd.c_str(), nullptr};
       ::execv("/proc/self/exe", const_cast<char* const*>(argv));
       ::_exit(127);
     }
-    s->children_.push_back(pid);
+    if (fds[0] >= 0) ::close(fds[0]);
+    children_.push_back(pid);
   }
   if (!cpus.empty()) {  // the terminal is device 0 until the session ends
-    s->unpinned_cpus_ = cpus;
-    pin_all_threads(device_cpus(cpus, 0, opts.cpus_per_device));
+    unpinned_cpus_ = cpus;
+    pin_all_threads(device_cpus(cpus, 0, opts_.cpus_per_device));
   }
-  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, key));
-  go.bind_endpoint = bind;
-  TESSERA_ASSIGN_OR_RETURN(s->group_, comm::Group::create(go));
-  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts.model_dir, parallel::load_options(s->plan_, cfg, 0)));
-  s->model_ = std::make_unique<model::Transformer>(std::move(m));
-  for (int r = 1; r < devices; ++r) {
-    TESSERA_ASSIGN_OR_RETURN(json ready, recv_json(*s->group_, r, kToTerminalTag, comm::Millis(opts.timeout_ms)));
-    if (ready["op"] == "error")
-      return core::internal_error("worker " + std::to_string(r) + ": " + ready.value("message", std::string("failed")));
+  return core::ok_status();
+}
+
+// Forms the group, loads the terminal's part and waits until every worker
+// has loaded its own.
+Status Session::connect_and_load(const model::ModelConfig& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
+  go.bind_endpoint = bind_;
+  TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m,
+                           model::Transformer::load(opts_.model_dir, parallel::load_options(plan_, cfg, 0)));
+  model_ = std::make_unique<model::Transformer>(std::move(m));
+  for (int r = 1; r < plan_.world; ++r) {
+    TESSERA_ASSIGN_OR_RETURN(json ready, recv_json(*group_, r, kToTerminalTag, comm::Millis(opts_.timeout_ms)));
+    if (ready["op"] == "error") {
+      const bool has = ready.contains("message") && ready["message"].is_string();
+      return core::internal_error("worker " + std::to_string(r) + ": " + (has ? ready["message"].get<std::string>() : "failed"));
+    }
     if (ready["op"] != "ready") return core::invalid_argument("worker " + std::to_string(r) + " did not report ready");
-    s->ready_.push_back(ready);
+    ready_.push_back(ready);
   }
-  kernels::set_blas_threads(opts.threads_per_device);
-  s->sync_ = std::make_unique<parallel::CommSynchronizer>(*s->group_, comm::Millis(opts.timeout_ms));
+  kernels::set_blas_threads(opts_.threads_per_device);
+  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(opts_.timeout_ms));
+  return core::ok_status();
+}
+
+Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) {
+  std::unique_ptr<Session> s(new Session());
+  s->opts_ = opts;
+  TESSERA_RETURN_IF_ERROR(s->check_options());
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
+  TESSERA_RETURN_IF_ERROR(s->plan_job(cfg));
+  TESSERA_RETURN_IF_ERROR(s->prepare_key());
+  TESSERA_RETURN_IF_ERROR(s->cluster_ ? s->start_daemon_jobs() : s->fork_local_workers());
+  TESSERA_RETURN_IF_ERROR(s->connect_and_load(cfg));
   return s;
 }
 
@@ -285,23 +343,22 @@ Result<RunResult> Session::run(const RunRequest& req) {
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
-  core::ThreadPool& pool = *pool_;
   RunResult out;
   out.config = model_->config();
   out.input_ids = in.ids;
-  core::Timer t;
-  TESSERA_ASSIGN_OR_RETURN(Tensor x, model_->embed(in));
-  const int64_t n = x.dim(0);
   const comm::Millis timeout(opts_.timeout_ms);
-  for (int w = 1; w < group_->size(); ++w)
-    TESSERA_RETURN_IF_ERROR(group_->send(w, kToWorkerTag, json_tensor({{"op", "run"}, {"n", n}}), timeout));
-  // Counters cover the strategy's traffic, not the control messages.
-  sync_->reset_stats();
-  group_->reset_stats();
-  TESSERA_ASSIGN_OR_RETURN(Tensor y, parallel::run_layers(*model_, plan_, *sync_, x, n, &pool));
-  model_->finish_hidden(y, &pool);
-  out.output.hidden.push_back(y);
-  TESSERA_RETURN_IF_ERROR(model_->head(y, false, &out.output, &pool));
+  int64_t n = 0;
+  core::Timer t;
+  auto tell_workers = [&](int64_t rows) {
+    n = rows;
+    for (int w = 1; w < group_->size(); ++w)
+      TESSERA_RETURN_IF_ERROR(group_->send(w, kToWorkerTag, json_tensor({{"op", "run"}, {"n", rows}}), timeout));
+    // Counters cover the strategy's traffic, not the control messages.
+    sync_->reset_stats();
+    group_->reset_stats();
+    return core::ok_status();
+  };
+  TESSERA_ASSIGN_OR_RETURN(out.output, terminal_forward(*model_, plan_, *sync_, in, pool_.get(), tell_workers));
   out.latency_ms = t.ms();
   json ranks = json::array();
   ranks.push_back(rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes())));
@@ -311,7 +368,8 @@ Result<RunResult> Session::run(const RunRequest& req) {
     done.erase("op");
     ranks.push_back(done);
   }
-  stats_ = {{"strategy", parallel::strategy_name(plan_.strategy)},
+  stats_ = {{"strategy", plan_.strategy},
+            {"plan", plan_.to_json()},
             {"devices", group_->size()},
             {"threads_per_device", opts_.threads_per_device},
             {"link", opts_.link.empty() ? "unpaced" : opts_.link},
@@ -346,7 +404,6 @@ Session::~Session() {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
-  if (!temp_key_.empty()) ::unlink(temp_key_.c_str());
   if (!unpinned_cpus_.empty()) pin_all_threads(device_cpus(unpinned_cpus_, 0, static_cast<int>(unpinned_cpus_.size())));
 }
 

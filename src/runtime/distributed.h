@@ -15,7 +15,7 @@
 #include "comm/keys.h"
 #include "core/status.h"
 #include "model/transformer.h"
-#include "parallel/comm_sync.h"
+#include "runtime/comm_sync.h"
 #include "runtime/job.h"
 #include "runtime/single_device.h"
 
@@ -25,7 +25,7 @@ namespace tessera::runtime {
 // business (a daemon) rather than the job's (a local worker process).
 struct WorkerEnv {
   std::string bind_endpoint;          // empty: endpoints[rank]
-  std::optional<comm::ClusterKey> key;  // set: overrides the job's key file
+  std::optional<comm::ClusterKey> key;  // required unless the job is insecure
 };
 
 // A worker's whole life in one job: form the group, load its part, answer
@@ -60,23 +60,21 @@ core::Result<std::string> bind_form(const std::string& endpoint);
 
 struct DistributedOptions {
   std::string model_dir;
-  std::string strategy = "voltage";
-  int devices = 2;
+  // The plan, built once by the caller; with a cluster file its world must be
+  // 1 + the number of workers.
+  parallel::Plan plan;
   int threads_per_device = 1;
-  std::string partition;  // "r1,r2,..."; empty = equal
-  std::string ffn_partition;  // tp, galaxy: FFN columns; empty = as partition
-  bool overlap = true;        // galaxy, voltage: tile overlap (--no-overlap turns it off)
-  std::string layers;     // pipeline map "0-5:0,6-11:1"; empty = contiguous
   std::string link;       // emulated links; empty = unpaced
   bool insecure = false;
-  std::string key_file;   // empty and secure: an ephemeral key for local workers
+  std::string key_file;   // empty and secure: an ephemeral key for local workers (kept in memory)
   std::string cluster_file;  // set: remote worker daemons instead of local processes
-  bool adaptive_order = true;
-  double prism_rate = 0.0;     // PRISM --cr (0 = unset)
-  int64_t prism_segments = 0;  // PRISM --segments (0 = unset)
-  int timeout_ms = 60000;
+  int64_t timeout_ms = 60000;
   int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
 };
+
+// A local worker process: `tessera worker-job --job JSON --key-fd N`, the key
+// read from the inherited descriptor N (then closed).
+[[nodiscard]] core::Result<comm::ClusterKey> read_key_from_fd(int fd);
 
 class Session {
  public:
@@ -97,16 +95,25 @@ class Session {
   Session() = default;
   core::Status stop_workers();
 
+  core::Status check_options();
+  core::Status plan_job(const model::ModelConfig& cfg);
+  core::Status prepare_key();
+  core::Status start_daemon_jobs();
+  core::Status fork_local_workers();
+  core::Status connect_and_load(const model::ModelConfig& cfg);
+
   DistributedOptions opts_;
+  std::optional<ClusterFile> cluster_;
+  std::optional<comm::ClusterKey> key_;
+  std::string bind_;
   JobSpec job_;
   parallel::Plan plan_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<comm::Group> group_;
-  std::unique_ptr<parallel::CommSynchronizer> sync_;
+  std::unique_ptr<CommSynchronizer> sync_;
   std::unique_ptr<core::ThreadPool> pool_;
   std::vector<pid_t> children_;
   std::vector<nlohmann::json> ready_;  // what each worker reported after loading
-  std::string temp_key_;
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
 };

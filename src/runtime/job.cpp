@@ -1,73 +1,68 @@
 #include "runtime/job.h"
 
-#include <cmath>
-
 namespace tessera::runtime {
 
 using core::Result;
 using nlohmann::json;
 
 json JobSpec::to_json() const {
-  return {{"rank", rank},         {"endpoints", endpoints}, {"group_id", group_id},   {"insecure", insecure},
-          {"key_file", key_file}, {"link", link},           {"model_dir", model_dir}, {"strategy", strategy},
-          {"ratios", ratios},     {"layer_map", layer_map}, {"adaptive_order", adaptive_order},
-          {"prism_rate", prism_rate}, {"prism_segments", prism_segments},
-          {"ffn_ratios", ffn_ratios}, {"overlap", overlap},
-          {"threads", threads},   {"timeout_ms", timeout_ms}};
+  return {{"rank", rank},   {"endpoints", endpoints}, {"group_id", group_id},   {"insecure", insecure},
+          {"link", link},   {"timeout_ms", timeout_ms}, {"model_dir", model_dir}, {"threads", threads},
+          {"plan", plan.to_json()}};
 }
 
+namespace {
+// A field of `j` with the JSON type `want` (no exceptions on hostile input).
+Result<const json*> field(const json& j, const char* name, json::value_t want) {
+  auto it = j.find(name);
+  if (it == j.end()) return core::parse_error(std::string("job: missing '") + name + "'");
+  const bool ok = want == json::value_t::number_integer ? it->is_number_integer() : it->type() == want;
+  if (!ok) return core::parse_error(std::string("job: '") + name + "' has the wrong type");
+  return &*it;
+}
+}  // namespace
+
 Result<JobSpec> JobSpec::from_json(const std::string& text) {
-  json j = json::parse(text, nullptr, false);
+  if (text.size() > (1u << 20)) return core::invalid_argument("job: larger than 1 MiB");
+  const json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return core::parse_error("job is not a JSON object");
   JobSpec s;
-  try {
-    s.rank = j.at("rank").get<int>();
-    s.endpoints = j.at("endpoints").get<std::vector<std::string>>();
-    s.group_id = j.at("group_id").get<std::string>();
-    s.insecure = j.at("insecure").get<bool>();
-    s.key_file = j.at("key_file").get<std::string>();
-    s.link = j.at("link").get<std::string>();
-    s.model_dir = j.at("model_dir").get<std::string>();
-    s.strategy = j.at("strategy").get<std::string>();
-    s.ratios = j.at("ratios").get<std::vector<double>>();
-    s.layer_map = j.at("layer_map").get<std::vector<int>>();
-    s.adaptive_order = j.at("adaptive_order").get<bool>();
-    // Absent in jobs from before PRISM: unset.
-    s.prism_rate = j.value("prism_rate", 0.0);
-    s.prism_segments = j.value("prism_segments", int64_t{0});
-    s.ffn_ratios = j.value("ffn_ratios", std::vector<double>{});
-    s.overlap = j.value("overlap", true);
-    s.threads = j.at("threads").get<int>();
-    s.timeout_ms = j.at("timeout_ms").get<int>();
-  } catch (const json::exception& e) {
-    return core::parse_error(std::string("job: ") + e.what());
+  TESSERA_ASSIGN_OR_RETURN(const json* rank, field(j, "rank", json::value_t::number_integer));
+  TESSERA_ASSIGN_OR_RETURN(const json* eps, field(j, "endpoints", json::value_t::array));
+  TESSERA_ASSIGN_OR_RETURN(const json* gid, field(j, "group_id", json::value_t::string));
+  TESSERA_ASSIGN_OR_RETURN(const json* insecure, field(j, "insecure", json::value_t::boolean));
+  TESSERA_ASSIGN_OR_RETURN(const json* link, field(j, "link", json::value_t::string));
+  TESSERA_ASSIGN_OR_RETURN(const json* timeout, field(j, "timeout_ms", json::value_t::number_integer));
+  TESSERA_ASSIGN_OR_RETURN(const json* dir, field(j, "model_dir", json::value_t::string));
+  TESSERA_ASSIGN_OR_RETURN(const json* threads, field(j, "threads", json::value_t::number_integer));
+  TESSERA_ASSIGN_OR_RETURN(const json* plan, field(j, "plan", json::value_t::object));
+  if (eps->size() < 1 || eps->size() > 64) return core::invalid_argument("job: 1..64 endpoints required");
+  for (const auto& e : *eps) {
+    if (!e.is_string() || e.get_ref<const std::string&>().size() > 256)
+      return core::invalid_argument("job: endpoints must be short strings");
+    s.endpoints.push_back(e.get<std::string>());
   }
   const int world = static_cast<int>(s.endpoints.size());
-  if (world < 1 || world > 64) return core::invalid_argument("job: 1..64 endpoints required");
-  if (s.rank < 0 || s.rank >= world) return core::invalid_argument("job: rank outside the group");
-  if (s.threads < 1 || s.threads > 256) return core::invalid_argument("job: threads must be in [1, 256]");
-  if (s.timeout_ms < 1) return core::invalid_argument("job: timeout must be positive");
-  if (!std::isfinite(s.prism_rate) || s.prism_rate < 0 || s.prism_segments < 0)
-    return core::invalid_argument("job: prism rate and segments must be non-negative");
+  const int64_t r = rank->get<int64_t>();
+  if (r < 0 || r >= world) return core::invalid_argument("job: rank outside the group");
+  s.rank = static_cast<int>(r);
+  s.group_id = gid->get<std::string>();
+  if (s.group_id.size() > 256) return core::invalid_argument("job: group id longer than 256 bytes");
+  s.insecure = insecure->get<bool>();
+  s.link = link->get<std::string>();
+  s.timeout_ms = timeout->get<int64_t>();
+  if (s.timeout_ms < 1 || s.timeout_ms > 24ll * 3600 * 1000) return core::invalid_argument("job: timeout must be in [1 ms, 24 h]");
+  s.model_dir = dir->get<std::string>();
+  const int64_t t = threads->get<int64_t>();
+  if (t < 1 || t > 256) return core::invalid_argument("job: threads must be in [1, 256]");
+  s.threads = static_cast<int>(t);
+  TESSERA_ASSIGN_OR_RETURN(s.plan, parallel::Plan::from_json(*plan));
+  if (s.plan.world != world) return core::invalid_argument("job: the plan's device count differs from the endpoints");
   return s;
 }
 
-Result<parallel::Plan> JobSpec::plan(const model::ModelConfig& config) const {
-  parallel::Plan p;
-  TESSERA_ASSIGN_OR_RETURN(p.strategy, parallel::parse_strategy(strategy));
-  p.world = static_cast<int>(endpoints.size());
-  p.ratios = ratios;
-  p.ffn_ratios = ffn_ratios;
-  p.overlap = overlap;
-  p.adaptive_order = adaptive_order;
-  p.prism_rate = prism_rate;
-  p.prism_segments = prism_segments;
-  if (!layer_map.empty()) {
-    p.layers.devices = p.world;
-    p.layers.device_of_layer = layer_map;
-    for (int d : layer_map)
-      if (d < 0 || d >= p.world) return core::invalid_argument("job: layer map names a device outside the group");
-  }
+Result<parallel::Plan> JobSpec::completed_plan(const model::ModelConfig& config) const {
+  parallel::Plan p = plan;
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(p, config));
   return p;
 }

@@ -186,15 +186,23 @@ TEST(DistributedTest, WorkerWithWrongKeyIsRefused) {
   runtime::JobSpec job;
   job.rank = 1;
   job.endpoints = endpoints;
-  job.key_file = key_b;
   job.model_dir = kData + "/bert-tiny";
-  job.strategy = "voltage";
+  job.plan.strategy = "voltage";
+  job.plan.world = 2;
   job.timeout_ms = 3000;
+  // The worker reads key B from an inherited descriptor, as local workers do.
+  const auto b = comm::read_key_file(key_b).value();
+  const std::string key_text = tmp("b.keytext");
+  {
+    std::ofstream f(key_text);
+    f << b.public_z85 << '\n' << b.secret_z85 << '\n';
+  }
   const std::string err = tmp("worker-err.txt");
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    const std::string cmd = kBin + " worker-job --job '" + job.to_json().dump() + "' 2>" + err;
+    const std::string cmd =
+        kBin + " worker-job --job '" + job.to_json().dump() + "' --key-fd 3 3<" + key_text + " 2>" + err;
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
     ::_exit(127);
   }

@@ -12,6 +12,7 @@
 
 #include "core/io.h"
 #include "model/safetensors.h"
+#include "parallel/prism.h"
 #include "runtime/job.h"
 
 namespace tessera {
@@ -114,23 +115,26 @@ TEST(PrismProcessTest, JobCarriesTheRateToWorkers) {
   runtime::JobSpec job;
   job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
   job.insecure = true;
-  job.strategy = "prism";
-  job.prism_rate = 9.9;
+  job.plan.strategy = "prism";
+  job.plan.world = 2;
+  job.plan.options = {{"rate", 9.9}};
   auto back = runtime::JobSpec::from_json(job.to_json().dump());
   ASSERT_TRUE(back.ok()) << back.status().to_string();
-  EXPECT_EQ(back->prism_rate, 9.9);
-  EXPECT_EQ(back->prism_segments, 0);
+  EXPECT_EQ(back->plan.options["rate"], 9.9);
   const auto cfg = model::load_config(kData + "/gpt2-tiny").value();
-  const auto plan = back->plan(cfg);
+  const auto plan = back->completed_plan(cfg);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->strategy, parallel::Strategy::kPrism);
-  EXPECT_EQ(plan->prism_rate, 9.9);
-  job.prism_rate = 0;
-  job.prism_segments = 4;
+  EXPECT_EQ(plan->strategy, "prism");
+  EXPECT_EQ(parallel::prism_rate(plan.value()), 9.9);
+  job.plan.options = {{"segments", 4}};
   back = runtime::JobSpec::from_json(job.to_json().dump());
   ASSERT_TRUE(back.ok());
-  EXPECT_EQ(back->prism_segments, 4);
-  job.prism_segments = -1;
+  EXPECT_EQ(parallel::prism_segments_option(back->completed_plan(cfg).value()), 4);
+  job.plan.options = {{"segments", -1}};
+  back = runtime::JobSpec::from_json(job.to_json().dump());
+  ASSERT_TRUE(back.ok());  // the job's shape is fine; the strategy refuses the option
+  EXPECT_FALSE(back->completed_plan(cfg).ok());
+  job.plan.world = 3;  // the plan must cover exactly the job's devices
   EXPECT_FALSE(runtime::JobSpec::from_json(job.to_json().dump()).ok());
 }
 
@@ -142,7 +146,7 @@ TEST(PrismProcessTest, FidelityReportsExactAgreementAtRateOne) {
   EXPECT_GT(one["cosine"].get<double>(), 0.999999);
   EXPECT_LT(one["max_abs_err"].get<double>(), 1e-4);
   EXPECT_EQ(one["top1_agreement"].get<double>(), 1.0);
-  EXPECT_EQ(four["cr"].get<double>(), 4.0);
+  EXPECT_EQ(four["options"]["rate"].get<double>(), 4.0);
   EXPECT_GT(four["max_abs_err"].get<double>(), 1e-4);  // compression is not free
   EXPECT_EQ(four["samples"], 3);
 }

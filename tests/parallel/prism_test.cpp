@@ -1,4 +1,4 @@
-// PRISM against the fixtures, ranks as threads (LocalGroup): with R = 1 every
+// PRISM against the fixtures, ranks as threads (run_in_process): with R = 1 every
 // segment is one row and PRISM is the exact model; with R > 1 it equals a
 // direct single-process reading of the paper (means duplicated per Eq. 11 at
 // the positions of the rows they stand for, ordinary causal mask); and the
@@ -15,6 +15,7 @@
 #include "parallel/local_group.h"
 #include "parallel/prism.h"
 #include "parallel/strategy.h"
+#include "runtime/in_process.h"
 #include "fixtures.h"
 
 namespace tessera::parallel {
@@ -34,34 +35,13 @@ RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& i
   EXPECT_TRUE(cfg.ok());
   const auto st = complete_plan(plan, *cfg);
   EXPECT_TRUE(st.ok()) << st.to_string();
-  const auto m = model::Transformer::load(dir).value();  // PRISM ranks hold every layer
-  LocalGroup group(plan.world);
-  RunOut out;
-  out.stats.resize(static_cast<size_t>(plan.world));
-  std::vector<core::Status> status(static_cast<size_t>(plan.world));
-  std::vector<std::thread> threads;
-  const core::Tensor x = m.embed(in).value();
-  for (int r = 0; r < plan.world; ++r) {
-    threads.emplace_back([&, r] {
-      auto sync = group.member(r);
-      auto y = run_layers(m, plan, *sync, r == 0 ? x.clone() : core::Tensor(), x.dim(0), nullptr);
-      if (!y.ok()) {
-        status[static_cast<size_t>(r)] = y.status();
-        return;
-      }
-      if (r == 0) {
-        m.finish_hidden(*y, nullptr);
-        out.hidden = *y;
-      }
-      out.stats[static_cast<size_t>(r)] = sync->stats();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& s : status) EXPECT_TRUE(s.ok()) << s.to_string();
-  return out;
+  auto models = runtime::load_rank_models(dir, plan);
+  EXPECT_TRUE(models.ok()) << models.status().to_string();
+  auto got = runtime::run_in_process(plan, *models, in);
+  EXPECT_TRUE(got.ok()) << got.status().to_string();
+  if (!got.ok()) return {};
+  return {got->output.hidden.back(), got->stats};
 }
-
-
 
 struct Case {
   const char* family;
@@ -73,11 +53,11 @@ const std::vector<double> kPartitions[] = {{1, 1}, {3, 1}, {1, 1, 1}, {1, 0, 2},
 
 Plan prism_plan(std::vector<double> ratios, double rate, int64_t segments = 0) {
   Plan p;
-  p.strategy = Strategy::kPrism;
+  p.strategy = "prism";
   p.world = static_cast<int>(ratios.size());
   p.ratios = std::move(ratios);
-  p.prism_rate = rate;
-  p.prism_segments = segments;
+  if (rate != 0.0) p.options["rate"] = rate;
+  if (segments != 0) p.options["segments"] = segments;
   return p;
 }
 
@@ -196,10 +176,10 @@ TEST(PrismTest, PlanNeedsExactlyOneOfRateAndSegments) {
   EXPECT_FALSE(complete_plan(p, cfg).ok());
   p = prism_plan({1, 1}, 4.0);
   EXPECT_TRUE(complete_plan(p, cfg).ok());
-  p.strategy = Strategy::kVoltage;  // a rate means nothing to other strategies
+  p.strategy = "voltage";  // a rate means nothing to other strategies
   EXPECT_FALSE(complete_plan(p, cfg).ok());
-  EXPECT_EQ(parse_strategy("prism").value(), Strategy::kPrism);
-  EXPECT_STREQ(strategy_name(Strategy::kPrism), "prism");
+  ASSERT_NE(find_strategy("prism"), nullptr);
+  EXPECT_FALSE(find_strategy("prism")->exact());
 }
 
 // Per layer and device: PRISM (P-1) L F elements, Voltage (P-1) N F / P.
@@ -213,7 +193,7 @@ TEST(PrismTest, CommunicationVolumePerLayer) {
       const int64_t np = n / k, l = static_cast<int64_t>(std::floor(static_cast<double>(np) / rate));
       const auto pr = run_threads(dir, prism_plan(std::vector<double>(static_cast<size_t>(k), 1.0), rate), in);
       Plan vplan;
-      vplan.strategy = Strategy::kVoltage;
+      vplan.strategy = "voltage";
       vplan.world = k;
       const auto vo = run_threads(dir, vplan, in);
       for (int r = 0; r < k; ++r) {
@@ -235,19 +215,23 @@ TEST(PrismTest, CommunicationVolumePerLayer) {
   }
 }
 
+// The estimate's GEMM FLOPs: Q of the own rows, K and V of the keys (own
+// rows plus the other partitions' means), attention over them, and the rest
+// of the layer on the own rows.
 TEST(PrismTest, FlopsPerDeviceShrinkWithTheRate) {
   const auto cfg = model::load_config(kData + "/bert-tiny").value();
-  const int64_t n = 24, F = cfg.hidden, I = cfg.intermediate;
-  Plan single;
-  ASSERT_TRUE(complete_plan(single, cfg).ok());
-  EXPECT_DOUBLE_EQ(layer_flops_per_device(single, cfg, n)[0], static_cast<double>(cfg.layers) * layer_gemm_flops(n, n, F, I));
-  Plan one = prism_plan({1, 1}, 1.0), eight = prism_plan({1, 1}, 4.0);
+  const int64_t n = 24;
+  const double F = static_cast<double>(cfg.hidden), I = static_cast<double>(cfg.intermediate);
+  auto layer = [&](double rows, double keys) {
+    return 2 * rows * F * F + 4 * keys * F * F + 4 * rows * keys * F + 2 * rows * F * F + 4 * rows * F * I;
+  };
+  Plan one = prism_plan({1, 1}, 1.0), four = prism_plan({1, 1}, 4.0);
   ASSERT_TRUE(complete_plan(one, cfg).ok());
-  ASSERT_TRUE(complete_plan(eight, cfg).ok());
+  ASSERT_TRUE(complete_plan(four, cfg).ok());
   // R = 1: keys are all 24 rows, as in Voltage's Eq. (3) order.
-  EXPECT_DOUBLE_EQ(layer_flops_per_device(one, cfg, n)[1], static_cast<double>(cfg.layers) * layer_gemm_flops(12, 24, F, I));
+  EXPECT_DOUBLE_EQ(estimate(one, cfg, n).value().devices[1].flops(), static_cast<double>(cfg.layers) * layer(12, 24));
   // R = 4: 12 own rows plus 3 means of the other partition.
-  EXPECT_DOUBLE_EQ(layer_flops_per_device(eight, cfg, n)[1], static_cast<double>(cfg.layers) * layer_gemm_flops(12, 15, F, I));
+  EXPECT_DOUBLE_EQ(estimate(four, cfg, n).value().devices[1].flops(), static_cast<double>(cfg.layers) * layer(12, 15));
 }
 
 }  // namespace

@@ -1,19 +1,18 @@
-// Every strategy equals the single-device outputs on the Hugging Face
-// fixtures, for 1..4 ranks as threads (LocalGroup), uneven partitions, N < K;
-// and the per-layer communication volume of each strategy.
+// Every strategy of the registry equals the single-device outputs on the
+// Hugging Face fixtures, for 1..4 ranks as threads (run_in_process), uneven
+// partitions, N < K; the per-layer communication volume of each strategy;
+// and a test-only strategy added with one registration line runs like the
+// built-in ones.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
-#include <functional>
 #include <memory>
-#include <thread>
 
+#include "fixtures.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
-#include "parallel/local_group.h"
 #include "parallel/strategy.h"
-#include "fixtures.h"
+#include "runtime/in_process.h"
 
 namespace tessera::parallel {
 namespace {
@@ -27,121 +26,42 @@ struct RunOut {
   std::vector<SyncStats> stats;
 };
 
-using Wrap = std::function<std::unique_ptr<Synchronizer>(std::unique_ptr<Synchronizer>)>;
-
-// Runs `plan` with one thread per rank, each with its own (sharded) model;
-// `wrap`, if given, wraps each rank's synchronizer.
-RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in, const Wrap& wrap = nullptr) {
+RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
   auto cfg = model::load_config(dir);
   EXPECT_TRUE(cfg.ok());
-  EXPECT_TRUE(complete_plan(plan, *cfg).ok());
-  LocalGroup group(plan.world);
-  RunOut out;
-  out.stats.resize(static_cast<size_t>(plan.world));
-  std::vector<std::thread> threads;
-  std::vector<core::Status> status(static_cast<size_t>(plan.world));
-  for (int r = 0; r < plan.world; ++r) {
-    threads.emplace_back([&, r] {
-      auto sync = wrap ? wrap(group.member(r)) : group.member(r);
-      auto m = model::Transformer::load(dir, load_options(plan, *cfg, r));
-      if (!m.ok()) {
-        status[static_cast<size_t>(r)] = m.status();
-        return;
-      }
-      core::Tensor x;
-      int64_t n = 0;
-      if (r == 0) {
-        x = m->embed(in).value();
-      }
-      n = in.pixels.empty() ? static_cast<int64_t>(in.ids.size()) : m->config().max_rows();
-      auto y = run_layers(*m, plan, *sync, x, n, nullptr);
-      if (!y.ok()) {
-        status[static_cast<size_t>(r)] = y.status();
-        return;
-      }
-      if (r == 0) {
-        m->finish_hidden(*y, nullptr);
-        out.hidden = *y;
-      }
-      out.stats[static_cast<size_t>(r)] = sync->stats();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& s : status) EXPECT_TRUE(s.ok()) << s.to_string();
-  return out;
+  const auto st = complete_plan(plan, *cfg);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  auto models = runtime::load_rank_models(dir, plan);
+  EXPECT_TRUE(models.ok()) << models.status().to_string();
+  auto got = runtime::run_in_process(plan, *models, in);
+  EXPECT_TRUE(got.ok()) << got.status().to_string();
+  if (!got.ok()) return {};
+  return {got->output.hidden.back(), got->stats};
 }
 
-// Forwards to a LocalGroup member but answers next_tile_ready from a script
-// (bit i of `pattern` for the i-th question), so a test can choose which
-// tiles seem to be in already and which are still on the link.
-class ScriptedArrivals final : public Synchronizer {
- public:
-  ScriptedArrivals(std::unique_ptr<Synchronizer> inner, uint64_t pattern, std::atomic<int>* asked)
-      : inner_(std::move(inner)), pattern_(pattern), asked_(asked) {}
-  int rank() const override { return inner_->rank(); }
-  int world() const override { return inner_->world(); }
-  bool next_tile_ready() const override {
-    ++*asked_;
-    return (pattern_ >> (mine_++ % 64)) & 1;
-  }
-  core::Status allgather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all) override {
-    return inner_->allgather_rows(mine, counts, cols, all);
-  }
-  core::Status gather_rows(const float* mine, const std::vector<int64_t>& counts, int64_t cols, float* all,
-                           int root) override {
-    return inner_->gather_rows(mine, counts, cols, all, root);
-  }
-  core::Status scatter_rows(const float* all, const std::vector<int64_t>& counts, int64_t cols, float* mine,
-                            int root) override {
-    return inner_->scatter_rows(all, counts, cols, mine, root);
-  }
-  core::Status reduce_scatter_rows(const float* full, const std::vector<int64_t>& counts, int64_t cols,
-                                   float* mine) override {
-    return inner_->reduce_scatter_rows(full, counts, cols, mine);
-  }
-  core::Status allreduce_sum(float* data, int64_t n) override { return inner_->allreduce_sum(data, n); }
-  core::Status broadcast(float* data, int64_t n, int root) override { return inner_->broadcast(data, n, root); }
-  core::Status send(int peer, const float* data, int64_t n) override { return inner_->send(peer, data, n); }
-  core::Status recv(int peer, float* data, int64_t n) override { return inner_->recv(peer, data, n); }
+Plan make_plan(const std::string& strategy, int world, std::vector<double> ratios = {},
+               nlohmann::json options = nlohmann::json::object()) {
+  Plan p;
+  p.strategy = strategy;
+  p.world = world;
+  p.ratios = std::move(ratios);
+  p.options = std::move(options);
+  return p;
+}
 
- private:
-  std::unique_ptr<Synchronizer> inner_;
-  uint64_t pattern_;
-  std::atomic<int>* asked_;  // questions of all ranks
-  mutable int mine_ = 0;
-};
+std::vector<std::string> exact_strategies() {
+  std::vector<std::string> out;
+  for (const Strategy* s : strategies())
+    if (s->exact()) out.push_back(s->name());
+  return out;
+}
 
 struct Case {
   const char* family;
   const char* input;
 };
 
-// Voltage projects K and V of a block at once or later, depending on whether
-// the next block seems to be in; every mix gives the same output.
-TEST(StrategyTest, VoltageEqualsSingleDeviceWhicheverTilesAreIn) {
-  for (const Case c : {Case{"bert-tiny", "s33"}, Case{"gpt2-tiny", "s13"}}) {
-    const std::string dir = kData + "/" + c.family;
-    const auto in = fixture_input(c.family, c.input);
-    auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
-    for (int k = 2; k <= 4; ++k)
-      for (const uint64_t pattern : {uint64_t{0}, ~uint64_t{0}, uint64_t{0x5555555555555555}, uint64_t{0x3c3c0f0f3c3c0f0f}}) {
-        Plan plan;
-        plan.strategy = Strategy::kVoltage;
-        plan.world = k;
-        plan.adaptive_order = false;
-        plan.ratios = k == 3 ? std::vector<double>{2, 0, 1} : std::vector<double>{};
-        std::atomic<int> asked{0};
-        const RunOut got = run_threads(dir, plan, in, [&](std::unique_ptr<Synchronizer> s) {
-          return std::make_unique<ScriptedArrivals>(std::move(s), pattern, &asked);
-        });
-        EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
-            << c.family << " K=" << k << " pattern=" << std::hex << pattern;
-        EXPECT_GT(asked.load(), 0) << "Voltage never asked whether a tile was in";
-      }
-  }
-}
-
-class StrategyTest : public ::testing::TestWithParam<Strategy> {};
+class StrategyTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(StrategyTest, EqualsSingleDeviceOnFixtures) {
   const Case cases[] = {{"bert-tiny", "s33"}, {"bert-tiny", "s1"}, {"gpt2-tiny", "s13"}, {"gpt2-tiny", "s1"}, {"vit-tiny", "c0"}};
@@ -150,46 +70,37 @@ TEST_P(StrategyTest, EqualsSingleDeviceOnFixtures) {
     const auto in = fixture_input(c.family, c.input);
     auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
     const std::vector<std::vector<double>> partitions[] = {{{1}}, {{1, 1}, {3, 1}}, {{1, 1, 1}, {1, 0, 2}}, {{1, 1, 1, 1}, {4, 1, 2, 1}}};
-    for (int k = 1; k <= 4; ++k)
+    const int kmax = GetParam() == "single" ? 1 : 4;
+    for (int k = 1; k <= kmax; ++k)
       for (const auto& ratios : partitions[k - 1]) {
-        Plan plan;
-        plan.strategy = GetParam();
-        plan.world = k;
-        plan.ratios = ratios;
-        const RunOut got = run_threads(dir, plan, in);
+        const RunOut got = run_threads(dir, make_plan(GetParam(), k, ratios), in);
         EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
-            << strategy_name(GetParam()) << " " << c.family << " " << c.input << " K=" << k << " ratios[0]=" << ratios[0];
+            << GetParam() << " " << c.family << " " << c.input << " K=" << k << " ratios[0]=" << ratios[0];
       }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllStrategies, StrategyTest,
-                         ::testing::Values(Strategy::kTp, Strategy::kSp, Strategy::kVoltage, Strategy::kPipeline,
-                                           Strategy::kGalaxy),
-                         [](const auto& info) { return std::string(strategy_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Registry, StrategyTest, ::testing::ValuesIn(exact_strategies()),
+                         [](const auto& info) { return info.param; });
 
 TEST(StrategyTest, VoltageBothOrdersAgree) {
   const std::string dir = kData + "/gpt2-tiny";
   const auto in = fixture_input("gpt2-tiny", "s40");
   auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
-  for (bool adaptive : {false, true}) {
-    Plan plan;
-    plan.strategy = Strategy::kVoltage;
-    plan.world = 4;  // P = 10 of N = 40: Theorem 2 picks Eq. (8) for F = 64, F_H = 16
-    plan.adaptive_order = adaptive;
-    EXPECT_TRUE(voltage_prefers_eq8(10, 40, 64, 16));
-    EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f) << adaptive;
-  }
+  for (bool adaptive : {false, true})
+    for (bool overlap : {false, true}) {
+      // P = 10 of N = 40: Theorem 2 picks Eq. (8) for F = 64, F_H = 16.
+      EXPECT_TRUE(voltage_prefers_eq8(10, 40, 64, 16));
+      const Plan plan = make_plan("voltage", 4, {}, {{"adaptive_order", adaptive}, {"overlap", overlap}});
+      EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f) << adaptive << overlap;
+    }
 }
 
 TEST(StrategyTest, PipelineBackAndForth) {
   const std::string dir = kData + "/bert-tiny";
   const auto in = fixture_input("bert-tiny", "s7");
   auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
-  Plan plan;
-  plan.strategy = Strategy::kPipeline;
-  plan.world = 3;
-  plan.layers = parse_layer_map("0-0:2,1-1:1", 2, 3).value();
+  const Plan plan = make_plan("pipeline", 3, {}, {{"layer_map", "0-0:2,1-1:1"}});
   EXPECT_LT(max_diff(run_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f);
 }
 
@@ -201,16 +112,10 @@ TEST(StrategyTest, CommunicationVolumePerLayer) {
   for (int i = 0; i < 24; ++i) in.ids.push_back(i + 5);
   const int64_t n = 24, F = 64, L = 2;
   for (int k : {2, 3, 4}) {
-    Plan plan;
-    plan.world = k;
-    plan.strategy = Strategy::kTp;
-    auto tp = run_threads(dir, plan, in);
-    plan.strategy = Strategy::kSp;
-    auto sp = run_threads(dir, plan, in);
-    plan.strategy = Strategy::kVoltage;
-    auto vo = run_threads(dir, plan, in);
-    plan.strategy = Strategy::kGalaxy;
-    auto ga = run_threads(dir, plan, in);
+    auto tp = run_threads(dir, make_plan("tp", k), in);
+    auto sp = run_threads(dir, make_plan("sp", k), in);
+    auto vo = run_threads(dir, make_plan("voltage", k), in);
+    auto ga = run_threads(dir, make_plan("galaxy", k), in);
     for (int r = 0; r < k; ++r) {
       const auto& t = tp.stats[static_cast<size_t>(r)].elements_sent;
       const auto& s = sp.stats[static_cast<size_t>(r)].elements_sent;
@@ -227,6 +132,81 @@ TEST(StrategyTest, CommunicationVolumePerLayer) {
                 t[static_cast<size_t>(CollectiveKind::kAllreduce)]) << k;
     }
   }
+}
+
+TEST(StrategyTest, PlanRoundTripsThroughJson) {
+  auto cfg = model::load_config(kData + "/bert-tiny").value();
+  for (const Strategy* s : strategies()) {
+    Plan p = make_plan(s->name(), s->name() == "single" ? 1 : 3, s->name() == "single" ? std::vector<double>{} : std::vector<double>{2, 1, 1});
+    if (s->name() == "prism") p.options = {{"rate", 2.0}};
+    ASSERT_TRUE(complete_plan(p, cfg).ok()) << s->name();
+    auto back = Plan::from_json(nlohmann::json::parse(p.to_json().dump()));
+    ASSERT_TRUE(back.ok()) << s->name();
+    EXPECT_EQ(back->to_json(), p.to_json()) << s->name();
+    Plan again = *back;
+    ASSERT_TRUE(complete_plan(again, cfg).ok()) << s->name();
+    EXPECT_EQ(again.to_json(), p.to_json()) << s->name() << ": completing twice changes the plan";
+  }
+}
+
+TEST(StrategyTest, PlansAreCheckedByTheirStrategy) {
+  auto cfg = model::load_config(kData + "/bert-tiny").value();
+  Plan unknown = make_plan("warp", 2);
+  EXPECT_FALSE(complete_plan(unknown, cfg).ok());
+  Plan foreign = make_plan("sp", 2, {}, {{"rate", 4}});  // PRISM's option
+  EXPECT_FALSE(complete_plan(foreign, cfg).ok());
+  Plan single_many = make_plan("single", 2);
+  EXPECT_FALSE(complete_plan(single_many, cfg).ok());
+  Plan bad_ratios = make_plan("voltage", 2, {1, -1});
+  EXPECT_FALSE(complete_plan(bad_ratios, cfg).ok());
+  Plan bad_type = make_plan("voltage", 2, {}, {{"overlap", "yes"}});
+  EXPECT_FALSE(complete_plan(bad_type, cfg).ok());
+  EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", 3}, {"world", 2}}).ok());
+  EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 1000}}).ok());
+  EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 2}, {"options", 5}}).ok());
+}
+
+// A strategy added with one registration line. The toy "replicate": the
+// terminal broadcasts its rows, every rank runs every layer, and only the
+// terminal's result counts.
+class Replicate final : public Strategy {
+ public:
+  std::string name() const override { return "test-replicate"; }
+  std::string summary() const override { return "test only: every rank runs everything"; }
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override { return only_options(plan, {}); }
+  core::Result<core::Tensor> run(const model::Transformer& m, const Plan&, Synchronizer& sync, core::Tensor x, int64_t n,
+                                 core::ThreadPool* pool) const override {
+    const int64_t F = m.config().hidden;
+    core::Tensor full = sync.rank() == 0 ? x : core::Tensor::zeros_f32({n, F});
+    TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
+    model::Workspace ws;
+    for (int64_t l = 0; l < m.config().layers; ++l) m.layer(l, full, 0, nullptr, ws, pool);
+    return sync.rank() == 0 ? full : core::Tensor();
+  }
+  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
+    Schedule s;
+    for (int r = 0; r < plan.world; ++r) {
+      DeviceSchedule d;
+      d.phases.push_back({"broadcast", -1, {}, {transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * c.hidden, plan.world, r, 0), everyone_but(r, plan.world))}, false});
+      s.devices.push_back(d);
+    }
+    return s;
+  }
+};
+
+TEST(StrategyTest, ATestOnlyStrategyRunsInProcess) {
+  register_strategy(std::make_unique<Replicate>());
+  ASSERT_NE(find_strategy("test-replicate"), nullptr);
+  const std::string dir = kData + "/gpt2-tiny";
+  const auto in = fixture_input("gpt2-tiny", "s13");
+  auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+  const RunOut got = run_threads(dir, make_plan("test-replicate", 3), in);
+  EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f);
+  auto sched = estimate(make_plan("test-replicate", 3), model::load_config(dir).value(), 13);
+  ASSERT_TRUE(sched.ok());
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(sched->devices[static_cast<size_t>(r)].bytes_sent(),
+              4 * got.stats[static_cast<size_t>(r)].elements_sent[static_cast<size_t>(CollectiveKind::kBroadcast)]);
 }
 
 }  // namespace

@@ -1,0 +1,142 @@
+#include "cli/plan_flags.h"
+
+#include <cmath>
+#include <set>
+
+namespace tessera::cli {
+
+using core::Result;
+using nlohmann::json;
+
+namespace {
+
+// Every strategy's flags by flag name, with the strategies that take each.
+struct FlagUse {
+  parallel::OptionFlag flag;
+  std::vector<std::string> strategies;
+};
+
+std::map<std::string, FlagUse> all_flags() {
+  std::map<std::string, FlagUse> out;
+  for (const parallel::Strategy* s : parallel::strategies())
+    for (const auto& fl : s->flags()) {
+      auto& use = out[fl.flag];
+      if (use.strategies.empty()) use.flag = fl;
+      use.strategies.push_back(s->name());
+    }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+Result<json> option_value(const parallel::OptionFlag& fl, const std::string& text) {
+  switch (fl.kind) {
+    case parallel::OptionFlag::Kind::kSetsBool: return json(fl.flag_value);
+    case parallel::OptionFlag::Kind::kNumber: {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (...) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size() || !std::isfinite(v))
+        return core::invalid_argument(fl.flag + " needs a number, not '" + text + "'");
+      if (v == std::floor(v) && std::fabs(v) < 9e15) return json(static_cast<int64_t>(v));
+      return json(v);
+    }
+    case parallel::OptionFlag::Kind::kString: break;
+  }
+  return json(text);
+}
+
+json spec_value(const std::string& text) {
+  if (text == "true") return true;
+  if (text == "false") return false;
+  size_t used = 0;
+  try {
+    const double v = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(v))
+      return v == std::floor(v) && std::fabs(v) < 9e15 ? json(static_cast<int64_t>(v)) : json(v);
+  } catch (...) {
+  }
+  return text;
+}
+
+}  // namespace
+
+void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool with_strategy) {
+  if (with_strategy) {
+    cmd->add_option("--strategy", f->strategy, parallel::strategy_names())->capture_default_str();
+    cmd->add_option("--devices", f->devices, "devices (local worker processes on loopback)")->capture_default_str();
+  }
+  cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");
+  for (const auto& [name, use] : all_flags()) {
+    const std::string help = use.flag.help + " [" + join(use.strategies) + "]";
+    const std::string flag = name;
+    if (use.flag.kind == parallel::OptionFlag::Kind::kSetsBool) {
+      cmd->add_flag_callback(flag, [f, flag] { f->given[flag] = ""; }, help);
+    } else {
+      cmd->add_option_function<std::string>(flag, [f, flag](const std::string& v) { f->given[flag] = v; }, help);
+    }
+  }
+}
+
+Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strategy, int world, bool strict) {
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* s, parallel::strategy_for(strategy));
+  parallel::Plan plan;
+  plan.strategy = strategy;
+  plan.world = world;
+  if (world < 1 || world > 64) return core::invalid_argument("--devices must be in [1, 64]");
+  if (!f.partition.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(plan.ratios, parallel::parse_ratios(f.partition, world));
+  }
+  const auto flags = all_flags();
+  std::set<std::string> mine;
+  for (const auto& fl : s->flags()) mine.insert(fl.flag);
+  for (const auto& [flag, text] : f.given) {
+    const auto it = flags.find(flag);
+    if (it == flags.end()) continue;
+    if (!mine.count(flag)) {
+      if (strict)
+        return core::invalid_argument(flag + " applies to strategy " + join(it->second.strategies) + ", not '" + strategy + "'");
+      continue;
+    }
+    for (const auto& fl : s->flags())
+      if (fl.flag == flag) {
+        TESSERA_ASSIGN_OR_RETURN(plan.options[fl.key], option_value(fl, text));
+      }
+  }
+  return plan;
+}
+
+Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& f, int world) {
+  std::string name = spec, rest;
+  if (const size_t colon = spec.find(':'); colon != std::string::npos) {
+    name = spec.substr(0, colon);
+    rest = spec.substr(colon + 1);
+  }
+  json extra = json::object();
+  const std::string kNoOverlap = "-no-overlap";
+  if (name.size() > kNoOverlap.size() && name.ends_with(kNoOverlap)) {
+    name.resize(name.size() - kNoOverlap.size());
+    extra["overlap"] = false;
+  }
+  while (!rest.empty()) {
+    const size_t colon = rest.find(':');
+    const std::string item = rest.substr(0, colon);
+    rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) return core::invalid_argument("'" + spec + "': options are key=value");
+    extra[item.substr(0, eq)] = spec_value(item.substr(eq + 1));
+  }
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, build_plan(f, name, world, false));
+  for (const auto& [k, v] : extra.items()) plan.options[k] = v;
+  return plan;
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,37 @@
+// The plan options every command takes (--strategy, --devices, --partition)
+// plus each registered strategy's own flags, listed from the registry; the
+// Plan is built from them once.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "parallel/strategy.h"
+
+namespace tessera::cli {
+
+struct PlanFlags {
+  std::string strategy = "single";
+  int devices = 1;
+  std::string partition;  // "r1,r2,..."; empty = equal
+  std::map<std::string, std::string> given;  // flag -> value ("" for bare flags), as typed
+};
+
+// Adds --strategy, --devices and --partition (unless `with_strategy` is
+// false), and every strategy's flags (each flag once, its help naming the
+// strategies that take it).
+void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool with_strategy = true);
+
+// The plan for `strategy` on `world` devices from the flags given. With
+// `strict`, a flag the strategy does not take is an error (run); otherwise
+// it is left out (a sweep over several strategies).
+core::Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strategy, int world, bool strict);
+
+// "name" or "name:key=value:key=value" (values: true, false, a number, or a
+// string); "NAME-no-overlap" is short for "NAME:overlap=false".
+core::Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& f, int world);
+
+}  // namespace tessera::cli

@@ -1,0 +1,57 @@
+// The pieces of a transformer layer that every way of running it shares: the
+// attention arguments, and the two connective blocks (residual add and layer
+// norm) after attention and after the MLP, for post-LN (BERT) and pre-LN
+// (GPT-2, ViT) families in one place. The single device and every strategy
+// that splits a layer (tp, sp, voltage, galaxy, prism) call these.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/weighted_attention.h"
+#include "model/transformer.h"
+
+namespace tessera::model {
+
+// Where one attention call reads and writes; heads = -1: all of the model's.
+struct AttentionIo {
+  const float* q = nullptr;
+  int64_t ldq = 0;
+  const float* k = nullptr;
+  int64_t ldk = 0;
+  const float* v = nullptr;
+  int64_t ldv = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;
+  int64_t n_q = 0, n_kv = 0, q_pos0 = 0, kv_pos0 = 0;
+  int64_t heads = -1;
+};
+
+// Q|K|V fused in rows of 3 * width floats (width = heads * head_dim), with
+// n_q = n_kv = rows; the context goes to `out` (row stride `width`).
+AttentionIo fused_qkv_io(const float* qkv, int64_t width, int64_t rows, float* out);
+
+// Layer l's attention (heads, head size, scale, causality) over `io`.
+kernels::AttentionArgs attention_args(const Transformer& m, int64_t l, const AttentionIo& io);
+// The same for PRISM's count-weighted attention (counts and key positions
+// are the caller's).
+kernels::WeightedAttentionArgs weighted_attention_args(const Transformer& m, int64_t l, const AttentionIo& io);
+
+// After attention, on n rows. `s` holds the attention output projection;
+// with add_bias its bias and the layer input `x` are added here (strategies
+// that sum partial projections over devices add them once, after the sum),
+// otherwise `s` holds them already. Returns the MLP's input: post-LN
+// families normalise `s` in place (LN1; `s` is then also the MLP's
+// residual), pre-LN ones write LN2(s) to `mlp_in`.
+const float* attention_residual(const Transformer& m, int64_t l, float* s, const float* x, bool add_bias, int64_t n,
+                                float* mlp_in, core::ThreadPool* pool);
+
+// After the MLP, on n rows. `s` holds the FFN output projection; with
+// add_bias its bias and the MLP's residual `h` are added here. Writes the
+// layer output to `out` (which may alias `s`): LN2(s) for post-LN families,
+// `s` itself for pre-LN ones.
+void mlp_residual(const Transformer& m, int64_t l, float* s, const float* h, bool add_bias, int64_t n, float* out,
+                  core::ThreadPool* pool);
+
+}  // namespace tessera::model

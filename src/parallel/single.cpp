@@ -1,0 +1,45 @@
+// One device: every layer on the terminal, nothing sent.
+#include "parallel/strategy.h"
+
+namespace tessera::parallel {
+
+namespace {
+
+class Single final : public Strategy {
+ public:
+  std::string name() const override { return "single"; }
+  std::string summary() const override { return "one device, no communication"; }
+
+  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+    if (plan.world != 1) return core::invalid_argument("strategy 'single' runs on one device");
+    return only_options(plan, {});
+  }
+
+  core::Result<core::Tensor> run(const model::Transformer& m, const Plan&, Synchronizer&, core::Tensor x, int64_t,
+                                 core::ThreadPool* pool) const override {
+    model::Workspace ws;
+    for (int64_t l = 0; l < m.config().layers; ++l) m.layer(l, x, 0, nullptr, ws, pool);
+    return x;
+  }
+
+  Schedule estimate(const Plan&, const model::ModelConfig& c, int64_t n) const override {
+    Schedule s;
+    DeviceSchedule d;
+    for (int64_t l = 0; l < c.layers; ++l) {
+      Phase p{"layer", l, {}, {}, false};
+      add_layer_work(p.work, c, n, n);
+      d.phases.push_back(std::move(p));
+    }
+    d.weight_bytes = terminal_weight_bytes(c) + c.layers * layer_weight_bytes(c, c.hidden, c.intermediate);
+    // Workspace: QKV, context, two [n, F] buffers, FFN and the scores.
+    d.activation_bytes = (n * (3 * c.hidden + 3 * c.hidden + c.intermediate) + n * n * c.heads) * 4;
+    s.devices.push_back(std::move(d));
+    return s;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_single_strategy() { return std::make_unique<Single>(); }
+
+}  // namespace tessera::parallel

@@ -1,0 +1,313 @@
+// Strategies over real comm groups (inproc, ranks as threads), so the ring
+// tile streams of §III-D run: the streamed collectives equal the whole ones;
+// Galaxy and Voltage equal the single device with and without overlap; and
+// every strategy's estimate() gives exactly the bytes the comm layer counted
+// and the FLOPs the kernels counted.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <zmq.hpp>
+
+#include "comm/group.h"
+#include "model/safetensors.h"
+#include "model/transformer.h"
+#include "../parallel/fixtures.h"
+#include "kernels/flop_count.h"
+#include "parallel/strategy.h"
+#include "runtime/comm_sync.h"
+
+namespace tessera::parallel {
+namespace {
+
+using runtime::CommSynchronizer;
+
+using testing::fixture_input;
+using testing::kData;
+using testing::max_diff;
+
+// Runs fn(rank, synchronizer) on k threads, each a rank of one inproc group.
+std::vector<core::Status> run_ranks(int k, const std::function<core::Status(int, CommSynchronizer&)>& fn) {
+  static std::atomic<int> counter{0};
+  const std::string name = "galaxy-" + std::to_string(counter++);
+  auto ctx = std::make_shared<zmq::context_t>(1);
+  std::vector<core::Status> out(static_cast<size_t>(k));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r] {
+      comm::GroupOptions o;
+      o.rank = r;
+      for (int q = 0; q < k; ++q) o.endpoints.push_back("inproc://" + name + "-" + std::to_string(q));
+      o.group_id = name;
+      o.context = ctx;
+      auto g = comm::Group::create(o);
+      if (!g.ok()) {
+        out[static_cast<size_t>(r)] = g.status();
+        return;
+      }
+      CommSynchronizer sync(**g, std::chrono::seconds(30));
+      out[static_cast<size_t>(r)] = fn(r, sync);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+void expect_all_ok(const std::vector<core::Status>& st) {
+  for (size_t r = 0; r < st.size(); ++r) EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r].to_string();
+}
+
+// Rank r's contribution to row i, column j: distinct for every triple.
+float value(int r, int64_t i, int64_t j) { return static_cast<float>(r * 1000 + i * 10 + j) * 0.01f; }
+
+TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
+  const std::vector<std::vector<int64_t>> shapes = {{3}, {2, 2}, {3, 0}, {1, 2, 3}, {0, 4, 1, 0}, {2, 1, 1, 2, 3}};
+  const int64_t cols = 5;
+  for (const auto& counts : shapes) {
+    const int k = static_cast<int>(counts.size());
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    const std::vector<int64_t> at = row_offsets(counts);
+    expect_all_ok(run_ranks(k, [&](int r, CommSynchronizer& sync) -> core::Status {
+      // AllGather: every tile arrives once, with its owner's rows, in ring order.
+      std::vector<float> mine;
+      for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i)
+        for (int64_t j = 0; j < cols; ++j) mine.push_back(value(r, i, j));
+      for (const bool streamed : {true, false}) {
+        std::vector<int> order;
+        TESSERA_ASSIGN_OR_RETURN(auto tiles, streamed ? sync.allgather_tiles(mine, counts, cols)
+                                                      : sync.allgather_tiles_whole(mine, counts, cols));
+        while (!tiles->done()) {
+          TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+          order.push_back(t.owner);
+          EXPECT_EQ(t.count, counts[static_cast<size_t>(t.owner)]);
+          EXPECT_EQ(static_cast<int64_t>(t.rows.size()), t.count * cols);
+          for (int64_t i = 0; i < t.count; ++i)
+            for (int64_t j = 0; j < cols; ++j) EXPECT_EQ(t.rows[static_cast<size_t>(i * cols + j)], value(t.owner, i, j));
+        }
+        TESSERA_RETURN_IF_ERROR(tiles->finish());
+        EXPECT_EQ(order, ring_order(r, k));
+      }
+      // ReduceScatter: our rows of the sum over ranks, both forms.
+      const int64_t n = counts[static_cast<size_t>(r)] * cols;
+      for (const bool streamed : {true, false}) {
+        std::vector<float> mine_sum(static_cast<size_t>(n));
+        TESSERA_ASSIGN_OR_RETURN(auto parts, streamed ? sync.reduce_scatter_parts(counts, cols, mine_sum)
+                                                      : sync.reduce_scatter_parts_whole(counts, cols, mine_sum));
+        while (!parts->done()) {
+          TESSERA_ASSIGN_OR_RETURN(const PartialSlot slot, parts->next());
+          const auto d = static_cast<size_t>(slot.dest);
+          EXPECT_EQ(static_cast<int64_t>(slot.out.size()), counts[d] * cols);
+          for (int64_t i = 0; i < counts[d]; ++i)
+            for (int64_t j = 0; j < cols; ++j) slot.out[static_cast<size_t>(i * cols + j)] = value(r, at[d] + i, j);
+          TESSERA_RETURN_IF_ERROR(parts->submit());
+        }
+        TESSERA_RETURN_IF_ERROR(parts->finish());
+        for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i)
+          for (int64_t j = 0; j < cols; ++j) {
+            float want = 0.0f;
+            for (int q = 0; q < k; ++q) want += value(q, at[static_cast<size_t>(r)] + i, j);
+            EXPECT_NEAR(mine_sum[static_cast<size_t>(i * cols + j)], want, 1e-3f);
+          }
+      }
+      // Both forms account the same ring traffic: every part but our own.
+      const auto& sent = sync.stats().elements_sent;
+      EXPECT_EQ(sent[static_cast<size_t>(CollectiveKind::kReduceScatter)],
+                2 * (k > 1 ? (total - counts[static_cast<size_t>(r)]) * cols : 0));
+      // Broadcast in parts from the last rank, both forms: every part arrives
+      // once, our own first, and `all` ends up as the root's.
+      const int root = k - 1;
+      for (const bool streamed : {true, false}) {
+        std::vector<float> all(static_cast<size_t>(total * cols), -1.0f);
+        if (r == root)
+          for (int64_t i = 0; i < total * cols; ++i) all[static_cast<size_t>(i)] = value(root, i / cols, i % cols);
+        std::vector<int> parts;
+        TESSERA_ASSIGN_OR_RETURN(auto tiles, streamed ? sync.broadcast_tiles(all, counts, cols, root)
+                                                      : sync.broadcast_tiles_whole(all, counts, cols, root));
+        while (!tiles->done()) {
+          TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+          parts.push_back(t.owner);
+          EXPECT_EQ(t.count, counts[static_cast<size_t>(t.owner)]);
+          for (int64_t i = 0; i < t.count; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              EXPECT_EQ(t.rows[static_cast<size_t>(i * cols + j)], value(root, at[static_cast<size_t>(t.owner)] + i, j));
+        }
+        TESSERA_RETURN_IF_ERROR(tiles->finish());
+        EXPECT_EQ(parts, own_part_first(r, k));
+        for (int64_t i = 0; i < total * cols; ++i)
+          EXPECT_EQ(all[static_cast<size_t>(i)], value(root, i / cols, i % cols));
+      }
+      return core::ok_status();
+    }));
+  }
+}
+
+struct CommRun {
+  core::Tensor hidden;  // HF's last hidden state, from rank 0
+  std::vector<comm::CommStats> comm;
+  std::vector<double> flops;  // what the kernels counted inside run_layers
+};
+
+// A plan on k threads over inproc.
+CommRun run_comm_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
+  auto cfg = model::load_config(dir).value();
+  EXPECT_TRUE(complete_plan(plan, cfg).ok());
+  CommRun out;
+  out.comm.resize(static_cast<size_t>(plan.world));
+  out.flops.resize(static_cast<size_t>(plan.world));
+  expect_all_ok(run_ranks(plan.world, [&](int r, CommSynchronizer& sync) -> core::Status {
+    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(dir, load_options(plan, cfg, r)));
+    core::Tensor x;
+    if (r == 0) {
+      TESSERA_ASSIGN_OR_RETURN(x, m.embed(in));
+    }
+    const int64_t n = in.pixels.empty() ? static_cast<int64_t>(in.ids.size()) : cfg.max_rows();
+    sync.group().reset_stats();
+    kernels::reset_thread_flops();
+    TESSERA_ASSIGN_OR_RETURN(core::Tensor y, run_layers(m, plan, sync, x, n, nullptr));
+    out.flops[static_cast<size_t>(r)] = kernels::thread_flops();
+    out.comm[static_cast<size_t>(r)] = sync.group().stats();
+    if (r == 0) {
+      m.finish_hidden(y, nullptr);
+      out.hidden = y;
+    }
+    return core::ok_status();
+  }));
+  return out;
+}
+
+Plan make_plan(const std::string& strategy, int world, std::vector<double> ratios = {},
+               nlohmann::json options = nlohmann::json::object()) {
+  Plan p;
+  p.strategy = strategy;
+  p.world = world;
+  p.ratios = std::move(ratios);
+  p.options = std::move(options);
+  return p;
+}
+
+TEST(GalaxyTest, EqualsSingleDeviceWithAndWithoutOverlap) {
+  struct Case {
+    const char* family;
+    const char* input;
+  };
+  // N = 33, 13 are not divisible by K; N = 1 < K leaves ranks without rows.
+  const Case cases[] = {{"bert-tiny", "s33"}, {"gpt2-tiny", "s13"}, {"gpt2-tiny", "s1"}, {"vit-tiny", "c0"}};
+  struct Split {
+    std::vector<double> heads, ffn;  // partitions A and B
+  };
+  const std::vector<Split> splits[] = {
+      {{{1}, {1}}},
+      {{{1, 1}, {1, 1}}, {{3, 1}, {1, 2}}},
+      {{{1, 1, 1}, {1, 1, 1}}, {{1, 0, 2}, {2, 1, 1}}},
+      {{{1, 1, 1, 1}, {1, 1, 1, 1}}, {{2, 1, 0, 1}, {1, 3, 1, 2}}},
+  };
+  for (const auto& c : cases) {
+    const std::string dir = kData + "/" + c.family;
+    const auto in = fixture_input(c.family, c.input);
+    const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+    for (int k = 1; k <= 4; ++k)
+      for (const Split& split : splits[k - 1])
+        for (bool overlap : {true, false}) {
+          const Plan plan = make_plan("galaxy", k, split.heads, {{"ffn_ratios", split.ffn}, {"overlap", overlap}});
+          EXPECT_LT(max_diff(run_comm_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f)
+              << c.family << " " << c.input << " K=" << k << " A[0]=" << split.heads[0] << " overlap=" << overlap;
+        }
+  }
+}
+
+// Voltage's overlap (Q, K, V of each arriving block) over real rings: exact too.
+TEST(GalaxyTest, VoltageOverlapEqualsSingleDevice) {
+  for (const char* family : {"bert-tiny", "gpt2-tiny"}) {
+    const std::string dir = kData + "/" + family;
+    const auto in = fixture_input(family, family == std::string("bert-tiny") ? "s33" : "s13");
+    const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+    for (int k = 1; k <= 3; ++k)
+      for (bool overlap : {true, false}) {
+        const Plan plan = make_plan("voltage", k, k == 3 ? std::vector<double>{1, 0, 2} : std::vector<double>{},
+                                    {{"overlap", overlap}});
+        EXPECT_LT(max_diff(run_comm_threads(dir, plan, in).hidden, single.hidden.back()), 1e-4f)
+            << family << " K=" << k << " overlap=" << overlap;
+      }
+  }
+}
+
+TEST(GalaxyTest, ShardsFollowPartitionsAAndB) {
+  auto cfg = model::load_config(kData + "/bert-tiny").value();  // 4 heads, FFN 128 wide
+  Plan plan = make_plan("galaxy", 2, {3, 1}, {{"ffn_ratios", {1, 3}}});
+  ASSERT_TRUE(complete_plan(plan, cfg).ok());
+  const auto a = head_ranges(cfg, plan.ratios), b = ffn_ranges(cfg, plan.options["ffn_ratios"].get<std::vector<double>>());
+  EXPECT_EQ(a[0].size(), cfg.heads * 3 / 4);
+  EXPECT_EQ(b[1].size(), cfg.intermediate * 3 / 4);
+  const auto o = load_options(plan, cfg, 1);
+  EXPECT_EQ(o.head_begin, a[1].begin);
+  EXPECT_EQ(o.head_end, a[1].end);
+  EXPECT_EQ(o.ffn_begin, b[1].begin);
+  EXPECT_EQ(o.ffn_end, b[1].end);
+  EXPECT_FALSE(o.embeddings);
+  // A separate FFN partition is for the sharded strategies only.
+  Plan bad = make_plan("voltage", 2, {}, {{"ffn_ratios", {1, 1}}});
+  EXPECT_FALSE(complete_plan(bad, cfg).ok());
+}
+
+// estimate() is what run() does: for every registered strategy, K = 1..4,
+// BERT, GPT-2 and ViT, uneven partitions, the bytes each rank sends per
+// collective equal what the comm layer counted, exactly; and the FLOPs equal
+// what the kernels counted.
+TEST(EstimateTest, BytesEqualCommStatsAndFlopsEqualTheKernels) {
+  struct Case {
+    const char* family;
+    const char* input;
+  };
+  const Case cases[] = {{"bert-tiny", "s33"}, {"gpt2-tiny", "s13"}, {"vit-tiny", "c0"}};
+  const std::vector<double> partitions[] = {{1}, {3, 1}, {1, 0, 2}, {4, 1, 2, 1}};
+  int checked = 0;
+  for (const auto& c : cases) {
+    const std::string dir = kData + "/" + c.family;
+    const auto cfg = model::load_config(dir).value();
+    const auto in = fixture_input(c.family, c.input);
+    const int64_t n = in.pixels.empty() ? static_cast<int64_t>(in.ids.size()) : cfg.max_rows();
+    for (const Strategy* s : strategies()) {
+      if (s->name().rfind("test-", 0) == 0) continue;
+      std::vector<nlohmann::json> variants = {nlohmann::json::object()};
+      if (s->name() == "prism") variants = {{{"rate", 1.0}}, {{"rate", 4.0}}};
+      if (s->name() == "voltage")
+        variants = {{{"overlap", true}, {"adaptive_order", true}}, {{"overlap", false}, {"adaptive_order", true}},
+                    {{"overlap", true}, {"adaptive_order", false}}};
+      if (s->name() == "galaxy") variants = {{{"overlap", true}}, {{"overlap", false}, {"ffn_ratios", "1"}}};
+      for (int k = 1; k <= (s->name() == "single" ? 1 : 4); ++k)
+        for (nlohmann::json options : variants) {
+          if (options.contains("ffn_ratios")) {  // the FFN split reversed
+            std::vector<double> rev(partitions[k - 1].rbegin(), partitions[k - 1].rend());
+            options["ffn_ratios"] = rev;
+          }
+          Plan plan = make_plan(s->name(), k, partitions[k - 1], options);
+          ASSERT_TRUE(complete_plan(plan, cfg).ok()) << s->name();
+          const auto sched = estimate(plan, cfg, n);
+          ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+          const CommRun run = run_comm_threads(dir, plan, in);
+          for (int r = 0; r < k; ++r) {
+            const auto& dev = sched->devices[static_cast<size_t>(r)];
+            std::array<int64_t, comm::kOpKindCount> want{};
+            for (int kind = 0; kind < static_cast<int>(CollectiveKind::kCount); ++kind)
+              want[static_cast<size_t>(runtime::comm_op_of(static_cast<CollectiveKind>(kind)))] +=
+                  dev.bytes_sent(static_cast<CollectiveKind>(kind));
+            for (int op = 0; op < comm::kOpKindCount; ++op)
+              EXPECT_EQ(static_cast<int64_t>(run.comm[static_cast<size_t>(r)].per_op[static_cast<size_t>(op)].traffic.bytes_sent),
+                        want[static_cast<size_t>(op)])
+                  << s->name() << " " << options.dump() << " " << c.family << " K=" << k << " rank " << r << " "
+                  << comm::op_name(static_cast<comm::OpKind>(op));
+            EXPECT_DOUBLE_EQ(run.flops[static_cast<size_t>(r)], dev.flops())
+                << s->name() << " " << options.dump() << " " << c.family << " K=" << k << " rank " << r;
+            ++checked;
+          }
+        }
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+}  // namespace
+}  // namespace tessera::parallel
