@@ -14,6 +14,8 @@ run_suite() {
 }
 
 ctest_args=("$@")
+echo "== Layering (libraries and includes)"
+bash scripts/check_layers.sh
 echo "== Release build"
 run_suite build -DCMAKE_BUILD_TYPE=Release
 echo "== ASan + UBSan build"

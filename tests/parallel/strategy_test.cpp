@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "fixtures.h"
+#include "replicate_strategy.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
 #include "parallel/strategy.h"
@@ -166,36 +167,8 @@ TEST(StrategyTest, PlansAreCheckedByTheirStrategy) {
   EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 2}, {"options", 5}}).ok());
 }
 
-// A strategy added with one registration line. The toy "replicate": the
-// terminal broadcasts its rows, every rank runs every layer, and only the
-// terminal's result counts.
-class Replicate final : public Strategy {
- public:
-  std::string name() const override { return "test-replicate"; }
-  std::string summary() const override { return "test only: every rank runs everything"; }
-  core::Status complete(Plan& plan, const model::ModelConfig&) const override { return only_options(plan, {}); }
-  core::Result<core::Tensor> run(const model::Transformer& m, const Plan&, Synchronizer& sync, core::Tensor x, int64_t n,
-                                 core::ThreadPool* pool) const override {
-    const int64_t F = m.config().hidden;
-    core::Tensor full = sync.rank() == 0 ? x : core::Tensor::zeros_f32({n, F});
-    TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
-    model::Workspace ws;
-    for (int64_t l = 0; l < m.config().layers; ++l) m.layer(l, full, 0, nullptr, ws, pool);
-    return sync.rank() == 0 ? full : core::Tensor();
-  }
-  Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
-    Schedule s;
-    for (int r = 0; r < plan.world; ++r) {
-      DeviceSchedule d;
-      d.phases.push_back({"broadcast", -1, {}, {transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * c.hidden, plan.world, r, 0), everyone_but(r, plan.world))}, false});
-      s.devices.push_back(d);
-    }
-    return s;
-  }
-};
-
 TEST(StrategyTest, ATestOnlyStrategyRunsInProcess) {
-  register_strategy(std::make_unique<Replicate>());
+  register_strategy(std::make_unique<testing::Replicate>());
   ASSERT_NE(find_strategy("test-replicate"), nullptr);
   const std::string dir = kData + "/gpt2-tiny";
   const auto in = fixture_input("gpt2-tiny", "s13");

@@ -1,0 +1,56 @@
+// A strategy registered by the test alone runs through the multi-process
+// path: this binary is its own worker (Session execs /proc/self/exe with
+// `worker-job`, and main() below answers it), as `tessera` is for the
+// built-in strategies.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "../parallel/fixtures.h"
+#include "../parallel/replicate_strategy.h"
+#include "runtime/distributed.h"
+
+namespace tessera {
+namespace {
+
+TEST(CustomStrategyTest, RunsAsWorkerProcessesAndEqualsTheSingleDevice) {
+  const std::string dir = parallel::testing::kData + "/gpt2-tiny";
+  const auto in = parallel::testing::fixture_input("gpt2-tiny", "s13");
+  const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+  runtime::DistributedOptions o;
+  o.model_dir = dir;
+  o.plan.strategy = "test-replicate";
+  o.plan.world = 3;
+  o.timeout_ms = 30000;
+  auto session = runtime::Session::start(o);
+  ASSERT_TRUE(session.ok()) << session.status().to_string();
+  runtime::RunRequest req;
+  req.ids = in.ids;
+  auto got = (*session)->run(req);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_LT(parallel::testing::max_diff(got->output.hidden.back(), single.hidden.back()), 1e-4f);
+  const auto& stats = (*session)->last_stats();
+  EXPECT_EQ(stats["strategy"], "test-replicate");
+  EXPECT_EQ(stats["ranks"].size(), 3u);
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  tessera::parallel::register_strategy(std::make_unique<tessera::parallel::testing::Replicate>());
+  if (argc >= 4 && std::strcmp(argv[1], "worker-job") == 0) {  // a worker process of the test above
+    auto job = tessera::runtime::JobSpec::from_json(argv[3]);
+    if (!job.ok()) return 2;
+    tessera::runtime::WorkerEnv env;
+    if (argc >= 6 && std::strcmp(argv[4], "--key-fd") == 0) {
+      auto key = tessera::runtime::read_key_from_fd(std::atoi(argv[5]));
+      if (!key.ok()) return 3;
+      env.key = *key;
+    }
+    return tessera::runtime::run_worker(*job, env).ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
