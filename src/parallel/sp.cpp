@@ -25,9 +25,9 @@ class Sp final : public Strategy {
                      core::ThreadPool* pool) const override {
     const model::ModelConfig& c = m.config();
     const int64_t F = c.hidden;
-    const auto rows = row_ranges(plan, n);
-    const auto counts = range_sizes(rows);
-    const Range me = rows[static_cast<size_t>(sync.rank())];
+    const RowShare share = row_share(plan, n, sync.rank());
+    const auto& counts = share.counts;
+    const Range me = share.mine;
     const int64_t p = me.size();
     Tensor xp = Tensor::zeros_f32({p, F}), a = Tensor::zeros_f32({p, F}), qkv = Tensor::zeros_f32({p, 3 * F});
     Tensor kp = Tensor::zeros_f32({p, F}), vp = Tensor::zeros_f32({p, F}), ctx = Tensor::zeros_f32({p, F});

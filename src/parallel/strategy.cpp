@@ -130,6 +130,14 @@ Result<std::vector<double>> ratio_option(const Plan& plan, const std::string& ke
 
 std::vector<Range> row_ranges(const Plan& plan, int64_t n) { return split_by_ratio(n, plan.ratios); }
 
+RowShare row_share(const Plan& plan, int64_t n, int rank) {
+  RowShare s;
+  s.rows = row_ranges(plan, n);
+  s.counts = range_sizes(s.rows);
+  s.mine = s.rows[static_cast<size_t>(rank)];
+  return s;
+}
+
 int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols) {
   const int64_t F = c.hidden;
   // QKV [3w, F] + [3w], out [F, w] + [F], FFN [I', F] + [I'] and [F, I'] + [F], two norms.

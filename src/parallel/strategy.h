@@ -106,8 +106,14 @@ core::Result<T> option(const Plan& plan, const std::string& key, T fallback) {
 // A share vector option ("1,1,2" or [1,1,2]) for plan.world devices; absent = `fallback`.
 [[nodiscard]] core::Result<std::vector<double>> ratio_option(const Plan& plan, const std::string& key,
                                                              const std::vector<double>& fallback);
-// The rows of each device under plan.ratios.
+// The rows of each device under plan.ratios, their counts, and `rank`'s own.
 std::vector<Range> row_ranges(const Plan& plan, int64_t n);
+struct RowShare {
+  std::vector<Range> rows;
+  std::vector<int64_t> counts;
+  Range mine;
+};
+RowShare row_share(const Plan& plan, int64_t n, int rank);
 // One layer's weight-matrix and vector bytes, whole or as a TP shard.
 int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols);
 // Bytes of the embeddings and the head (the terminal's).

@@ -121,9 +121,10 @@ Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synch
                             core::ThreadPool* pool) const {
   const model::ModelConfig& c = m.config();
   const int64_t F = c.hidden;
-  const auto rows = row_ranges(plan, n);
-  const auto counts = range_sizes(rows);
-  const Range me = rows[static_cast<size_t>(sync.rank())];
+  const RowShare share = row_share(plan, n, sync.rank());
+  const auto& rows = share.rows;
+  const auto& counts = share.counts;
+  const Range me = share.mine;
   const int64_t p = me.size();
   Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
   Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
