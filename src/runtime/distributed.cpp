@@ -15,6 +15,7 @@
 #include "comm/control.h"
 #include "comm/keys.h"
 #include "comm/link.h"
+#include "core/duration.h"
 #include "core/io.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
@@ -48,6 +49,25 @@ Result<json> recv_json(comm::Group& g, int peer, int tag, comm::Millis timeout) 
   if (j.is_discarded() || !j.is_object() || !j.contains("op") || !j["op"].is_string())
     return core::invalid_argument("control message from rank " + std::to_string(peer) + " is not valid JSON");
   return j;
+}
+
+// A string member of a peer's message, or `fallback` (never an exception).
+std::string text_field(const json& j, const char* key, const char* fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(fallback);
+}
+
+// A worker's figures are printed and summed by the terminal: every number
+// must be a number, so that a peer cannot make the terminal throw.
+Status check_rank_stats(const json& j, int rank) {
+  const auto bad = [&] { return core::invalid_argument("worker " + std::to_string(rank) + " sent malformed figures"); };
+  if (!j.contains("rank") || !j["rank"].is_number_integer() || j["rank"].get<int64_t>() != rank) return bad();
+  for (const auto& [key, v] : j.items()) {
+    if (v.is_number()) continue;
+    if (!v.is_object()) return bad();
+    for (const auto& [k2, v2] : v.items())
+      if (!v2.is_number()) return bad();
+  }
+  return core::ok_status();
 }
 
 int64_t peak_rss_bytes() {
@@ -94,8 +114,19 @@ json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double
           {"bytes_sent_by_kind", by_kind},
           {"elements_sent_by_kind", elems},
           {"weight_bytes", weight_bytes},
-          {"peak_rss_bytes", peak_rss_bytes()}};
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"unmatched_bytes_peak", cs.unmatched_bytes_peak},
+          {"unmatched_frames_dropped", cs.unmatched_frames_dropped}};
 }
+
+// Copies a group's figures out when a worker's job ends, whichever way.
+struct StatsOnExit {
+  const comm::Group* group;
+  comm::CommStats* out;
+  ~StatsOnExit() {
+    if (out != nullptr) *out = group->stats();
+  }
+};
 
 // The cores this process may use; cpus_per_device indexes into them, so a
 // restricted cpuset still gets valid masks.
@@ -132,6 +163,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(local, env.key));
   go.bind_endpoint = env.bind_endpoint;
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
+  const StatsOnExit report{group.get(), env.stats};
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.plan(cfg));
   core::Timer load;
@@ -172,6 +204,7 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   s->opts_ = opts;
   if (opts.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
   if (opts.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
+  TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts.timeout_ms), "--timeout"));
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
   std::optional<ClusterFile> cluster;
   if (!opts.cluster_file.empty()) {
@@ -237,9 +270,9 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
       TESSERA_ASSIGN_OR_RETURN(std::string answer, comm::control_request(cluster->workers[static_cast<size_t>(r - 1)], key,
                                                                          w.to_json().dump(), comm::Millis(opts.timeout_ms)));
       json a = json::parse(answer, nullptr, false);
-      if (a.is_discarded() || !a.is_object() || a.value("ok", false) != true)
+      if (a.is_discarded() || !a.is_object() || !a.contains("ok") || a["ok"] != true)
         return core::network_error("worker " + cluster->workers[static_cast<size_t>(r - 1)] + " refused the job: " +
-                                   (a.is_object() ? a.value("error", std::string("?")) : std::string("bad answer")));
+                                   text_field(a, "error", "bad answer"));
       continue;
     }
     const std::string arg = w.to_json().dump();
@@ -271,7 +304,7 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   for (int r = 1; r < devices; ++r) {
     TESSERA_ASSIGN_OR_RETURN(json ready, recv_json(*s->group_, r, kToTerminalTag, comm::Millis(opts.timeout_ms)));
     if (ready["op"] == "error")
-      return core::internal_error("worker " + std::to_string(r) + ": " + ready.value("message", std::string("failed")));
+      return core::internal_error("worker " + std::to_string(r) + ": " + text_field(ready, "message", "failed"));
     if (ready["op"] != "ready") return core::invalid_argument("worker " + std::to_string(r) + " did not report ready");
     s->ready_.push_back(ready);
   }
@@ -309,6 +342,7 @@ Result<RunResult> Session::run(const RunRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(json done, recv_json(*group_, w, kToTerminalTag, timeout));
     if (done["op"] != "done") return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");
     done.erase("op");
+    TESSERA_RETURN_IF_ERROR(check_rank_stats(done, w));
     ranks.push_back(done);
   }
   stats_ = {{"strategy", parallel::strategy_name(plan_.strategy)},

@@ -2,6 +2,9 @@
 
 #include <cmath>
 
+#include "core/duration.h"
+#include "core/json.h"
+
 namespace tessera::runtime {
 
 using core::Result;
@@ -17,11 +20,34 @@ json JobSpec::to_json() const {
 }
 
 Result<JobSpec> JobSpec::from_json(const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return core::parse_error("job is not a JSON object");
+  auto parsed = core::parse_json(text, "job");
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  if (!j.is_object()) return core::parse_error("job is not a JSON object");
   JobSpec s;
+  // Numbers are read through range-checked helpers: get<int>() truncates
+  // large integers and is undefined for large doubles.
+  auto field = [](auto r, const char* what) -> decltype(r) {
+    if (!r.ok()) return r.status().with_context(std::string("job: ") + what);
+    return r;
+  };
+  TESSERA_ASSIGN_OR_RETURN(s.rank, field(core::json_field_int(j, "rank", 0, 63), "rank"));
+  TESSERA_ASSIGN_OR_RETURN(s.threads, field(core::json_field_int(j, "threads", 1, 256), "threads"));
+  TESSERA_ASSIGN_OR_RETURN(s.timeout_ms,
+                           field(core::json_field_int(j, "timeout_ms", 1, core::kMaxDuration.count()), "timeout_ms"));
+  TESSERA_ASSIGN_OR_RETURN(s.prism_rate, field(core::json_field_number(j, "prism_rate", 0, 1e9, 0.0), "prism_rate"));
+  TESSERA_ASSIGN_OR_RETURN(s.prism_segments,
+                           field(core::json_field_int(j, "prism_segments", 0, int64_t{1} << 40, 0), "prism_segments"));
+  for (const char* key : {"ratios", "ffn_ratios"})
+    if (j.contains(key) && j[key].is_array())
+      for (const auto& r : j[key])
+        if (!r.is_number() || !std::isfinite(r.get<double>()))
+          return core::invalid_argument(std::string("job: ") + key + " must be finite numbers");
+  if (j.contains("layer_map") && j["layer_map"].is_array())
+    for (const auto& d : j["layer_map"])
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > 63)
+        return core::invalid_argument("job: layer_map entries must be device numbers");
   try {
-    s.rank = j.at("rank").get<int>();
     s.endpoints = j.at("endpoints").get<std::vector<std::string>>();
     s.group_id = j.at("group_id").get<std::string>();
     s.insecure = j.at("insecure").get<bool>();
@@ -33,12 +59,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
     s.layer_map = j.at("layer_map").get<std::vector<int>>();
     s.adaptive_order = j.at("adaptive_order").get<bool>();
     // Absent in jobs from before PRISM: unset.
-    s.prism_rate = j.value("prism_rate", 0.0);
-    s.prism_segments = j.value("prism_segments", int64_t{0});
     s.ffn_ratios = j.value("ffn_ratios", std::vector<double>{});
     s.overlap = j.value("overlap", true);
-    s.threads = j.at("threads").get<int>();
-    s.timeout_ms = j.at("timeout_ms").get<int>();
   } catch (const json::exception& e) {
     return core::parse_error(std::string("job: ") + e.what());
   }

@@ -29,7 +29,7 @@ struct JobSpec {
   int64_t prism_segments = 0;  // PRISM segment means per partition L (0 = unset)
   bool overlap = true;          // galaxy, voltage: ring tiles overlap the GEMMs
   int threads = 1;
-  int timeout_ms = 60000;
+  int64_t timeout_ms = 60000;
 
   nlohmann::json to_json() const;
   static core::Result<JobSpec> from_json(const std::string& text);
