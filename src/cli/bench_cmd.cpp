@@ -51,7 +51,7 @@ struct BenchSweepFlags {
   bool plot_only = false;
   bool secure = false;
   bool insecure = false;
-  int timeout_s = 60;
+  int64_t timeout_s = 60;
   // The strategies' own flags (--cr, --no-overlap, ...), applied to each
   // strategy that takes them; --strategies entries may add "name:key=value".
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
@@ -576,7 +576,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--plot-only", f->plot_only, "only draw the plots from an existing --out CSV");
   auto* secure = cmd->add_flag("--secure", f->secure, "CURVE-encrypt the links (default: off, to measure the strategies)");
   cmd->add_flag("--insecure", f->insecure, "no CURVE encryption (the default here)")->excludes(secure);
-  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take")->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}))
+      ->capture_default_str();
   cmd->callback([f] { throw CLI::RuntimeError(bench(*f)); });
 }
 

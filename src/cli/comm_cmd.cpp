@@ -42,7 +42,7 @@ struct BenchArgs {
   bool json = false;
   bool insecure = false;
   std::string key_file;
-  int timeout_ms = 120000;
+  int64_t timeout_ms = 120000;
 };
 
 struct RankArgs {
@@ -316,7 +316,8 @@ void add_bench_options(CLI::App* cmd, BenchArgs* a) {
   cmd->add_option("--warmup", a->warmup, "Untimed iterations first");
   cmd->add_flag("--insecure", a->insecure, "No CURVE encryption/authentication");
   cmd->add_option("--key", a->key_file, "Cluster key file (default: an ephemeral one)");
-  cmd->add_option("--timeout-ms", a->timeout_ms, "Per-operation timeout");
+  cmd->add_option("--timeout-ms", a->timeout_ms, "Per-operation timeout (1..86400000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400000}));
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ struct RunFlags {
   runtime::DistributedOptions dist;
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
   bool stats = false;
-  int timeout_s = 60;
+  int64_t timeout_s = 60;
   int reps = 1;
   int warmup = 0;
   std::string ids, token_types;
@@ -44,6 +44,8 @@ void add_input_options(CLI::App* cmd, RunFlags& f) {
 }
 
 int finish_parse(RunFlags& f) {
+  if (f.generate < 0) return fail("--generate / --max-new-tokens must be >= 0");
+  if (const auto st = model::validate_generate_options(f.req.gen); !st.ok()) return fail(st.to_string());
   if (!f.ids.empty()) {
     auto ids = runtime::parse_id_list(f.ids);
     if (!ids.ok()) return fail(ids.status().to_string());
@@ -154,7 +156,9 @@ void add_run(CLI::App& app) {
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
-  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take")->capture_default_str();
+  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}))
+      ->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "distributed: untimed runs first")->capture_default_str();
   cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });

@@ -4,8 +4,10 @@
 #include <zmq_addon.hpp>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
+#include "core/duration.h"
 #include "core/logging.h"
 
 namespace tessera::comm {
@@ -16,6 +18,9 @@ using core::Status;
 Result<std::unique_ptr<ControlServer>> ControlServer::bind(const std::string& endpoint, std::optional<ClusterKey> key,
                                                            size_t max_request_bytes) {
   std::unique_ptr<ControlServer> s(new ControlServer());
+  s->endpoint_ = endpoint;
+  s->key_ = key;
+  s->max_request_bytes_ = max_request_bytes;
   try {
     s->ctx_ = std::make_unique<zmq::context_t>(1);
     if (key) {
@@ -28,19 +33,48 @@ Result<std::unique_ptr<ControlServer>> ControlServer::bind(const std::string& en
       s->zap_->set(zmq::sockopt::linger, 0);
       s->zap_->bind("inproc://zeromq.zap.01");
     }
-    s->rep_ = std::make_unique<zmq::socket_t>(*s->ctx_, zmq::socket_type::rep);
-    s->rep_->set(zmq::sockopt::linger, 0);
-    s->rep_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_request_bytes));
-    if (key) {
-      s->rep_->set(zmq::sockopt::curve_server, true);
-      s->rep_->set(zmq::sockopt::curve_secretkey, key->secret_z85);
-      s->rep_->set(zmq::sockopt::zap_domain, "tessera-control");
-    }
-    s->rep_->bind(endpoint);
   } catch (const zmq::error_t& e) {
     return core::network_error("cannot bind control endpoint " + endpoint + ": " + e.what());
   }
+  TESSERA_RETURN_IF_ERROR(s->open_socket());
   return s;
+}
+
+Status ControlServer::open_socket() {
+  try {
+    rep_ = std::make_unique<zmq::socket_t>(*ctx_, zmq::socket_type::rep);
+    rep_->set(zmq::sockopt::linger, 0);
+    rep_->set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_request_bytes_));
+    if (key_) {
+      rep_->set(zmq::sockopt::curve_server, true);
+      rep_->set(zmq::sockopt::curve_secretkey, key_->secret_z85);
+      rep_->set(zmq::sockopt::zap_domain, "tessera-control");
+    }
+    rep_->bind(endpoint_);
+  } catch (const zmq::error_t& e) {
+    rep_.reset();
+    return core::network_error("cannot bind control endpoint " + endpoint_ + ": " + e.what());
+  }
+  return core::ok_status();
+}
+
+Status ControlServer::reset() {
+  rep_.reset();
+  // libzmq releases the listening port asynchronously; retry for a moment.
+  Status st;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    st = open_socket();
+    if (st.ok()) return st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return st;
+}
+
+void ControlServer::note_malformed(const std::string& why) {
+  ++malformed_requests_;
+  // Powers of two only: a client repeating it must not flood the log.
+  if ((malformed_requests_ & (malformed_requests_ - 1)) == 0)
+    spdlog::warn("control: refused a malformed request ({}; {} so far)", why, malformed_requests_);
 }
 
 ControlServer::~ControlServer() {
@@ -77,9 +111,19 @@ Result<std::string> ControlServer::receive(std::chrono::milliseconds timeout) {
       zmq::poll(items, std::min(left, std::chrono::milliseconds(1000)));
       if (zap_ && (items[1].revents & ZMQ_POLLIN)) handle_zap();
       if (items[0].revents & ZMQ_POLLIN) {
+        // A request is one frame. Read every frame of what came (ZeroMQ
+        // delivers a message whole), so the socket is ready for the reply.
         zmq::message_t m;
         if (!rep_->recv(m, zmq::recv_flags::dontwait)) continue;
-        return m.to_string();
+        size_t frames = 1;
+        for (bool more = m.more(); more; ++frames) {
+          zmq::message_t rest;
+          if (!rep_->recv(rest, zmq::recv_flags::dontwait)) break;
+          more = rest.more();
+        }
+        if (frames == 1) return m.to_string();
+        note_malformed(std::to_string(frames) + " frames");
+        if (!reply(R"({"ok":false,"error":"a control request is one frame"})").ok()) TESSERA_RETURN_IF_ERROR(reset());
       }
     }
   } catch (const zmq::error_t& e) {
@@ -98,6 +142,8 @@ Status ControlServer::reply(const std::string& text) {
 
 Result<std::string> control_request(const std::string& endpoint, const std::optional<ClusterKey>& key,
                                     const std::string& request, std::chrono::milliseconds timeout) {
+  // zmq::poll takes a negative timeout as "wait forever".
+  TESSERA_RETURN_IF_ERROR(core::check_duration(timeout, "control request timeout"));
   try {
     zmq::context_t ctx(1);
     zmq::socket_t req(ctx, zmq::socket_type::req);

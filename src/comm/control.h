@@ -25,19 +25,32 @@ class ControlServer {
                                                            size_t max_request_bytes = 1 << 20);
   ~ControlServer();
   // The next request (kTimeout when none came); answer it with reply().
+  // A request of more than one frame is answered with an error here, logged
+  // and counted, and never returned.
   core::Result<std::string> receive(std::chrono::milliseconds timeout);
   core::Status reply(const std::string& text);
+  // Closes and rebinds the socket: the way out of any state a peer left it
+  // in (a reply that cannot be sent). Fails only if the endpoint cannot be
+  // bound again.
+  core::Status reset();
   uint64_t auth_rejections() const { return auth_rejections_; }
+  uint64_t malformed_requests() const { return malformed_requests_; }
 
  private:
   ControlServer() = default;
   void handle_zap();
+  core::Status open_socket();
+  void note_malformed(const std::string& why);
 
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> zap_;
   std::unique_ptr<zmq::socket_t> rep_;
   std::string cluster_public_;  // 32 raw bytes
+  std::string endpoint_;
+  std::optional<ClusterKey> key_;
+  size_t max_request_bytes_ = 0;
   uint64_t auth_rejections_ = 0;
+  uint64_t malformed_requests_ = 0;
 };
 
 // Sends one request and waits for the reply; a server that does not answer

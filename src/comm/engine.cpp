@@ -44,6 +44,7 @@ GroupCore::GroupCore(const GroupOptions& options)
       inproc_(is_inproc(options.endpoints)) {
   limits_ = FrameLimits{static_cast<uint32_t>(rank_), static_cast<uint32_t>(world_), group_, options.max_message_bytes};
   peers_.resize(static_cast<size_t>(world_));
+  unmatched_per_peer_.assign(static_cast<size_t>(world_), 0);
   links_.resize(static_cast<size_t>(world_));
   reset_stats();
 }

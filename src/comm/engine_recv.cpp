@@ -62,6 +62,19 @@ void GroupCore::reject(RejectReason r) {
   ++stats_.rejected_by_reason[static_cast<size_t>(r)];
 }
 
+bool GroupCore::over_unmatched_cap(int peer, uint64_t cost) const {
+  return unmatched_per_peer_[static_cast<size_t>(peer)] + cost > options_.max_unmatched_bytes_per_peer ||
+         unmatched_total_ + cost > options_.max_unmatched_bytes;
+}
+
+void GroupCore::note_buffered(int peer, int64_t delta) {
+  unmatched_per_peer_[static_cast<size_t>(peer)] += static_cast<uint64_t>(delta);
+  unmatched_total_ += static_cast<uint64_t>(delta);
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_.unmatched_bytes = unmatched_total_;
+  stats_.unmatched_bytes_peak = std::max(stats_.unmatched_bytes_peak, unmatched_total_);
+}
+
 void GroupCore::accept_frame(int src, const FrameHeader& h, zmq::message_t* payload) {
   PeerLink& l = links_[src];
   if (l.lost) {
@@ -129,11 +142,31 @@ void GroupCore::accept_frame(int src, const FrameHeader& h, zmq::message_t* payl
     std::lock_guard<std::mutex> lock(mu_);
     Mailbox& box = mailboxes_[MailKey{src, h.op, h.tag}];
     if (box.posted.empty()) {
-      box.unexpected.push_back(std::move(t));
-      return;
+      const uint64_t cost = buffered_cost(t);
+      if (!over_unmatched_cap(src, cost)) {
+        box.unexpected.push_back(std::move(t));
+        note_buffered(src, static_cast<int64_t>(cost));
+        return;
+      }
+      if (box.unexpected.empty()) mailboxes_.erase(MailKey{src, h.op, h.tag});
+    } else {
+      matched = std::move(box.posted.front());
+      box.posted.pop_front();
     }
-    matched = std::move(box.posted.front());
-    box.posted.pop_front();
+  }
+  if (!matched) {
+    uint64_t dropped = 0;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      dropped = ++stats_.unmatched_frames_dropped;
+      stats_.unmatched_bytes_dropped += h.nbytes + kMailboxOverhead;
+    }
+    // Powers of two only: a flood must not flood the log too.
+    if ((dropped & (dropped - 1)) == 0)
+      spdlog::warn("comm rank {}: dropped a message from rank {} on tag {} nobody receives: over the cap of {} buffered "
+                   "bytes per peer / {} per group ({} dropped so far)",
+                   rank_, src, h.tag, options_.max_unmatched_bytes_per_peer, options_.max_unmatched_bytes, dropped);
+    return;
   }
   // Forward first: the next hop should not wait for the local consumer.
   // Sends posted before this receive go out before the forward (per-link

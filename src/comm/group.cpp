@@ -7,6 +7,7 @@
 #include <random>
 
 #include "comm/group_core.h"
+#include "core/duration.h"
 #include "core/io.h"
 
 namespace tessera::comm {
@@ -129,6 +130,7 @@ std::shared_ptr<RecvState> GroupCore::post_recv(OpKind op, int peer, int tag, in
     if (!box.unexpected.empty()) {
       core::Tensor t = std::move(box.unexpected.front());
       box.unexpected.pop_front();
+      note_buffered(peer, -static_cast<int64_t>(buffered_cost(t)));
       if (forward_peer >= 0) {
         if (closing_) {
           state->forward_state->complete(core::network_error("group is closed"));
@@ -163,6 +165,7 @@ void GroupCore::withdraw(const std::shared_ptr<RecvState>& state) {
   std::lock_guard<std::mutex> slock(state->mu);
   if (state->done && state->status.ok() && !state->consumed) {
     // Delivered but never collected: give it to the next receive.
+    note_buffered(state->peer, static_cast<int64_t>(buffered_cost(state->tensor)));
     it->second.unexpected.push_front(std::move(state->tensor));
     state->consumed = true;
   }
@@ -185,6 +188,11 @@ void GroupCore::reset_stats() {
   fresh.rank = rank_;
   fresh.world = world_;
   fresh.per_peer.assign(static_cast<size_t>(world_), TrafficCounters{});
+  // The mailbox figures cover the group's life: a daemon reports them per job.
+  fresh.unmatched_bytes = stats_.unmatched_bytes;
+  fresh.unmatched_bytes_peak = stats_.unmatched_bytes_peak;
+  fresh.unmatched_frames_dropped = stats_.unmatched_frames_dropped;
+  fresh.unmatched_bytes_dropped = stats_.unmatched_bytes_dropped;
   stats_ = fresh;
 }
 
@@ -282,6 +290,13 @@ core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
                                   std::to_string(world));
   }
   if (options.max_message_bytes == 0) return core::invalid_argument("max_message_bytes must be positive");
+  if (options.max_unmatched_bytes_per_peer == 0 || options.max_unmatched_bytes == 0)
+    return core::invalid_argument("the caps on unmatched bytes must be positive");
+  for (const auto& [d, what] : {std::pair{options.connect_timeout, "connect timeout"},
+                                {options.heartbeat_interval, "heartbeat interval"},
+                                {options.heartbeat_timeout, "heartbeat timeout"}, {options.loss_grace, "loss grace"},
+                                {options.close_timeout, "close timeout"}})
+    TESSERA_RETURN_IF_ERROR(core::check_duration(d, what));
   const auto deadline = detail::Clock::now() + options.connect_timeout;
   auto core = std::make_shared<detail::GroupCore>(options);
   TESSERA_RETURN_IF_ERROR(core->start());

@@ -33,6 +33,11 @@ struct SendState;
 struct RecvState;
 }  // namespace detail
 
+// What a message waiting in a mailbox counts against the caps on unmatched
+// bytes: its payload plus this, for the bookkeeping around it (tensor, deque
+// and map entries), so that a flood of empty frames cannot slip under them.
+inline constexpr uint64_t kMailboxOverhead = 1024;
+
 struct GroupOptions {
   int rank = 0;
   // One per rank ("tcp://host:port", "ipc://path" or "inproc://name");
@@ -55,6 +60,12 @@ struct GroupOptions {
   Millis loss_grace{200};            // after a disconnect, wait for in-flight frames
   Millis close_timeout{5000};        // flushing queued sends on close
   uint64_t max_message_bytes = 1ull << 30;
+  // Messages that arrive before anyone receives them wait in a mailbox.
+  // Beyond these caps (payload plus header bytes) such messages are dropped
+  // and counted, so a peer sending on tags nobody receives cannot exhaust
+  // memory. Legitimate early messages are activations of a few MiB.
+  uint64_t max_unmatched_bytes_per_peer = 128ull << 20;
+  uint64_t max_unmatched_bytes = 256ull << 20;  // all peers together (the job)
 
   LinkMatrix links;  // empty: unpaced
   size_t link_burst_bytes = 0;

@@ -59,6 +59,8 @@ struct MailKey {
   }
 };
 
+inline uint64_t buffered_cost(const core::Tensor& t) { return t.nbytes() + kMailboxOverhead; }
+
 struct Mailbox {
   std::deque<core::Tensor> unexpected;                // arrived, nobody asked yet
   std::deque<std::shared_ptr<RecvState>> posted;       // asked, nothing arrived yet
@@ -133,6 +135,9 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   bool receive_one();
   void accept_frame(int src, const FrameHeader& h, zmq::message_t* payload);
   void reject(RejectReason r);
+  // Accounting of mailbox bytes (callers hold mu_ for the first two).
+  void note_buffered(int peer, int64_t delta);
+  bool over_unmatched_cap(int peer, uint64_t cost) const;
   // An Outgoing that sends a received tensor on, for RecvState::forward_peer.
   static Outgoing forward_of(const RecvState& st, const core::Tensor& t);
   void handle_zap();
@@ -174,6 +179,8 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
   std::vector<Outgoing> inbox_;
   std::map<MailKey, Mailbox> mailboxes_;
   std::vector<PeerStatus> peers_;
+  std::vector<uint64_t> unmatched_per_peer_;  // bytes waiting in mailboxes, by sender
+  uint64_t unmatched_total_ = 0;
   bool closing_ = false;
   bool closed_ = false;
   std::string fatal_;   // I/O thread died: every operation fails with this

@@ -8,6 +8,7 @@
 #include <zmq.h>
 
 #include "core/io.h"
+#include "core/json.h"
 
 namespace tessera::comm {
 
@@ -30,6 +31,9 @@ core::Status validate_cluster_key(const ClusterKey& key) {
   if (key.public_z85.size() != 40 || key.secret_z85.size() != 40) {
     return core::invalid_argument("cluster key: keys must be 40 Z85 characters");
   }
+  // libzmq reads the keys as C strings: an embedded NUL would shorten them.
+  if (key.public_z85.find('\0') != std::string::npos || key.secret_z85.find('\0') != std::string::npos)
+    return core::invalid_argument("cluster key: not valid Z85");
   uint8_t bin[32];
   if (zmq_z85_decode(bin, key.public_z85.c_str()) == nullptr ||
       zmq_z85_decode(bin, key.secret_z85.c_str()) == nullptr) {
@@ -69,15 +73,16 @@ core::Status write_key_file(const std::string& path, const ClusterKey& key, bool
 
 core::Result<ClusterKey> read_key_file(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != kFormat) {
-    return core::parse_error("key file '" + path + "': not a tessera cluster key file");
-  }
-  if (!j.contains("curve_public") || !j["curve_public"].is_string() || !j.contains("curve_secret") ||
-      !j["curve_secret"].is_string()) {
-    return core::parse_error("key file '" + path + "': missing curve_public/curve_secret");
-  }
-  ClusterKey key{j["curve_public"].get<std::string>(), j["curve_secret"].get<std::string>()};
+  const std::string what = "key file '" + path + "'";
+  auto j = core::parse_json(text, what);
+  // Any member of the wrong type is "not a key file", never an exception.
+  auto format = j.ok() ? core::json_field_string(*j, "format", std::string()) : core::Result<std::string>(j.status());
+  if (!j.ok() || !j->is_object() || !format.ok() || *format != kFormat)
+    return core::parse_error(what + ": not a tessera cluster key file");
+  auto pub = core::json_field_string(*j, "curve_public");
+  auto sec = core::json_field_string(*j, "curve_secret");
+  if (!pub.ok() || !sec.ok()) return core::parse_error(what + ": missing curve_public/curve_secret");
+  ClusterKey key{*pub, *sec};
   core::Status st = validate_cluster_key(key);
   if (!st.ok()) return st.with_context(path);
   return key;

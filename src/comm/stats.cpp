@@ -50,6 +50,10 @@ nlohmann::json stats_to_json(const CommStats& s) {
   j["auth_rejections"] = s.auth_rejections;
   j["handshake_failures"] = s.handshake_failures;
   j["peers_lost"] = s.peers_lost;
+  j["unmatched_bytes"] = s.unmatched_bytes;
+  j["unmatched_bytes_peak"] = s.unmatched_bytes_peak;
+  j["unmatched_frames_dropped"] = s.unmatched_frames_dropped;
+  j["unmatched_bytes_dropped"] = s.unmatched_bytes_dropped;
   return j;
 }
 

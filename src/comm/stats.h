@@ -43,6 +43,13 @@ struct CommStats {
   uint64_t auth_rejections = 0;     // clients refused by the key check
   uint64_t handshake_failures = 0;  // our connections that failed to authenticate
   uint64_t peers_lost = 0;
+  // Messages waiting for a receive (payload plus bookkeeping bytes): now,
+  // the most at any time, and what was dropped over the caps. These cover
+  // the group's whole life (reset_stats keeps them).
+  uint64_t unmatched_bytes = 0;
+  uint64_t unmatched_bytes_peak = 0;
+  uint64_t unmatched_frames_dropped = 0;
+  uint64_t unmatched_bytes_dropped = 0;
 
   const OpStats& op(OpKind k) const { return per_op[static_cast<size_t>(k)]; }
   OpStats& op(OpKind k) { return per_op[static_cast<size_t>(k)]; }

@@ -2,15 +2,23 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "core/status.h"
 
 namespace tessera::core {
 
+// Reads a whole regular file; anything else (a FIFO, a device, a folder) is
+// refused before it is read, since it could block or never end.
 Result<std::string> read_file(const std::string& path);
+// The same check for callers that read or map the file themselves: an open
+// descriptor (O_CLOEXEC) the caller closes.
+Result<int> open_regular_file(const std::string& path);
 Status write_file(const std::string& path, const std::string& bytes);
 bool file_exists(const std::string& path);
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t available_memory_bytes();
 
 // Monotonic stopwatch in milliseconds.
 class Timer {

@@ -23,19 +23,42 @@ std::string shape_to_string(const Shape& shape) {
   return os.str();
 }
 
-Tensor Tensor::zeros(DType dtype, Shape shape) {
+Result<Tensor> Tensor::try_zeros(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  size_t bytes = t.nbytes();
+  // Size with overflow checks: a request may ask for anything. Beyond 1 TiB
+  // no allocator here can succeed (and sanitizers abort instead of failing).
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+  uint64_t bytes = dtype_size(dtype);
+  bool zero = false;
+  for (int64_t d : t.shape_) {
+    if (d < 0) return invalid_argument("negative dimension " + std::to_string(d));
+    if (d == 0) zero = true;
+  }
+  for (int64_t d : t.shape_) {
+    if (zero) {
+      bytes = 0;
+      break;
+    }
+    if (bytes > kMaxBytes / static_cast<uint64_t>(d))
+      return resource_exhausted("tensor " + shape_to_string(t.shape_) + " is too large");
+    bytes *= static_cast<uint64_t>(d);
+  }
   size_t padded = ((bytes + 63) / 64) * 64;
   if (padded == 0) padded = 64;
   void* p = std::aligned_alloc(64, padded);
-  TESSERA_CHECK_MSG(p != nullptr, "out of memory allocating " << padded << " bytes");
+  if (p == nullptr) return resource_exhausted("out of memory allocating " + std::to_string(padded) + " bytes");
   std::memset(p, 0, padded);
   t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   t.data_ = p;
   return t;
+}
+
+Tensor Tensor::zeros(DType dtype, Shape shape) {
+  auto t = try_zeros(dtype, std::move(shape));
+  TESSERA_CHECK_MSG(t.ok(), t.status().to_string());
+  return std::move(t).value();
 }
 
 Tensor Tensor::borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> owner) {

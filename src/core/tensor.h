@@ -25,6 +25,9 @@ class Tensor {
   // Owned, zero-initialised.
   static Tensor zeros(DType dtype, Shape shape);
   static Tensor zeros_f32(Shape shape) { return zeros(DType::kF32, std::move(shape)); }
+  // Same, but running out of memory is an error instead of an abort: for
+  // allocations whose size a request decides.
+  static Result<Tensor> try_zeros(DType dtype, Shape shape);
   // Borrowed: `data` must stay valid while `owner` lives.
   static Tensor borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> owner);
   static Tensor from_f32(Shape shape, const std::vector<float>& values);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/io.h"
+#include "core/json.h"
 
 namespace tessera::model {
 
@@ -56,12 +57,13 @@ Result<std::vector<std::string>> parse_labels(const json& j) {
     if (n > 1000000) return core::out_of_range("config.json: too many labels");
     labels.resize(n);
     for (auto it = j["id2label"].begin(); it != j["id2label"].end(); ++it) {
-      size_t id = 0;
-      try {
-        id = std::stoul(it.key());
-      } catch (...) {
-        return core::parse_error("config.json: id2label key '" + it.key() + "' is not an integer");
-      }
+      // Plain decimal only: stoul would also take " 1", "+1" or "01", so two
+      // spellings could name one id and leave another empty.
+      const std::string& key = it.key();
+      const bool canonical = !key.empty() && key.size() <= 7 && key.find_first_not_of("0123456789") == std::string::npos &&
+                             (key.size() == 1 || key[0] != '0');
+      if (!canonical) return core::parse_error("config.json: id2label key '" + key.substr(0, 32) + "' is not an integer");
+      const size_t id = std::stoul(key);
       if (id >= n || !it.value().is_string()) return core::parse_error("config.json: id2label is not a dense 0..n-1 map");
       labels[id] = it.value().get<std::string>();
     }
@@ -130,8 +132,10 @@ Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
 }  // namespace
 
 Result<ModelConfig> parse_config(const std::string& text) {
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return core::parse_error("config.json is not a valid JSON object");
+  auto parsed = core::parse_json(text, "config.json");
+  if (!parsed.ok()) return parsed.status();
+  json& j = *parsed;
+  if (!j.is_object()) return core::parse_error("config.json is not a valid JSON object");
   try {
     if (!j.contains("model_type") || !j["model_type"].is_string()) return core::parse_error("config.json: missing 'model_type'");
     const std::string type = j["model_type"].get<std::string>();

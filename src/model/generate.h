@@ -24,8 +24,13 @@ struct GenerateOptions {
   std::function<void(int64_t)> on_token;
 };
 
+// Rejects options that mean nothing: new tokens < 0, temperature not a
+// finite number > 0, top-p outside (0, 1], top-k < 0 (0: no filter).
+core::Status validate_generate_options(const GenerateOptions& opts);
+
 // Picks the next token from one row of logits (greedy, or sampled after
-// temperature, top-k and top-p filtering).
+// temperature, top-k and top-p filtering). NaN logits are never picked;
+// -1 when every logit is NaN.
 int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& opts, uint64_t* rng_state);
 
 // Returns prompt + generated ids (stops after EOS, which is kept, or after

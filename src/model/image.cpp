@@ -18,6 +18,7 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr int kMaxSide = 1 << 14;  // keeps [1,3,H,W] allocations sane
+constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 64 Mpx: 192 MiB decoded
 
 // ---- Resampling (PIL's BILINEAR) ----
 
@@ -93,12 +94,19 @@ std::vector<uint8_t> resize_rgb(const uint8_t* rgb, int w, int h, int out_w, int
 // ---- preprocessor_config.json ----
 
 core::Status read_size(const Json& size, int& image_size) {
+  // Checked as 64-bit before narrowing, so 2^32 + 224 is not read as 224.
+  auto side = [](const Json& v) -> core::Result<int> {
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxSide)
+      return core::invalid_argument("size " + v.dump() + " is not an integer in [1, " + std::to_string(kMaxSide) + "]");
+    return static_cast<int>(v.get<int64_t>());
+  };
   if (size.is_number_integer()) {
-    image_size = size.get<int>();
+    TESSERA_ASSIGN_OR_RETURN(image_size, side(size));
     return core::ok_status();
   }
   if (size.is_object() && size.contains("height") && size.contains("width")) {
-    const int h = size["height"].get<int>(), w = size["width"].get<int>();
+    TESSERA_ASSIGN_OR_RETURN(const int h, side(size["height"]));
+    TESSERA_ASSIGN_OR_RETURN(const int w, side(size["width"]));
     if (h != w) return core::unimplemented("non-square size " + std::to_string(h) + "x" + std::to_string(w));
     image_size = h;
     return core::ok_status();
@@ -188,20 +196,32 @@ core::Result<core::Tensor> preprocess_rgb(const uint8_t* rgb, int width, int hei
   return out;
 }
 
+core::Result<core::Tensor> decode_image(const std::string& bytes, const ImagePreprocess& pp, const std::string& name) {
+  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return core::invalid_argument("'" + name + "' is too large to decode");
+  }
+  const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
+  const int len = static_cast<int>(bytes.size());
+  int w = 0, h = 0, channels = 0;
+  // Dimensions from the header first: a small file can declare a huge image,
+  // and decoding it would allocate before any check could run.
+  if (!stbi_info_from_memory(data, len, &w, &h, &channels))
+    return core::invalid_argument("cannot decode image '" + name + "': " + stbi_failure_reason());
+  if (w <= 0 || h <= 0 || w > kMaxSide || h > kMaxSide || static_cast<int64_t>(w) * h > kMaxPixels)
+    return core::invalid_argument("image '" + name + "' is " + std::to_string(w) + "x" + std::to_string(h) +
+                                  " pixels; at most " + std::to_string(kMaxSide) + " per side and " +
+                                  std::to_string(kMaxPixels) + " in all");
+  std::unique_ptr<uint8_t, void (*)(void*)> pixels(
+      stbi_load_from_memory(data, len, &w, &h, &channels, /*desired_channels=*/3), stbi_image_free);
+  if (!pixels) return core::invalid_argument("cannot decode image '" + name + "': " + stbi_failure_reason());
+  auto tensor = preprocess_rgb(pixels.get(), w, h, pp);
+  if (!tensor.ok()) return tensor.status().with_context(name);
+  return tensor;
+}
+
 core::Result<core::Tensor> load_image(const std::string& path, const ImagePreprocess& pp) {
   TESSERA_ASSIGN_OR_RETURN(const std::string bytes, core::read_file(path));
-  if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
-    return core::invalid_argument("'" + path + "' is too large to decode");
-  }
-  int w = 0, h = 0, channels = 0;
-  std::unique_ptr<uint8_t, void (*)(void*)> pixels(
-      stbi_load_from_memory(reinterpret_cast<const stbi_uc*>(bytes.data()), static_cast<int>(bytes.size()), &w, &h,
-                            &channels, /*desired_channels=*/3),
-      stbi_image_free);
-  if (!pixels) return core::invalid_argument("cannot decode image '" + path + "': " + stbi_failure_reason());
-  auto tensor = preprocess_rgb(pixels.get(), w, h, pp);
-  if (!tensor.ok()) return tensor.status().with_context(path);
-  return tensor;
+  return decode_image(bytes, pp, path);
 }
 
 }  // namespace tessera::model

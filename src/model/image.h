@@ -30,6 +30,9 @@ core::Result<ImagePreprocess> load_image_preprocess(const std::string& model_dir
 // RGB (alpha dropped, like PIL's convert("RGB")), resized, then rescaled and
 // normalized. JPEG EXIF orientation is not applied.
 core::Result<core::Tensor> load_image(const std::string& path, const ImagePreprocess& pp);
+// The same from the file's bytes; `name` labels errors. Dimensions are read
+// from the header and checked before anything is decoded.
+core::Result<core::Tensor> decode_image(const std::string& bytes, const ImagePreprocess& pp, const std::string& name);
 
 // The same from packed 8-bit RGB (width*height*3 bytes, row-major).
 // Resizing is PIL's BILINEAR: a triangle filter on half-pixel centres whose

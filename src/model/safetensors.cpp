@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/io.h"
+#include "core/json.h"
 
 namespace tessera::model {
 
@@ -59,15 +60,22 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& e, size_t da
 }
 
 Status check_overlaps(const std::map<std::string, TensorInfo>& infos) {
+  // Empty tensors occupy no bytes, so they can overlap nothing; left in, an
+  // empty tensor sorted between two overlapping ones would hide the overlap.
   std::vector<std::pair<const TensorInfo*, const std::string*>> sorted;
-  for (const auto& [n, i] : infos) sorted.push_back({&i, &n});
+  for (const auto& [n, i] : infos)
+    if (i.end > i.begin) sorted.push_back({&i, &n});
   std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.first->begin < b.first->begin; });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const TensorInfo& prev = *sorted[i - 1].first;
-    const TensorInfo& cur = *sorted[i].first;
-    if (cur.begin < prev.end && cur.end > cur.begin)
-      return core::parse_error("tensors '" + *sorted[i - 1].second + "' and '" + *sorted[i].second +
-                               "' overlap in the data section");
+  // Compare with the furthest-reaching tensor so far, not only the neighbour.
+  size_t reach = 0;
+  const std::string* reach_name = nullptr;
+  for (const auto& [info, name] : sorted) {
+    if (reach_name != nullptr && info->begin < reach)
+      return core::parse_error("tensors '" + *reach_name + "' and '" + *name + "' overlap in the data section");
+    if (info->end > reach) {
+      reach = info->end;
+      reach_name = name;
+    }
   }
   return core::ok_status();
 }
@@ -83,8 +91,10 @@ Status SafeTensorsFile::parse(const char* base, size_t size) {
   if (header_len > size - 8)
     return core::parse_error("'" + name + "': header length " + std::to_string(header_len) + " runs past the end of the file (" +
                              std::to_string(size) + " bytes)");
-  json header = json::parse(base + 8, base + 8 + header_len, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) return core::parse_error("'" + name + "': header is not valid JSON");
+  auto parsed = core::parse_json(std::string_view(base + 8, header_len), "'" + name + "': header");
+  if (!parsed.ok()) return parsed.status();
+  const json& header = *parsed;
+  if (!header.is_object()) return core::parse_error("'" + name + "': header is not a JSON object");
   data_ = base + 8 + header_len;
   data_size_ = size - 8 - header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -110,12 +120,11 @@ Result<SafeTensorsFile> SafeTensorsFile::from_bytes(std::shared_ptr<const std::s
 }
 
 Result<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return core::io_error("cannot open '" + path + "': " + std::strerror(errno));
+  TESSERA_ASSIGN_OR_RETURN(const int fd, core::open_regular_file(path));
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    return core::io_error("'" + path + "' is not a regular file");
+    return core::io_error("cannot stat '" + path + "': " + std::strerror(errno));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   void* map = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
@@ -199,8 +208,10 @@ Result<TensorStore> TensorStore::open_dir(const std::string& dir) {
     files.push_back(single);
   } else if (core::file_exists(index)) {
     TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(index));
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    auto parsed = core::parse_json(text, "'" + index + "'");
+    if (!parsed.ok()) return parsed.status();
+    const json& j = *parsed;
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       return core::parse_error("'" + index + "': not valid JSON with a weight_map object");
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string()) return core::parse_error("'" + index + "': weight_map value is not a file name");

@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "core/io.h"
+#include "core/json.h"
 #include "model/tokenizer_impl.h"
 
 namespace tessera::model::tok {
@@ -156,8 +157,17 @@ core::Status parse_added_tokens(const Json& root, std::vector<AddedToken>& out) 
   return core::ok_status();
 }
 
-core::Status parse_normalizer(const Json* j, NormalizerConfig& cfg) {
+// Sequences nest; real files nest one or two levels. The bound keeps a
+// hostile file from overflowing the stack through the recursion below.
+constexpr int kMaxSequenceNesting = 16;
+
+core::Status too_deep(const char* what) {
+  return core::parse_error(std::string(what) + " Sequences nest deeper than " + std::to_string(kMaxSequenceNesting) + " levels");
+}
+
+core::Status parse_normalizer(const Json* j, NormalizerConfig& cfg, int depth = 0) {
   if (j == nullptr) return core::ok_status();
+  if (depth > kMaxSequenceNesting) return too_deep("normalizer");
   TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(*j, "type", ""));
   if (type == "BertNormalizer") {
     TESSERA_ASSIGN_OR_RETURN(cfg.clean_text, json_bool(*j, "clean_text", true));
@@ -174,7 +184,7 @@ core::Status parse_normalizer(const Json* j, NormalizerConfig& cfg) {
   if (type == "Sequence") {
     const Json* list = member(*j, "normalizers");
     if (list == nullptr || !list->is_array()) return wrong_type("normalizers", "an array");
-    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_normalizer(&item, cfg));
+    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_normalizer(&item, cfg, depth + 1));
     return core::ok_status();
   }
   return core::unimplemented("unsupported normalizer type '" + type + "'");
@@ -226,8 +236,10 @@ core::Result<int64_t> processing_token_id(const Json& j, const char* key) {
   return (*pair)[1].get<int64_t>();
 }
 
-core::Status parse_post_processor(const Json* j, std::vector<int64_t>& prefix, std::vector<int64_t>& suffix) {
+core::Status parse_post_processor(const Json* j, std::vector<int64_t>& prefix, std::vector<int64_t>& suffix,
+                                  int depth = 0) {
   if (j == nullptr) return core::ok_status();
+  if (depth > kMaxSequenceNesting) return too_deep("post_processor");
   TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(*j, "type", ""));
   if (type == "ByteLevel") return core::ok_status();  // only trims offsets
   if (type == "TemplateProcessing") return parse_template(*j, prefix, suffix);
@@ -243,7 +255,7 @@ core::Status parse_post_processor(const Json* j, std::vector<int64_t>& prefix, s
     if (list == nullptr || !list->is_array()) return wrong_type("processors", "an array");
     for (const Json& item : *list) {
       std::vector<int64_t> p, s;  // each processor wraps what the previous ones produced
-      TESSERA_RETURN_IF_ERROR(parse_post_processor(&item, p, s));
+      TESSERA_RETURN_IF_ERROR(parse_post_processor(&item, p, s, depth + 1));
       prefix.insert(prefix.begin(), p.begin(), p.end());
       suffix.insert(suffix.end(), s.begin(), s.end());
     }
@@ -445,16 +457,23 @@ core::Result<std::unique_ptr<Tokenizer>> tokenizer_from_root(const Json& root) {
 
 }  // namespace
 
+core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name) {
+  // Depth-bounded parse: the loaders below walk the tree recursively.
+  // Duplicate keys are left to the format (HF writes none and reads the last).
+  auto parsed = core::parse_json(text, name, core::JsonLimits{64, false});
+  if (!parsed.ok()) return parsed.status();
+  try {
+    auto tokenizer = tokenizer_from_root(*parsed);
+    if (!tokenizer.ok()) return tokenizer.status().with_context(name);
+    return tokenizer;
+  } catch (const Json::exception& e) {  // typed lookups do not throw; a missed one must not abort
+    return core::parse_error(name + ": " + e.what());
+  }
+}
+
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(path));
-  try {
-    const Json root = Json::parse(text);
-    auto tokenizer = tokenizer_from_root(root);
-    if (!tokenizer.ok()) return tokenizer.status().with_context(path);
-    return tokenizer;
-  } catch (const Json::exception& e) {  // malformed JSON; typed lookups above do not throw
-    return core::parse_error(path + ": " + e.what());
-  }
+  return parse_tokenizer_json(text, path);
 }
 
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir) {

@@ -35,6 +35,8 @@ class Tokenizer {
 // lowercase BERT defaults) or <dir>/vocab.json + <dir>/merges.txt (GPT-2 byte-level BPE).
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir);
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path);
+// The same from the file's text; `name` labels errors.
+core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name);
 // BERT defaults as BertTokenizerFast builds them: BertNormalizer, BertPreTokenizer,
 // [PAD]/[UNK]/[CLS]/[SEP]/[MASK] as special tokens and a "[CLS] $A [SEP]" template.
 core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::string& path, bool lowercase = true);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/io.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -132,11 +133,25 @@ float Transformer::attention_scale(int64_t l) const {
   return s;
 }
 
-KvCache Transformer::make_cache() const {
+Result<KvCache> Transformer::make_cache(int64_t positions) const {
+  if (positions < 1 || positions > config_.max_positions)
+    return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions (the model has " +
+                              std::to_string(config_.max_positions) + ")");
+  // Checked before allocating: the request decides the size, and a failed
+  // allocation must be an answer, not an abort.
+  const double need = 2.0 * static_cast<double>(config_.layers) * static_cast<double>(positions) *
+                      static_cast<double>(config_.hidden) * sizeof(float);
+  const uint64_t avail = core::available_memory_bytes();
+  if (avail > 0 && need > static_cast<double>(avail))
+    return core::resource_exhausted("the KV cache for " + std::to_string(positions) + " positions needs " +
+                                    std::to_string(static_cast<uint64_t>(need / (1 << 20))) + " MiB; " +
+                                    std::to_string(avail >> 20) + " MiB available");
   KvCache cache;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    cache.k.push_back(Tensor::zeros_f32({config_.max_positions, config_.hidden}));
-    cache.v.push_back(Tensor::zeros_f32({config_.max_positions, config_.hidden}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, config_.hidden}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, config_.hidden}));
+    cache.k.push_back(std::move(k));
+    cache.v.push_back(std::move(v));
   }
   return cache;
 }
@@ -150,6 +165,7 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   AttentionIo io = fused_qkv_io(ws.qkv.f32(), F, n, ws.ctx.f32());
   io.q_pos0 = io.kv_pos0 = pos0;
   if (cache != nullptr) {
+    TESSERA_CHECK_MSG(pos0 + n <= cache->k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
     float* kc = cache->k[static_cast<size_t>(l)].f32();
     float* vc = cache->v[static_cast<size_t>(l)].f32();
     for (int64_t i = 0; i < n; ++i) {

@@ -27,7 +27,7 @@ struct Workspace {
   void ensure(const ModelConfig& c, int64_t n, int64_t n_kv);
 };
 
-// Keys and values of past positions, one [max_positions, F] pair per layer.
+// Keys and values of past positions, one [positions, F] pair per layer.
 struct KvCache {
   std::vector<core::Tensor> k, v;
   int64_t length = 0;
@@ -80,7 +80,9 @@ class Transformer {
   core::Result<ForwardOutput> forward(const ModelInput& in, const ForwardOptions& opts, core::ThreadPool* pool,
                                       Workspace& ws) const;
 
-  KvCache make_cache() const;
+  // Room for `positions` positions (prompt plus new tokens), checked against
+  // the memory available; too much is kResourceExhausted, never an abort.
+  core::Result<KvCache> make_cache(int64_t positions) const;
   float attention_scale(int64_t l) const;
 
  private:

@@ -2,6 +2,7 @@
 #include <toml++/toml.h>
 
 #include "comm/control.h"
+#include "core/io.h"
 #include "core/logging.h"
 #include "runtime/distributed.h"
 
@@ -48,9 +49,15 @@ Result<std::string> bind_form(const std::string& endpoint) {
 }
 
 Result<ClusterFile> load_cluster_file(const std::string& path) {
+  // read_file refuses FIFOs and devices, which toml::parse_file would block on.
+  TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(path));
+  return parse_cluster_file(text, path);
+}
+
+Result<ClusterFile> parse_cluster_file(const std::string& text, const std::string& path) {
   toml::table t;
   try {
-    t = toml::parse_file(path);
+    t = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     return core::parse_error("cluster file '" + path + "': " + std::string(e.description()));
   }
@@ -77,30 +84,47 @@ Status run_worker_daemon(const DaemonOptions& opts) {
     if (opts.key_file.empty()) return core::invalid_argument("a worker needs --key FILE (tessera keygen) or --insecure");
     TESSERA_ASSIGN_OR_RETURN(key, comm::read_key_file(opts.key_file));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::string data_ep, next_port_endpoint(opts.listen));
-  TESSERA_ASSIGN_OR_RETURN(std::string data_bind, bind_form(data_ep));
+  // The data port listens on the interface --listen names (127.0.0.1 stays
+  // on loopback); only a wildcard --listen binds every interface.
+  TESSERA_ASSIGN_OR_RETURN(std::string data_bind, next_port_endpoint(opts.listen));
   TESSERA_ASSIGN_OR_RETURN(auto server, comm::ControlServer::bind(opts.listen, key));
   spdlog::info("worker listening for jobs on {} (data on {})", opts.listen, data_bind);
+  // Nothing a peer sends ends this loop: bad requests are answered or
+  // dropped, and a socket left in a bad state is reset. Only local failures
+  // (the endpoint cannot be bound again) return.
+  auto answer = [&](const json& j) -> Status {
+    const Status st = server->reply(j.dump());
+    if (st.ok()) return st;
+    spdlog::warn("control: reply failed ({}); resetting the control socket", st.to_string());
+    return server->reset();
+  };
   for (int done = 0; opts.jobs == 0 || done < opts.jobs;) {
     auto request = server->receive(std::chrono::hours(1));
     if (!request.ok()) {
       if (request.status().code() == core::ErrorCode::kTimeout) continue;
-      return request.status();
+      spdlog::warn("control: {}; resetting the control socket", request.status().to_string());
+      TESSERA_RETURN_IF_ERROR(server->reset());
+      continue;
     }
     auto job = JobSpec::from_json(*request);
     if (!job.ok() || job->rank == 0) {
       const std::string why = job.ok() ? "rank 0 is the terminal" : job.status().to_string();
-      TESSERA_RETURN_IF_ERROR(server->reply(json({{"ok", false}, {"error", why}}).dump()));
+      spdlog::warn("control: refused a job: {}", why);
+      TESSERA_RETURN_IF_ERROR(answer(json({{"ok", false}, {"error", why}})));
       continue;
     }
     job->insecure = opts.insecure;  // the daemon's own security setting, not the request's
-    TESSERA_RETURN_IF_ERROR(server->reply(json({{"ok", true}}).dump()));
+    TESSERA_RETURN_IF_ERROR(answer(json({{"ok", true}})));
     ++done;
-    const Status st = run_worker(*job, WorkerEnv{data_bind, key});
+    comm::CommStats cs;
+    const Status st = run_worker(*job, WorkerEnv{data_bind, key, &cs});
+    const std::string buffered = "unmatched bytes peak " + std::to_string(cs.unmatched_bytes_peak) + ", " +
+                                 std::to_string(cs.unmatched_frames_dropped) + " frames (" +
+                                 std::to_string(cs.unmatched_bytes_dropped) + " bytes) dropped over the cap";
     if (st.ok()) {
-      spdlog::info("job of group {} finished", job->group_id);
+      spdlog::info("job of group {} finished ({})", job->group_id, buffered);
     } else {
-      spdlog::warn("job of group {} ended: {}", job->group_id, st.to_string());
+      spdlog::warn("job of group {} ended: {} ({})", job->group_id, st.to_string(), buffered);
     }
   }
   return core::ok_status();

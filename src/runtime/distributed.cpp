@@ -16,6 +16,7 @@
 #include "comm/control.h"
 #include "comm/keys.h"
 #include "comm/link.h"
+#include "core/duration.h"
 #include "core/io.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
@@ -50,6 +51,25 @@ Result<json> recv_json(comm::Group& g, int peer, int tag, comm::Millis timeout) 
   if (j.is_discarded() || !j.is_object() || !j.contains("op") || !j["op"].is_string())
     return core::invalid_argument("control message from rank " + std::to_string(peer) + " is not valid JSON");
   return j;
+}
+
+// A string member of a peer's message, or `fallback` (never an exception).
+std::string text_field(const json& j, const char* key, const char* fallback) {
+  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(fallback);
+}
+
+// A worker's figures are printed and summed by the terminal: every number
+// must be a number, so that a peer cannot make the terminal throw.
+Status check_rank_stats(const json& j, int rank) {
+  const auto bad = [&] { return core::invalid_argument("worker " + std::to_string(rank) + " sent malformed figures"); };
+  if (!j.contains("rank") || !j["rank"].is_number_integer() || j["rank"].get<int64_t>() != rank) return bad();
+  for (const auto& [key, v] : j.items()) {
+    if (v.is_number()) continue;
+    if (!v.is_object()) return bad();
+    for (const auto& [k2, v2] : v.items())
+      if (!v2.is_number()) return bad();
+  }
+  return core::ok_status();
 }
 
 int64_t peak_rss_bytes() {
@@ -94,8 +114,19 @@ json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double
           {"bytes_sent_by_kind", by_kind},
           {"elements_sent_by_kind", elems},
           {"weight_bytes", weight_bytes},
-          {"peak_rss_bytes", peak_rss_bytes()}};
+          {"peak_rss_bytes", peak_rss_bytes()},
+          {"unmatched_bytes_peak", cs.unmatched_bytes_peak},
+          {"unmatched_frames_dropped", cs.unmatched_frames_dropped}};
 }
+
+// Copies a group's figures out when a worker's job ends, whichever way.
+struct StatsOnExit {
+  const comm::Group* group;
+  comm::CommStats* out;
+  ~StatsOnExit() {
+    if (out != nullptr) *out = group->stats();
+  }
+};
 
 // The cores this process may use; cpus_per_device indexes into them, so a
 // restricted cpuset still gets valid masks.
@@ -130,6 +161,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
   go.bind_endpoint = env.bind_endpoint;
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
+  const StatsOnExit report{group.get(), env.stats};
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.completed_plan(cfg));
   core::Timer load;
@@ -188,7 +220,7 @@ Result<comm::ClusterKey> read_key_from_fd(int fd) {
 Status Session::check_options() {
   if (opts_.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
   if (opts_.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
-  if (opts_.timeout_ms < 1) return core::invalid_argument("the timeout must be positive");
+  TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.timeout_ms), "--timeout"));
   if (!opts_.cluster_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.cluster_file));
     if (!opts_.insecure && opts_.key_file.empty())
@@ -366,6 +398,7 @@ Result<RunResult> Session::run(const RunRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(json done, recv_json(*group_, w, kToTerminalTag, timeout));
     if (done["op"] != "done") return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");
     done.erase("op");
+    TESSERA_RETURN_IF_ERROR(check_rank_stats(done, w));
     ranks.push_back(done);
   }
   stats_ = {{"strategy", plan_.strategy},

@@ -26,6 +26,7 @@ namespace tessera::runtime {
 struct WorkerEnv {
   std::string bind_endpoint;          // empty: endpoints[rank]
   std::optional<comm::ClusterKey> key;  // required unless the job is insecure
+  comm::CommStats* stats = nullptr;     // set: the group's figures when the job ends
 };
 
 // A worker's whole life in one job: form the group, load its part, answer
@@ -54,6 +55,8 @@ struct ClusterFile {
   std::vector<std::string> workers;
 };
 core::Result<ClusterFile> load_cluster_file(const std::string& path);
+// The same from the file's text; `path` labels errors.
+core::Result<ClusterFile> parse_cluster_file(const std::string& text, const std::string& path);
 // "tcp://host:7070" -> "tcp://host:7071"; "tcp://host:7070" -> "tcp://*:7070" for binding.
 core::Result<std::string> next_port_endpoint(const std::string& endpoint);
 core::Result<std::string> bind_form(const std::string& endpoint);
@@ -68,7 +71,7 @@ struct DistributedOptions {
   bool insecure = false;
   std::string key_file;   // empty and secure: an ephemeral key for local workers (kept in memory)
   std::string cluster_file;  // set: remote worker daemons instead of local processes
-  int64_t timeout_ms = 60000;
+  int64_t timeout_ms = 60000;  // 1 ms .. 24 h
   int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
 };
 

@@ -93,7 +93,7 @@ TEST(FixtureTest, KvCacheDecodeEqualsFullForward) {
   auto ref = model->forward(full, {}, nullptr);
   ASSERT_TRUE(ref.ok());
   // Prefill 4 tokens, then decode the rest one at a time.
-  KvCache cache = model->make_cache();
+  KvCache cache = model->make_cache(static_cast<int64_t>(ids.size())).value();
   Workspace ws;
   core::Tensor last;
   for (size_t pos = 0; pos < ids.size();) {

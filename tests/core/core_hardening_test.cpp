@@ -1,0 +1,98 @@
+// Untrusted input at the bottom layer: strict JSON (duplicate keys, depth,
+// typed and bounded fields), reads that refuse non-regular files, duration
+// checks and allocations whose failure is an error.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "core/duration.h"
+#include "core/io.h"
+#include "core/json.h"
+#include "core/tensor.h"
+
+namespace tessera::core {
+namespace {
+
+TEST(JsonTest, RefusesDuplicateKeysAtAnyDepth) {
+  EXPECT_TRUE(parse_json(R"({"a":1,"b":{"a":2}})", "doc").ok());
+  auto top = parse_json(R"({"a":1,"a":2})", "doc");
+  ASSERT_FALSE(top.ok());
+  EXPECT_NE(top.status().message().find("duplicate key \"a\""), std::string::npos) << top.status().to_string();
+  EXPECT_FALSE(parse_json(R"({"x":{"0":"a","0":"b"}})", "doc").ok());
+  // Same key in sibling objects is fine.
+  EXPECT_TRUE(parse_json(R"([{"a":1},{"a":2}])", "doc").ok());
+  EXPECT_TRUE(parse_json(R"({"a":1,"a":2})", "doc", JsonLimits{64, false}).ok());
+}
+
+TEST(JsonTest, BoundsNestingWithoutRecursing) {
+  // 100k levels: a recursive walk of this would overflow the stack.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto j = parse_json(deep, "doc");
+  ASSERT_FALSE(j.ok());
+  EXPECT_NE(j.status().message().find("nested deeper"), std::string::npos);
+  EXPECT_TRUE(parse_json(std::string(10, '[') + std::string(10, ']'), "doc").ok());
+  EXPECT_FALSE(parse_json("{\"a\":", "doc").ok());
+}
+
+TEST(JsonTest, TypedFieldsNeverThrow) {
+  auto j = parse_json(R"({"i":5,"big":18446744073709551615,"f":1.5,"s":"x","b":true,"n":null,"huge":1e300})", "doc").value();
+  EXPECT_EQ(json_field_int(j, "i", 0, 10).value(), 5);
+  EXPECT_EQ(json_field_int(j, "i", 6, 10).status().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(json_field_int(j, "big", 0, INT64_MAX).status().code(), ErrorCode::kOutOfRange);
+  EXPECT_EQ(json_field_int(j, "f", 0, 10).status().code(), ErrorCode::kParseError);
+  EXPECT_EQ(json_field_int(j, "s", 0, 10).status().code(), ErrorCode::kParseError);
+  EXPECT_EQ(json_field_int(j, "n", 0, 10, 7).value(), 7);  // null = absent
+  EXPECT_FALSE(json_field_int(j, "missing", 0, 10).ok());
+  EXPECT_EQ(json_field_number(j, "f", 0, 2).value(), 1.5);
+  EXPECT_FALSE(json_field_number(j, "huge", 0, 1e9).ok());
+  EXPECT_FALSE(json_field_string(j, "i").ok());
+  EXPECT_EQ(json_field_string(j, "s").value(), "x");
+  EXPECT_FALSE(json_field_bool(j, "i").ok());
+  EXPECT_TRUE(json_field_bool(j, "b").value());
+  // Not an object: every field is absent.
+  const nlohmann::json arr = nlohmann::json::array();
+  EXPECT_EQ(json_field_string(arr, "format", std::string("d")).value(), "d");
+}
+
+TEST(IoTest, RefusesFifosWithoutBlocking) {
+  const std::string fifo = ::testing::TempDir() + "/fifo-" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = read_file(fifo);  // no writer: a blocking open would never return
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a regular file"), std::string::npos);
+  EXPECT_FALSE(read_file(::testing::TempDir()).ok());  // a folder
+  EXPECT_FALSE(read_file("/dev/zero").ok());          // a device that never ends
+  ::unlink(fifo.c_str());
+  const std::string file = fifo + ".txt";
+  ASSERT_TRUE(write_file(file, "hello").ok());
+  EXPECT_EQ(read_file(file).value(), "hello");
+  ::unlink(file.c_str());
+}
+
+TEST(DurationTest, RangeIsOneMillisecondToADay) {
+  using std::chrono::milliseconds;
+  EXPECT_TRUE(check_duration(milliseconds(1), "--timeout").ok());
+  EXPECT_TRUE(check_duration(kMaxDuration, "--timeout").ok());
+  EXPECT_FALSE(check_duration(milliseconds(0), "--timeout").ok());
+  EXPECT_FALSE(check_duration(milliseconds(-5000), "--timeout").ok());
+  auto st = check_duration(milliseconds(3000000ll * 1000), "--timeout");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("--timeout"), std::string::npos);
+}
+
+TEST(TensorTest, TryZerosReportsImpossibleAllocations) {
+  auto t = Tensor::try_zeros(DType::kF32, {1ll << 40, 1ll << 20});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_FALSE(Tensor::try_zeros(DType::kF32, {-1}).ok());
+  auto ok = Tensor::try_zeros(DType::kF32, {3, 4});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->numel(), 12);
+  EXPECT_EQ(ok->f32()[11], 0.0f);
+}
+
+}  // namespace
+}  // namespace tessera::core

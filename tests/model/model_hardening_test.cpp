@@ -1,0 +1,219 @@
+// Regression tests for the audit's model-side findings: each built from the
+// audit's input, each failing (or crashing) before its fix.
+#include <gtest/gtest.h>
+#include <stb/stb_image_write.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/io.h"
+#include "model/config.h"
+#include "model/generate.h"
+#include "model/image.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace tessera::model {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+
+std::string with_header(const std::string& header, const std::string& data) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xff));
+  return out + header + data;
+}
+
+core::Status parse_st(const std::string& header, size_t data_bytes) {
+  return SafeTensorsFile::from_bytes(std::make_shared<const std::string>(with_header(header, std::string(data_bytes, '\0'))))
+      .status();
+}
+
+// Audit defect 5: an empty tensor sorted between two overlapping ones hid
+// the overlap from the neighbour comparison.
+TEST(SafeTensorsHardeningTest, EmptyTensorDoesNotHideAnOverlap) {
+  const std::string overlap =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("z":{"dtype":"F32","shape":[0],"data_offsets":[6,6]},)"
+      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[7,11]}})";
+  const core::Status st = parse_st(overlap, 16);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("overlap"), std::string::npos) << st.to_string();
+  // A long tensor overlapping a later one that is not its neighbour.
+  EXPECT_FALSE(parse_st(R"({"a":{"dtype":"U8","shape":[10],"data_offsets":[0,10]},)"
+                        R"("b":{"dtype":"U8","shape":[1],"data_offsets":[2,3]},)"
+                        R"("c":{"dtype":"U8","shape":[1],"data_offsets":[8,9]}})",
+                        16)
+                   .ok());
+  // Empty tensors anywhere, adjacent tensors: fine.
+  EXPECT_TRUE(parse_st(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("z":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
+                       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                       16)
+                  .ok());
+}
+
+TEST(SafeTensorsHardeningTest, RefusesDuplicateHeaderKeys) {
+  const core::Status st = parse_st(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                   R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                                   8);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("duplicate key"), std::string::npos) << st.to_string();
+}
+
+TEST(ConfigHardeningTest, RefusesDuplicateOrAmbiguousLabelIds) {
+  const std::string base = R"({"model_type":"bert","hidden_size":8,"num_attention_heads":2,"num_hidden_layers":1,)"
+                           R"("intermediate_size":16,"max_position_embeddings":8,"vocab_size":10,"id2label":)";
+  EXPECT_TRUE(parse_config(base + R"({"0":"neg","1":"pos"}})").ok());
+  auto dup = parse_config(base + R"({"0":"neg","0":"pos"}})");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.status().message().find("duplicate key"), std::string::npos) << dup.status().to_string();
+  // "01" and "+1" would both have named id 1 and left another id empty.
+  EXPECT_FALSE(parse_config(base + R"({"0":"neg","01":"pos"}})").ok());
+  EXPECT_FALSE(parse_config(base + R"({"+1":"neg","0":"pos"}})").ok());
+  EXPECT_FALSE(parse_config(base + R"({" 1":"neg","0":"pos"}})").ok());
+}
+
+// A WordPiece tokenizer.json whose normalizer is `depth` nested Sequences.
+std::string nested_normalizer_tokenizer(int depth) {
+  std::string norm = R"({"type":"Lowercase"})";
+  std::string open, close;
+  for (int i = 0; i < depth; ++i) {
+    open += R"({"type":"Sequence","normalizers":[)";
+    close += "]}";
+  }
+  auto fixture = core::read_file(kData + "/tokenizers/wordpiece/tokenizer.json").value();
+  auto j = nlohmann::json::parse(fixture);
+  j.erase("normalizer");
+  std::string text = j.dump();
+  text.pop_back();  // the closing brace
+  return text + R"(,"normalizer":)" + open + norm + close + "}";
+}
+
+// Audit defect 2: 40,000 nested Sequences overflowed the stack (SIGSEGV).
+TEST(TokenizerHardeningTest, DeeplyNestedSequencesAreRefusedNotACrash) {
+  auto deep = parse_tokenizer_json(nested_normalizer_tokenizer(40000), "deep.json");
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.status().code(), core::ErrorCode::kParseError);
+  // Within the JSON depth bound but past the Sequence bound.
+  auto twenty = parse_tokenizer_json(nested_normalizer_tokenizer(20), "twenty.json");
+  ASSERT_FALSE(twenty.ok());
+  EXPECT_NE(twenty.status().message().find("nest deeper"), std::string::npos) << twenty.status().to_string();
+  auto three = parse_tokenizer_json(nested_normalizer_tokenizer(3), "three.json");
+  ASSERT_TRUE(three.ok()) << three.status().to_string();
+  EXPECT_TRUE((*three)->encode("Hello", false).ok());
+}
+
+// A valid 2x2 PNG whose IHDR then claims width x height (stb does not check
+// chunk CRCs, so the header is what it believes).
+std::string png_claiming(uint32_t width, uint32_t height) {
+  const unsigned char rgb[12] = {255, 0, 0, 0, 255, 0, 0, 0, 255, 9, 9, 9};
+  std::string out;
+  auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append(static_cast<char*>(data), size); };
+  EXPECT_NE(stbi_write_png_to_func(append, &out, 2, 2, 3, rgb, 6), 0);
+  for (int i = 0; i < 4; ++i) {  // IHDR data starts at byte 16, big-endian
+    out[16 + i] = static_cast<char>((width >> (24 - 8 * i)) & 0xff);
+    out[20 + i] = static_cast<char>((height >> (24 - 8 * i)) & 0xff);
+  }
+  return out;
+}
+
+// Audit: a 196 KB PNG of 16385x4096 was decoded (404 MB) before the check.
+TEST(ImageHardeningTest, DimensionsAreCheckedFromTheHeaderFirst) {
+  ImagePreprocess pp;
+  pp.image_size = 2;
+  ASSERT_TRUE(decode_image(png_claiming(2, 2), pp, "ok.png").ok());
+  for (auto [w, h] : {std::pair{16385u, 4096u}, {4096u, 16385u}, {16384u, 16384u}}) {
+    auto r = decode_image(png_claiming(w, h), pp, "big.png");
+    ASSERT_FALSE(r.ok());
+    // The header check's message, not a decoder failure.
+    EXPECT_NE(r.status().message().find("at most"), std::string::npos) << r.status().to_string();
+  }
+  EXPECT_FALSE(decode_image("not an image", pp, "junk").ok());
+}
+
+TEST(GenerateHardeningTest, NonsenseOptionsAreRejected) {
+  GenerateOptions ok;
+  EXPECT_TRUE(validate_generate_options(ok).ok());
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (float t : {0.0f, -1.0f, nan, inf}) {
+    GenerateOptions o;
+    o.temperature = t;
+    EXPECT_FALSE(validate_generate_options(o).ok()) << t;
+  }
+  for (float p : {0.0f, -0.5f, 1.5f, nan}) {
+    GenerateOptions o;
+    o.top_p = p;
+    EXPECT_FALSE(validate_generate_options(o).ok()) << p;
+  }
+  GenerateOptions k;
+  k.top_k = -1;
+  EXPECT_FALSE(validate_generate_options(k).ok());
+  GenerateOptions n;
+  n.max_new_tokens = -1;
+  EXPECT_FALSE(validate_generate_options(n).ok());
+}
+
+// Audit: NaN logits broke the sort comparator and the argmax.
+TEST(GenerateHardeningTest, NanLogitsAreNeverPicked) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  GenerateOptions greedy;
+  const float a[] = {nan, 1.0f, 3.0f, nan, 2.0f};
+  uint64_t rng = 1;
+  EXPECT_EQ(pick_token(a, 5, greedy, &rng), 2);
+  GenerateOptions sample;
+  sample.greedy = false;
+  const float b[] = {nan, nan, -4.0f, nan};
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(pick_token(b, 4, sample, &rng), 2);
+  const float all_nan[] = {nan, nan};
+  EXPECT_EQ(pick_token(all_nan, 2, greedy, &rng), -1);
+  EXPECT_EQ(pick_token(all_nan, 2, sample, &rng), -1);
+  // +inf logits share the mass; exp(inf - inf) must not make it NaN.
+  const float c[] = {inf, 0.0f, inf, nan};
+  for (int i = 0; i < 50; ++i) {
+    const int64_t t = pick_token(c, 4, sample, &rng);
+    EXPECT_TRUE(t == 0 || t == 2) << t;
+  }
+  sample.top_p = 0.5f;
+  sample.top_k = 3;
+  const float d[] = {nan, 0.0f, 1.0f, nan, 5.0f, 2.0f};
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(pick_token(d, 6, sample, &rng), 4);
+}
+
+// Audit defect 3: the cache was sized by n_positions before the request was
+// looked at, and a failed allocation aborted.
+TEST(KvCacheHardeningTest, SizedByTheRequestAndCheckedAgainstMemory) {
+  auto model = Transformer::load(kData + "/gpt2-tiny");
+  ASSERT_TRUE(model.ok());
+  auto cache = model->make_cache(7);
+  ASSERT_TRUE(cache.ok());
+  ASSERT_EQ(cache->k.size(), static_cast<size_t>(model->config().layers));
+  EXPECT_EQ(cache->k[0].dim(0), 7);
+  EXPECT_FALSE(model->make_cache(0).ok());
+  EXPECT_FALSE(model->make_cache(model->config().max_positions + 1).ok());
+  // The audit's shape: 1024 layers, 2^20 positions (wider, so that no
+  // machine has the memory): an error, not an allocation or an abort.
+  ModelConfig huge = model->config();
+  huge.layers = 1024;
+  huge.max_positions = 1 << 20;
+  huge.hidden = 1 << 16;
+  huge.heads = 1;
+  const Transformer big(huge, ModelWeights{});
+  auto refused = big.make_cache(1 << 20);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), core::ErrorCode::kResourceExhausted);
+  // Generation asks for prompt + new tokens only.
+  GenerateOptions o;
+  o.max_new_tokens = 3;
+  auto seq = generate(*model, {1, 2}, o, nullptr);
+  ASSERT_TRUE(seq.ok()) << seq.status().to_string();
+  EXPECT_EQ(seq->size(), 5u);
+}
+
+}  // namespace
+}  // namespace tessera::model
