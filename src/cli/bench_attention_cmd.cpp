@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/stats.h"
 #include "core/io.h"
 #include "core/tensor.h"
 #include "kernels/gemm.h"
@@ -25,8 +26,7 @@ double median_ms(int reps, const std::function<void()>& fn) {
     fn();
     ms.push_back(t.ms());
   }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return core::median(ms);
 }
 
 int bench_attention(int reps, int max_k) {

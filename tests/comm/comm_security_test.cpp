@@ -122,7 +122,8 @@ TEST(Security, IntruderFramesAreNeverAccepted) {
     s.send(header_msg(h), zmq::send_flags::sndmore);
     s.send(zmq::str_buffer("evil"), zmq::send_flags::none);
   }
-  std::this_thread::sleep_for(1500ms);  // several reconnect/handshake attempts
+  // Wait (a condition, not a guess) until the key check has refused the intruder.
+  for (int wait = 0; wait < 1000 && groups[0]->stats().auth_rejections < 1; ++wait) std::this_thread::sleep_for(10ms);
   auto r = groups[0]->recv(1, 0, 200ms);
   EXPECT_EQ(r.status().code(), core::ErrorCode::kTimeout) << "an intruder's frame was accepted";
   const CommStats after = groups[0]->stats();
