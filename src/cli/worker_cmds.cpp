@@ -14,6 +14,7 @@ void add_worker(CLI::App& app) {
   cmd->add_option("--key", o->key_file, "cluster key file (tessera keygen)");
   cmd->add_flag("--insecure", o->insecure, "no CURVE encryption or key check (benchmarks on a trusted network)");
   cmd->add_option("--jobs", o->jobs, "exit after this many jobs (0: run forever)")->capture_default_str();
+  cmd->add_option("--models", o->model_roots, "folder holding the models jobs may name (repeatable)");
   cmd->callback([o] {
     const auto st = runtime::run_worker_daemon(*o);
     if (!st.ok()) throw CLI::RuntimeError(fail(st.to_string()));

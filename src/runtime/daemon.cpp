@@ -117,7 +117,8 @@ Status run_worker_daemon(const DaemonOptions& opts) {
     TESSERA_RETURN_IF_ERROR(answer(json({{"ok", true}})));
     ++done;
     comm::CommStats cs;
-    const Status st = run_worker(*job, WorkerEnv{data_bind, key, &cs});
+    WorkerEnv env{data_bind, key, &cs, &opts.model_roots, comm::Millis(60000)};
+    const Status st = run_worker(*job, env);
     const std::string buffered = "unmatched bytes peak " + std::to_string(cs.unmatched_bytes_peak) + ", " +
                                  std::to_string(cs.unmatched_frames_dropped) + " frames (" +
                                  std::to_string(cs.unmatched_bytes_dropped) + " bytes) dropped over the cap";

@@ -92,7 +92,7 @@ Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional
     o.key = key;
   }
   if (!job.link.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(o.links, comm::LinkMatrix::from_arg(job.link, static_cast<int>(job.endpoints.size())));
+    TESSERA_ASSIGN_OR_RETURN(o.links, job_links(job.link, static_cast<int>(job.endpoints.size())));
   }
   return o;
 }
@@ -157,15 +157,41 @@ void pin_all_threads(const cpu_set_t& set) {
 
 }  // namespace
 
+Result<std::string> resolve_model(const std::string& name, const std::vector<std::string>& roots) {
+  namespace fs = std::filesystem;
+  if (roots.empty()) return core::invalid_argument("this worker serves no models (start it with --models DIR)");
+  const fs::path rel(name);
+  if (name.empty() || rel.is_absolute() || rel.has_root_name())
+    return core::invalid_argument("model '" + name + "': a job names a model relative to the worker's model roots");
+  for (const auto& part : rel)
+    if (part == "..") return core::invalid_argument("model '" + name + "' leaves the worker's model roots");
+  for (const std::string& root : roots) {
+    std::error_code ec;
+    const fs::path base = fs::canonical(root, ec);
+    if (ec) continue;
+    const fs::path dir = fs::weakly_canonical(base / rel, ec);  // symlinks resolved
+    if (ec) continue;
+    const std::string b = base.string() + "/", d = dir.string() + "/";
+    if (d.compare(0, b.size(), b) != 0) continue;  // a link out of the root
+    if (fs::is_directory(dir, ec) && fs::is_regular_file(dir / "config.json", ec)) return dir.string();
+  }
+  return core::not_found("model '" + name + "' is not under any of this worker's model roots");
+}
+
 Status run_worker(const JobSpec& job, const WorkerEnv& env) {
+  std::string model_dir = job.model_dir;
+  if (env.model_roots) {
+    TESSERA_ASSIGN_OR_RETURN(model_dir, resolve_model(job.model_dir, *env.model_roots));
+  }
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
   go.bind_endpoint = env.bind_endpoint;
+  if (env.max_connect.count() > 0) go.connect_timeout = std::min(go.connect_timeout, env.max_connect);
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
   const StatsOnExit report{group.get(), env.stats};
-  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(job.model_dir));
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(model_dir));
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.completed_plan(cfg));
   core::Timer load;
-  auto model = model::Transformer::load(job.model_dir, parallel::load_options(plan, cfg, job.rank));
+  auto model = model::Transformer::load(model_dir, parallel::load_options(plan, cfg, job.rank));
   const comm::Millis timeout(job.timeout_ms);
   if (!model.ok()) {
     (void)group->send(0, kToTerminalTag, json_tensor({{"op", "error"}, {"message", model.status().to_string()}}), timeout);
@@ -177,10 +203,15 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   kernels::set_blas_threads(job.threads);
   core::ThreadPool pool(job.threads);
   CommSynchronizer sync(*group, timeout);
+  // Liveness is judged by heartbeats, not progress: an idle terminal pings;
+  // one that falls silent loses its job within a few intervals.
+  const comm::Millis silence(job.heartbeat_ms * JobSpec::kMissedHeartbeats);
   for (;;) {
-    // Idle until the terminal asks; a lost terminal ends the wait with an error.
-    auto req = recv_json(*group, 0, kToWorkerTag, comm::Millis(24ll * 3600 * 1000));
+    auto req = recv_json(*group, 0, kToWorkerTag, silence);
+    if (!req.ok() && req.status().code() == core::ErrorCode::kTimeout)
+      return core::timeout_error("the terminal missed its heartbeats for " + std::to_string(silence.count()) + " ms");
     if (!req.ok()) return req.status();
+    if ((*req)["op"] == "ping") continue;
     if ((*req)["op"] == "stop") return core::ok_status();
     if ((*req)["op"] != "run" || !(*req).contains("n") || !(*req)["n"].is_number_integer())
       return core::invalid_argument("unknown request from the terminal");
@@ -242,7 +273,7 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
   job.model_dir = opts_.model_dir;
   job.threads = opts_.threads_per_device;
   job.timeout_ms = opts_.timeout_ms;
-  job.link = opts_.link;
+  TESSERA_ASSIGN_OR_RETURN(job.link, inline_link_arg(opts_.link, plan_.world));
   job.insecure = opts_.insecure;
   job.plan = plan_;
   job.group_id = "tessera-" + std::to_string(::getpid()) + "-" +
@@ -275,6 +306,9 @@ Status Session::start_daemon_jobs() {
   for (int r = 1; r < plan_.world; ++r) {
     JobSpec w = job_;
     w.rank = r;
+    // A daemon finds the model by name under its own roots.
+    w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().filename().string();
+    if (w.model_dir.empty()) w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().parent_path().filename().string();
     const std::string& ep = cluster_->workers[static_cast<size_t>(r - 1)];
     TESSERA_ASSIGN_OR_RETURN(std::string answer,
                              comm::control_request(ep, key_, w.to_json().dump(), comm::Millis(opts_.timeout_ms)));
@@ -341,6 +375,7 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
   go.bind_endpoint = bind_;
   TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
+  start_heartbeats();  // workers that load faster than the terminal must not give up on it
   TESSERA_ASSIGN_OR_RETURN(model::Transformer m,
                            model::Transformer::load(opts_.model_dir, parallel::load_options(plan_, cfg, 0)));
   model_ = std::make_unique<model::Transformer>(std::move(m));
@@ -358,6 +393,30 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
   return core::ok_status();
 }
 
+// Pings every worker while no run is in progress (a run's own messages show
+// the terminal is alive; pings between them keep idle workers from giving up).
+void Session::start_heartbeats() {
+  if (plan_.world < 2) return;
+  heartbeat_ = std::thread([this] {
+    const auto interval = std::chrono::milliseconds(job_.heartbeat_ms);
+    std::unique_lock<std::mutex> lock(run_mu_);
+    while (!stopping_) {
+      for (int w = 1; w < group_->size(); ++w)
+        if (group_->peer_alive(w)) (void)group_->send(w, kToWorkerTag, json_tensor({{"op", "ping"}}), interval);
+      heartbeat_cv_.wait_for(lock, interval, [this] { return stopping_; });
+    }
+  });
+}
+
+void Session::stop_heartbeats() {
+  {
+    std::lock_guard<std::mutex> lock(run_mu_);
+    stopping_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
 Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) {
   std::unique_ptr<Session> s(new Session());
   s->opts_ = opts;
@@ -371,6 +430,7 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
 }
 
 Result<RunResult> Session::run(const RunRequest& req) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);  // no pings during a run
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
@@ -422,6 +482,7 @@ Status Session::stop_workers() {
 }
 
 Session::~Session() {
+  stop_heartbeats();
   (void)stop_workers();
   if (group_) group_->close();
   // Give workers a moment to leave by themselves, then make sure.

@@ -4,7 +4,10 @@
 // on loopback; each loads only what its part of the plan needs.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,7 +30,15 @@ struct WorkerEnv {
   std::string bind_endpoint;          // empty: endpoints[rank]
   std::optional<comm::ClusterKey> key;  // required unless the job is insecure
   comm::CommStats* stats = nullptr;     // set: the group's figures when the job ends
+  // A daemon's: the job's model is a name under one of these roots.
+  const std::vector<std::string>* model_roots = nullptr;
+  // A daemon's cap on waiting for the group to form, whatever the job asks.
+  comm::Millis max_connect{0};
 };
+
+// The folder of model `name` under one of `roots`: relative names only, no
+// "..", and no symbolic link out of the root.
+[[nodiscard]] core::Result<std::string> resolve_model(const std::string& name, const std::vector<std::string>& roots);
 
 // A worker's whole life in one job: form the group, load its part, answer
 // requests until the terminal says stop or is lost.
@@ -42,6 +53,7 @@ struct DaemonOptions {
   std::string key_file;
   bool insecure = false;
   int jobs = 0;  // stop after this many jobs (0: never)
+  std::vector<std::string> model_roots;  // --models: where job models are looked up
 };
 core::Status run_worker_daemon(const DaemonOptions& opts);
 
@@ -104,6 +116,8 @@ class Session {
   core::Status start_daemon_jobs();
   core::Status fork_local_workers();
   core::Status connect_and_load(const model::ModelConfig& cfg);
+  void start_heartbeats();
+  void stop_heartbeats();
 
   DistributedOptions opts_;
   std::optional<ClusterFile> cluster_;
@@ -119,6 +133,10 @@ class Session {
   std::vector<nlohmann::json> ready_;  // what each worker reported after loading
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
+  std::mutex run_mu_;  // held by a run, and by the heartbeat thread between its pings
+  std::condition_variable heartbeat_cv_;
+  bool stopping_ = false;
+  std::thread heartbeat_;
 };
 
 }  // namespace tessera::runtime

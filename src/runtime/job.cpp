@@ -1,13 +1,16 @@
 #include "runtime/job.h"
 
+#include "core/io.h"
+
 namespace tessera::runtime {
 
 using core::Result;
 using nlohmann::json;
 
 json JobSpec::to_json() const {
-  return {{"rank", rank},   {"endpoints", endpoints}, {"group_id", group_id},   {"insecure", insecure},
-          {"link", link},   {"timeout_ms", timeout_ms}, {"model_dir", model_dir}, {"threads", threads},
+  return {{"rank", rank},         {"endpoints", endpoints},       {"group_id", group_id},
+          {"insecure", insecure}, {"link", link},                 {"timeout_ms", timeout_ms},
+          {"heartbeat_ms", heartbeat_ms}, {"model", model_dir}, {"threads", threads},
           {"plan", plan.to_json()}};
 }
 
@@ -33,7 +36,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   TESSERA_ASSIGN_OR_RETURN(const json* insecure, field(j, "insecure", json::value_t::boolean));
   TESSERA_ASSIGN_OR_RETURN(const json* link, field(j, "link", json::value_t::string));
   TESSERA_ASSIGN_OR_RETURN(const json* timeout, field(j, "timeout_ms", json::value_t::number_integer));
-  TESSERA_ASSIGN_OR_RETURN(const json* dir, field(j, "model_dir", json::value_t::string));
+  TESSERA_ASSIGN_OR_RETURN(const json* heartbeat, field(j, "heartbeat_ms", json::value_t::number_integer));
+  TESSERA_ASSIGN_OR_RETURN(const json* dir, field(j, "model", json::value_t::string));
   TESSERA_ASSIGN_OR_RETURN(const json* threads, field(j, "threads", json::value_t::number_integer));
   TESSERA_ASSIGN_OR_RETURN(const json* plan, field(j, "plan", json::value_t::object));
   if (eps->size() < 1 || eps->size() > 64) return core::invalid_argument("job: 1..64 endpoints required");
@@ -50,15 +54,45 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   if (s.group_id.size() > 256) return core::invalid_argument("job: group id longer than 256 bytes");
   s.insecure = insecure->get<bool>();
   s.link = link->get<std::string>();
+  if (s.link.size() > (64u << 10)) return core::invalid_argument("job: link matrix larger than 64 KiB");
   s.timeout_ms = timeout->get<int64_t>();
   if (s.timeout_ms < 1 || s.timeout_ms > 24ll * 3600 * 1000) return core::invalid_argument("job: timeout must be in [1 ms, 24 h]");
+  s.heartbeat_ms = heartbeat->get<int64_t>();
+  if (s.heartbeat_ms < 100 || s.heartbeat_ms > 60000) return core::invalid_argument("job: heartbeat must be in [100 ms, 60 s]");
   s.model_dir = dir->get<std::string>();
+  if (s.model_dir.empty() || s.model_dir.size() > 4096) return core::invalid_argument("job: model must be 1..4096 bytes");
   const int64_t t = threads->get<int64_t>();
   if (t < 1 || t > 256) return core::invalid_argument("job: threads must be in [1, 256]");
   s.threads = static_cast<int>(t);
   TESSERA_ASSIGN_OR_RETURN(s.plan, parallel::Plan::from_json(*plan));
   if (s.plan.world != world) return core::invalid_argument("job: the plan's device count differs from the endpoints");
   return s;
+}
+
+Result<comm::LinkMatrix> job_links(const std::string& link, int world) {
+  if (link.empty()) return comm::LinkMatrix();
+  if (link.front() == '{') return comm::LinkMatrix::from_json(link, world);
+  // A spec only: a job never names a file for the worker to read.
+  TESSERA_ASSIGN_OR_RETURN(comm::LinkSpec spec, comm::parse_link_spec(link));
+  return comm::LinkMatrix::uniform(world, spec);
+}
+
+Result<std::string> inline_link_arg(const std::string& arg, int world) {
+  if (arg.empty()) return std::string();
+  const bool file = arg.front() == '@' || (arg.size() > 5 && arg.ends_with(".json"));
+  if (!file) {
+    TESSERA_RETURN_IF_ERROR(comm::parse_link_spec(arg).status());
+    return arg;
+  }
+  const std::string path = arg.front() == '@' ? arg.substr(1) : arg;
+  TESSERA_ASSIGN_OR_RETURN(comm::LinkMatrix checked, comm::LinkMatrix::load(path, world));
+  (void)checked;
+  TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(path));
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return core::parse_error("link matrix '" + path + "' is not JSON");
+  std::string compact = j.dump();
+  if (compact.size() > (64u << 10)) return core::invalid_argument("link matrix '" + path + "' is larger than 64 KiB");
+  return compact;
 }
 
 Result<parallel::Plan> JobSpec::completed_plan(const model::ModelConfig& config) const {

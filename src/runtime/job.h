@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/link.h"
 #include "core/status.h"
 #include "parallel/strategy.h"
 
@@ -21,9 +22,16 @@ struct JobSpec {
   std::vector<std::string> endpoints;  // one per rank
   std::string group_id = "tessera";
   bool insecure = false;
-  std::string link;  // "500mbit,1ms" or a matrix file; empty = unpaced
+  // Emulated links: a spec ("500mbit,1ms") or the matrix itself as JSON text
+  // ({"bandwidth_bps": ..., "latency_ms": ...}); never a path. Empty = unpaced.
+  std::string link;
   int64_t timeout_ms = 60000;
-  // Work.
+  // The terminal pings an idle worker this often; a worker that hears
+  // nothing for kMissedHeartbeats intervals ends the job.
+  int64_t heartbeat_ms = 1000;
+  static constexpr int kMissedHeartbeats = 5;
+  // Work. A local worker gets the model's folder; a daemon gets a name that
+  // it looks up under the roots its operator allowed (worker --models).
   std::string model_dir;
   int threads = 1;
   parallel::Plan plan;  // plan.world == endpoints.size()
@@ -33,5 +41,11 @@ struct JobSpec {
   // The plan completed against the model's config.
   [[nodiscard]] core::Result<parallel::Plan> completed_plan(const model::ModelConfig& config) const;
 };
+
+// The links a job describes, built without touching the file system.
+[[nodiscard]] core::Result<comm::LinkMatrix> job_links(const std::string& link, int world);
+// The terminal's --link argument as a job carries it: a spec as it is, a
+// matrix file (@path or *.json) read and inlined as JSON text.
+[[nodiscard]] core::Result<std::string> inline_link_arg(const std::string& arg, int world);
 
 }  // namespace tessera::runtime

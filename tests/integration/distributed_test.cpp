@@ -20,6 +20,7 @@
 #include "comm/keys.h"
 #include "core/io.h"
 #include "model/safetensors.h"
+#include "comm/control.h"
 #include "runtime/job.h"
 
 namespace tessera {
@@ -236,7 +237,8 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--jobs", "1", nullptr);
+      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--models", kData.c_str(),
+              "--jobs", "1", nullptr);
       ::_exit(127);
     }
     daemons.push_back(pid);
@@ -255,6 +257,82 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
     ::waitpid(pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
+}
+
+// A key holder that takes a daemon's job and then says nothing loses it
+// within a few heartbeat intervals; the daemon then serves a real terminal.
+TEST(DistributedTest, SilentTerminalLosesItsJobAndTheDaemonServesTheNext) {
+  const std::string key = tmp("silent.key"), cluster = tmp("silent.toml");
+  ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
+  const int base = 7000 + static_cast<int>((::getpid() + 450) % 900) * 10 + 6;
+  const std::string control = "tcp://127.0.0.1:" + std::to_string(base);
+  const std::string data = "tcp://127.0.0.1:" + std::to_string(base + 1);
+  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 2);
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control + "\"]\n").ok());
+  const std::string daemon_err = tmp("silent-daemon-err.txt");  // before the fork: the name holds our pid
+  const pid_t daemon = ::fork();
+  ASSERT_GE(daemon, 0);
+  if (daemon == 0) {
+    if (std::freopen(daemon_err.c_str(), "w", stderr) == nullptr) ::_exit(126);
+    ::execl(kBin.c_str(), "tessera", "--log-level", "info", "worker", "--listen", control.c_str(), "--key", key.c_str(),
+            "--models", kData.c_str(), nullptr);
+    ::_exit(127);
+  }
+  struct Stop {  // the daemon serves until stopped, whatever this test asserts
+    pid_t pid;
+    ~Stop() {
+      ::kill(pid, SIGTERM);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+  } stop{daemon};
+  const auto k = comm::read_key_file(key).value();
+  // The silent terminal: a valid job, a group that forms, then nothing.
+  runtime::JobSpec job;
+  job.rank = 1;
+  job.endpoints = {"tcp://127.0.0.1:" + std::to_string(base + 3), data};  // the real terminal binds base + 2
+  job.model_dir = "gpt2-tiny";
+  job.plan.strategy = "voltage";
+  job.plan.world = 2;
+  job.timeout_ms = 24ll * 3600 * 1000;  // the longest a job may ask for
+  std::string answer;
+  for (int attempt = 0; attempt < 50; ++attempt) {  // until the daemon listens
+    auto a = comm::control_request(control, k, job.to_json().dump(), std::chrono::milliseconds(2000));
+    if (a.ok()) {
+      answer = *a;
+      break;
+    }
+  }
+  ASSERT_NE(answer.find("\"ok\":true"), std::string::npos) << answer;
+  comm::GroupOptions o;
+  o.rank = 0;
+  o.endpoints = job.endpoints;
+  o.group_id = job.group_id;
+  o.key = k;
+  o.connect_timeout = std::chrono::milliseconds(20000);
+  auto silent = comm::Group::create(o);
+  ASSERT_TRUE(silent.ok()) << silent.status().to_string();
+  // The daemon drops the silent job after 5 missed pings (5 s) and is free
+  // again: a real run, started while the silent group is still open, works.
+  const std::string dir = kData + "/gpt2-tiny", ids = "--ids 9,8,7,6,5,4,3";
+  const std::string ref = tmp("silent-ref.safetensors"), got = tmp("silent-got.safetensors");
+  ASSERT_EQ(run("run --model " + dir + " " + ids + " --dump " + ref).code, 0);
+  CmdResult r;
+  for (int attempt = 0; attempt < 10; ++attempt) {  // busy with the silent job until it is dropped
+    r = run("run --model " + dir + " " + ids + " --strategy voltage --cluster " + cluster + " --key " + key +
+            " --timeout 3 --dump " + got);
+    if (r.code == 0) break;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  ASSERT_EQ(r.code, 0) << r.err << "daemon: " << core::read_file(daemon_err).value_or("");
+  EXPECT_LT(max_diff(ref, got, "hidden.2"), 1e-4f);
+  // The daemon says why it dropped the silent job (its log is written as it goes).
+  std::string log;
+  for (int wait = 0; wait < 100 && log.find("missed its heartbeats") == std::string::npos; ++wait) {
+    log = core::read_file(daemon_err).value_or("");
+    if (log.find("missed its heartbeats") == std::string::npos) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(log.find("missed its heartbeats"), std::string::npos) << log;
 }
 
 }  // namespace

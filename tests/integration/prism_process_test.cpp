@@ -115,6 +115,7 @@ TEST(PrismProcessTest, JobCarriesTheRateToWorkers) {
   runtime::JobSpec job;
   job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
   job.insecure = true;
+  job.model_dir = "gpt2-tiny";
   job.plan.strategy = "prism";
   job.plan.world = 2;
   job.plan.options = {{"rate", 9.9}};

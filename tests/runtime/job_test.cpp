@@ -1,0 +1,90 @@
+// Jobs carry data, never paths: links travel inline, a daemon finds a model
+// by name under its roots only, every field is bounded.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/io.h"
+#include "runtime/distributed.h"
+#include "runtime/job.h"
+
+namespace tessera::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p = fs::path(::testing::TempDir()) / ("job-" + std::to_string(::getpid()) + "-" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+TEST(JobTest, LinksAreSpecsOrInlineMatricesNeverFiles) {
+  EXPECT_TRUE(job_links("", 2).ok());
+  EXPECT_TRUE(job_links("500mbit,1ms", 3).ok());
+  // A worker never opens what a job names: these are refused as specs.
+  for (const char* path : {"@/etc/passwd", "/dev/zero", "@/dev/zero", "links.json"})
+    EXPECT_FALSE(job_links(path, 2).ok()) << path;
+  // The terminal inlines a matrix file it was given.
+  const std::string dir = temp_dir("links"), file = dir + "/m.json";
+  ASSERT_TRUE(core::write_file(file, R"({"bandwidth_bps": [[0, 1e8], [2e8, 0]], "latency_ms": [[0, 1], [1, 0]]})").ok());
+  auto text = inline_link_arg(file, 2);
+  ASSERT_TRUE(text.ok()) << text.status().to_string();
+  EXPECT_EQ(text->front(), '{');
+  auto m = job_links(*text, 2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_DOUBLE_EQ(m->link(1, 0).bandwidth_bps, 2e8);
+  EXPECT_EQ(inline_link_arg("500mbit,1ms", 2).value(), "500mbit,1ms");
+  EXPECT_FALSE(inline_link_arg(dir + "/missing.json", 2).ok());
+}
+
+TEST(JobTest, ModelsResolveOnlyUnderTheWorkersRoots) {
+  const std::string root = temp_dir("root"), outside = temp_dir("outside");
+  fs::create_directories(root + "/bert");
+  fs::create_directories(root + "/nested/gpt2");
+  fs::create_directories(outside + "/secret");
+  ASSERT_TRUE(core::write_file(root + "/bert/config.json", "{}").ok());
+  ASSERT_TRUE(core::write_file(root + "/nested/gpt2/config.json", "{}").ok());
+  ASSERT_TRUE(core::write_file(outside + "/secret/config.json", "{}").ok());
+  fs::create_directory_symlink(outside + "/secret", root + "/escape");
+  const std::vector<std::string> roots = {root};
+  EXPECT_EQ(resolve_model("bert", roots).value(), fs::canonical(root + "/bert").string());
+  EXPECT_TRUE(resolve_model("nested/gpt2", roots).ok());
+  for (const std::string& bad : std::vector<std::string>{"../outside", "/etc", outside + "/secret", "bert/../../x", "escape", "missing", ""})
+    EXPECT_FALSE(resolve_model(bad, roots).ok()) << bad;
+  EXPECT_FALSE(resolve_model("bert", {}).ok());  // a daemon without --models serves nothing
+}
+
+TEST(JobTest, EveryFieldIsBounded) {
+  JobSpec job;
+  job.rank = 1;
+  job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
+  job.model_dir = "bert";
+  job.plan.strategy = "tp";
+  job.plan.world = 2;
+  ASSERT_TRUE(JobSpec::from_json(job.to_json().dump()).ok());
+  auto with = [&](const char* key, nlohmann::json value) {
+    nlohmann::json j = job.to_json();
+    j[key] = std::move(value);
+    return JobSpec::from_json(j.dump());
+  };
+  EXPECT_FALSE(with("timeout_ms", 24ll * 3600 * 1000 + 1).ok());
+  EXPECT_FALSE(with("timeout_ms", 0).ok());
+  EXPECT_FALSE(with("heartbeat_ms", 10).ok());
+  EXPECT_FALSE(with("heartbeat_ms", 3600000).ok());
+  EXPECT_FALSE(with("threads", 100000).ok());
+  EXPECT_FALSE(with("rank", 2).ok());
+  EXPECT_FALSE(with("rank", "1").ok());
+  EXPECT_FALSE(with("link", std::string(70000, '1')).ok());
+  EXPECT_FALSE(with("model", "").ok());
+  EXPECT_FALSE(with("group_id", std::string(300, 'g')).ok());
+  EXPECT_FALSE(with("endpoints", nlohmann::json::array()).ok());
+  EXPECT_FALSE(with("plan", nlohmann::json{{"strategy", "tp"}, {"world", 3}}).ok());  // not the group's size
+  EXPECT_FALSE(JobSpec::from_json("[1,2]").ok());
+  EXPECT_FALSE(JobSpec::from_json(std::string(2 << 20, ' ')).ok());
+}
+
+}  // namespace
+}  // namespace tessera::runtime
