@@ -12,7 +12,13 @@
 
 namespace tessera::kernels {
 
-void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+void set_blas_threads(int threads) {
+  // On the libxsmm path the dense layers and attention heads run on Tessera's
+  // pool; OpenBLAS (the products inside one head) stays on one thread, as its
+  // idle workers would spin against the pool's threads for the cores.
+  if (gemm_path() == GemmPath::kLibxsmm) threads = 1;
+  openblas_set_num_threads(threads < 1 ? 1 : threads);
+}
 int blas_threads() { return openblas_get_num_threads(); }
 
 std::string blas_core_name() { return openblas_get_corename(); }

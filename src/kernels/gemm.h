@@ -11,7 +11,8 @@
 
 namespace tessera::kernels {
 
-// Threads OpenBLAS may use for one call (process-wide setting).
+// Threads OpenBLAS may use for one call (process-wide setting); always 1 on
+// the libxsmm path (gemm_path()), where the pool does the threading.
 void set_blas_threads(int threads);
 int blas_threads();
 // The kernel family OpenBLAS picked at load time (e.g. "SkylakeX").

@@ -124,6 +124,7 @@ Result<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
   SafeTensorsFile f;
   f.path_ = path;
   f.mapping_ = std::shared_ptr<void>(map, [size](void* p) { if (p) ::munmap(p, size); });
+  f.map_size_ = size;
   TESSERA_RETURN_IF_ERROR(f.parse(static_cast<const char*>(map), size));
   return f;
 }
@@ -143,6 +144,17 @@ Result<Tensor> SafeTensorsFile::get(const std::string& name) const {
   const TensorInfo* i = info(name);
   if (i == nullptr) return core::not_found("tensor '" + name + "' not in '" + path_ + "'");
   return Tensor::borrow(i->dtype, i->shape, const_cast<char*>(data_ + i->begin), mapping_);
+}
+
+void SafeTensorsFile::release(const std::string& name) const {
+  const TensorInfo* i = info(name);
+  if (i == nullptr || map_size_ == 0 || i->end == i->begin) return;
+  // Whole pages covering the tensor: the mapping is read-only and private,
+  // so dropping a page a neighbour shares only costs that neighbour a re-read.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + i->begin) & ~(page - 1);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(data_ + i->end);
+  ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // advice only: failure changes nothing
 }
 
 Result<Tensor> SafeTensorsFile::get_f32(const std::string& name) const {
@@ -238,6 +250,11 @@ Result<Tensor> TensorStore::get_f32(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) return core::not_found("missing tensor '" + name + "'");
   return files_[it->second].get_f32(name);
+}
+
+void TensorStore::release(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it != where_.end()) files_[it->second].release(name);
 }
 
 }  // namespace tessera::model
