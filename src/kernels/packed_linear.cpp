@@ -63,7 +63,7 @@ GemmPath gemm_path() {
 
 const char* gemm_path_name(GemmPath path) { return path == GemmPath::kLibxsmm ? "libxsmm" : "openblas"; }
 
-PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, GemmPath path) {
+PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, GemmPath path, const Consumed& consumed) {
   TESSERA_CHECK(k >= 0);
   int64_t n = 0;
   for (const auto& s : parts) {
@@ -84,22 +84,40 @@ PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, 
   w.base_ = buf;
   w.ldw_ = k;
   if (panels && stored_rows > n) std::memset(buf + n / P * P * k, 0, static_cast<size_t>(P * k) * sizeof(float));
-  int64_t r = 0;
+  // Where row r of the stacked matrix goes: element c at dst(r) + c * step.
+  auto dst = [&](int64_t r) { return panels ? buf + (r / P) * P * k + r % P : buf + r * k; };
+  const int64_t step = panels ? P : 1;
+  int64_t r0 = 0;
   for (const auto& s : parts) {
-    for (int64_t i = 0; i < s.rows; ++i, ++r) {
-      const float* src = s.data + i * s.row_stride;
-      if (!panels) {
-        float* dst = buf + r * k;
-        if (s.col_stride == 1) {
-          std::memcpy(dst, src, static_cast<size_t>(k) * sizeof(float));
-        } else {
-          for (int64_t c = 0; c < k; ++c) dst[c] = src[c * s.col_stride];
+    if (s.rows == 0 || k == 0) continue;
+    if (s.row_stride == 1 && s.col_stride != 1) {
+      // Column-major source (GPT-2's Conv1D): its rows are W's columns, so
+      // walk them in order and hand each block back once it is read.
+      constexpr int64_t kBlock = 64;
+      for (int64_t c0 = 0; c0 < k; c0 += kBlock) {
+        const int64_t c1 = std::min(k, c0 + kBlock);
+        for (int64_t c = c0; c < c1; ++c) {
+          const float* src = s.data + c * s.col_stride;
+          for (int64_t i = 0; i < s.rows; ++i) dst(r0 + i)[c * step] = src[i];
         }
-        continue;
+        if (consumed) consumed(s.data + c0 * s.col_stride, static_cast<size_t>((c1 - c0) * s.col_stride) * sizeof(float));
       }
-      float* dst = buf + (r / P) * P * k + r % P;
-      for (int64_t c = 0; c < k; ++c) dst[c * P] = src[c * s.col_stride];
+    } else {
+      for (int64_t i0 = 0; i0 < s.rows; i0 += P) {
+        const int64_t i1 = std::min(s.rows, i0 + P);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* src = s.data + i * s.row_stride;
+          float* d = dst(r0 + i);
+          if (step == 1 && s.col_stride == 1) {
+            std::memcpy(d, src, static_cast<size_t>(k) * sizeof(float));
+          } else {
+            for (int64_t c = 0; c < k; ++c) d[c * step] = src[c * s.col_stride];
+          }
+        }
+        if (consumed) consumed(s.data + i0 * s.row_stride, static_cast<size_t>((i1 - i0) * s.row_stride) * sizeof(float));
+      }
     }
+    r0 += s.rows;
   }
   return w;
 }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,8 +51,12 @@ class PackedLinear {
   static constexpr int64_t kPanel = 32;
 
   PackedLinear() = default;
+  // Called with source ranges that packing has finished reading (a loader
+  // drops those pages of its mapped file: peak memory stays ~1x the weights).
+  using Consumed = std::function<void(const void* begin, size_t bytes)>;
   // W = the rows of `parts` stacked, k columns each (k >= 0; parts may be empty).
-  static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path());
+  static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path(),
+                           const Consumed& consumed = {});
   // A Linear-layout tensor [n, k].
   static PackedLinear pack(const core::Tensor& w, GemmPath path = gemm_path());
 

@@ -148,13 +148,19 @@ Result<Tensor> SafeTensorsFile::get(const std::string& name) const {
 
 void SafeTensorsFile::release(const std::string& name) const {
   const TensorInfo* i = info(name);
-  if (i == nullptr || map_size_ == 0 || i->end == i->begin) return;
-  // Whole pages covering the tensor: the mapping is read-only and private,
+  if (i != nullptr) release_bytes(data_ + i->begin, i->end - i->begin);
+}
+
+void SafeTensorsFile::release_bytes(const void* p, size_t bytes) const {
+  const auto* b = static_cast<const char*>(p);
+  const auto* base = static_cast<const char*>(mapping_.get());
+  if (map_size_ == 0 || bytes == 0 || b < base || b + bytes > base + map_size_) return;
+  // Whole pages covering the range: the mapping is read-only and private,
   // so dropping a page a neighbour shares only costs that neighbour a re-read.
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t b = reinterpret_cast<uintptr_t>(data_ + i->begin) & ~(page - 1);
-  const uintptr_t e = reinterpret_cast<uintptr_t>(data_ + i->end);
-  ::madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);  // advice only: failure changes nothing
+  const uintptr_t start = reinterpret_cast<uintptr_t>(b) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(b + bytes);
+  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);  // advice only: failure changes nothing
 }
 
 Result<Tensor> SafeTensorsFile::get_f32(const std::string& name) const {
@@ -255,6 +261,10 @@ Result<Tensor> TensorStore::get_f32(const std::string& name) const {
 void TensorStore::release(const std::string& name) const {
   auto it = where_.find(name);
   if (it != where_.end()) files_[it->second].release(name);
+}
+
+void TensorStore::release_bytes(const void* p, size_t bytes) const {
+  for (const auto& f : files_) f.release_bytes(p, bytes);
 }
 
 }  // namespace tessera::model

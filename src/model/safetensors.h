@@ -42,6 +42,8 @@ class SafeTensorsFile {
   // was made (mmap'd files only; a no-op otherwise). Views stay valid: the
   // pages are read from the file again if touched.
   void release(const std::string& name) const;
+  // The same for any byte range; ranges outside this file's mapping are ignored.
+  void release_bytes(const void* p, size_t bytes) const;
 
  private:
   core::Status parse(const char* base, size_t size);
@@ -69,6 +71,7 @@ class TensorStore {
   const TensorInfo* info(const std::string& name) const;
   core::Result<core::Tensor> get_f32(const std::string& name) const;
   void release(const std::string& name) const;  // see SafeTensorsFile::release
+  void release_bytes(const void* p, size_t bytes) const;
 
  private:
   std::vector<SafeTensorsFile> files_;

@@ -181,7 +181,9 @@ RawMatrix stack(const std::vector<RawMatrix>& ms, int64_t k) {
   return out;
 }
 
-kernels::PackedLinear pack(const RawMatrix& m) { return kernels::PackedLinear::pack(m.parts, m.k); }
+kernels::PackedLinear pack(const RawMatrix& m, const kernels::PackedLinear::Consumed& consumed = {}) {
+  return kernels::PackedLinear::pack(m.parts, m.k, kernels::gemm_path(), consumed);
+}
 
 // A layer as read, before packing; `names` are the file tensors it came from.
 struct RawLayer {
@@ -207,13 +209,14 @@ RawLayer shard_raw(const RawLayer& full, int64_t F, int64_t hd, int64_t h0, int6
   return s;
 }
 
-// Packs the matrices and copies the vectors, so nothing refers to the file.
-LayerWeights finish_layer(const RawLayer& r) {
+// Packs the matrices and copies the vectors, so nothing refers to the file;
+// `consumed` hears of the source ranges each pack has read.
+LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consumed& consumed = {}) {
   LayerWeights w;
-  w.qkv_w = pack(r.qkv);
-  w.attn_out_w = pack(r.attn_out);
-  w.ffn_in_w = pack(r.ffn_in);
-  w.ffn_out_w = pack(r.ffn_out);
+  w.qkv_w = pack(r.qkv, consumed);
+  w.attn_out_w = pack(r.attn_out, consumed);
+  w.ffn_in_w = pack(r.ffn_in, consumed);
+  w.ffn_out_w = pack(r.ffn_out, consumed);
   w.qkv_b = r.qkv_b.clone();
   w.attn_out_b = r.attn_out_b.clone();
   w.ffn_in_b = r.ffn_in_b.clone();
@@ -247,12 +250,19 @@ class Loader {
   // A Linear-layout matrix, packed; its pages in the mapping are dropped.
   Result<kernels::PackedLinear> packed(const std::string& name) {
     TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
-    kernels::PackedLinear w = kernels::PackedLinear::pack(t);
+    TESSERA_CHECK(t.rank() == 2);
+    const kernels::WeightSource src{t.f32(), t.dim(0), t.dim(1), 1};
+    kernels::PackedLinear w = kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), t.dim(1),
+                                                          kernels::gemm_path(), consumed());
     store_.release(name);
     return w;
   }
   void release(const std::vector<std::string>& names) {
     for (const auto& n : names) store_.release(n);
+  }
+  // Drops the pages of what packing has read, as it goes.
+  kernels::PackedLinear::Consumed consumed() {
+    return [this](const void* p, size_t bytes) { store_.release_bytes(p, bytes); };
   }
 
   Result<RawLayer> load_layer(int64_t l);
@@ -496,7 +506,8 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
     if (!lw.ok()) return lw.status();
     // TP shards cut the file's tensors first and pack only their slice.
     w.layers[static_cast<size_t>(l)] =
-        finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw);
+        finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw,
+                     ld.consumed());
     ld.release(lw->names);
   }
   return w;
