@@ -1,6 +1,7 @@
 // Google Benchmark suite for the kernels, at BERT-base shapes (seq 128).
 // Run with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset (see docs/performance.md).
 #include <benchmark/benchmark.h>
+#include <libxsmm.h>
 
 #include <random>
 #include <vector>
@@ -8,6 +9,8 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/packed_linear.h"
+#include "kernels/simd.h"
 
 namespace tessera::kernels {
 namespace {
@@ -51,6 +54,100 @@ void BM_OneProductF32(benchmark::State& st) {
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_OneProductF32)->Args({64, 768, 768})->Args({64, 768, 3072})->Args({32, 768, 768});
+
+// The packed dense layer, one thread: range(3) = 0 libxsmm, 1 OpenBLAS fallback.
+void BM_PackedLinear(benchmark::State& st) {
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2);
+  const GemmPath path = st.range(3) == 0 ? gemm_path() : GemmPath::kOpenBlas;
+  set_blas_threads(1);
+  auto x = random_vec(m * k), w = random_vec(n * k), b = random_vec(n);
+  const WeightSource src{w.data(), n, k, 1};
+  const PackedLinear pw = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, path);
+  std::vector<float> y(m * n);
+  PackedLinearArgs a;
+  a.x = x.data(); a.m = m; a.ldx = k; a.w = &pw; a.bias = b.data(); a.y = y.data(); a.ldy = n;
+  for (auto _ : st) {
+    packed_linear_f32(nullptr, a);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(gemm_path_name(path));
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_PackedLinear)
+    ->ArgsProduct({{128}, {768}, {2304, 768, 3072}, {0, 1}})->ArgsProduct({{128}, {3072}, {768}, {0, 1}})
+    ->ArgsProduct({{64, 32}, {768}, {768, 3072}, {0, 1}})
+    ->ArgsProduct({{1}, {768}, {2304, 768, 3072, 50257}, {0, 1}})->ArgsProduct({{1}, {3072}, {768}, {0, 1}});
+
+// How the panel height (range 3) and the row tile (range 4) were chosen:
+// libxsmm kernels over panels of that many weight rows, tiles of that many x rows.
+void BM_PanelChoice(benchmark::State& st) {
+  const int64_t m = st.range(0), k = st.range(1), n = st.range(2), P = st.range(3), T = st.range(4);
+  const int64_t np = (n + P - 1) / P;
+  auto x = random_vec(m * k), w = random_vec(np * P * k);
+  std::vector<float> y(m * n);
+  const float alpha = 1.0f, beta = 0.0f;
+  const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+  const libxsmm_blasint lda = P, ldb = k, ldc = n;
+  for (auto _ : st) {
+    for (int64_t m0 = 0; m0 < m; m0 += T) {
+      const libxsmm_blasint rows = std::min(T, m - m0);
+      auto fn = libxsmm_smmdispatch(P, rows, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
+      if (fn == nullptr) { st.SkipWithError("no kernel"); return; }
+      for (int64_t p = 0; p < np; ++p) fn(w.data() + p * P * k, x.data() + m0 * k, y.data() + m0 * n + p * P);
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_PanelChoice)->ArgsProduct({{128, 64}, {768}, {2304}, {16, 32, 48, 64}, {16, 32, 64}})
+    ->ArgsProduct({{128}, {3072}, {768}, {16, 32, 48, 64}, {16, 32, 64}})->ArgsProduct({{1}, {768}, {3072}, {16, 32, 48, 64}, {1}});
+
+// The core's peak for the floor table: one libxsmm kernel (32 x 32 x 256)
+// on operands that stay in L1/L2, over and over.
+void BM_LibxsmmPeak(benchmark::State& st) {
+  const libxsmm_blasint m = 32, n = 32, k = 256;
+  auto a = random_vec(m * k), b = random_vec(k * n);
+  std::vector<float> c(m * n);
+  const float alpha = 1.0f, beta = 1.0f;
+  auto fn = libxsmm_smmdispatch(m, n, k, &m, &k, &m, &alpha, &beta, nullptr, nullptr);
+  if (fn == nullptr) { st.SkipWithError("no kernel"); return; }
+  for (auto _ : st) {
+    for (int i = 0; i < 64; ++i) fn(a.data(), b.data(), c.data());
+    benchmark::DoNotOptimize(c.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(64 * 2.0 * m * n * k, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_LibxsmmPeak);
+
+// One thread's streaming read bandwidth, over a buffer of range(0) MiB (at
+// least 4x the last-level cache): the decode floor's denominator.
+void BM_StreamRead(benchmark::State& st) {
+  const size_t n = static_cast<size_t>(st.range(0)) << 18;  // floats
+  std::vector<float> buf(n, 1.0f);
+  for (auto _ : st) {
+    float acc[16] = {};
+    for (size_t i = 0; i < n; i += 16)
+      for (int j = 0; j < 16; ++j) acc[j] += buf[i + j];
+    benchmark::DoNotOptimize(acc);
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(n) * 4, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_StreamRead)->Arg(512)->Unit(benchmark::kMillisecond);
+
+// The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).
+void BM_GeluErfIsa(benchmark::State& st) {
+  const Isa isa = static_cast<Isa>(st.range(1));
+  if (!isa_supported(isa)) { st.SkipWithError("not on this CPU"); return; }
+  auto x = random_vec(static_cast<size_t>(st.range(0)));
+  for (auto _ : st) {
+    auto y = x;
+    math_ops(isa).gelu_erf(y.data(), static_cast<int64_t>(y.size()));
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.SetLabel(isa_name(isa));
+  st.SetItemsProcessed(st.iterations() * st.range(0));
+}
+BENCHMARK(BM_GeluErfIsa)->ArgsProduct({{128 * 3072}, {0, 1, 2}});
 
 void BM_GeluErf(benchmark::State& st) {
   auto x = random_vec(static_cast<size_t>(st.range(0)));

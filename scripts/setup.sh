@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config git
-  libopenblas-dev libzmq3-dev cppzmq-dev coinor-libcbc-dev nlohmann-json3-dev libcli11-dev
+  libopenblas-dev libxsmm-dev libzmq3-dev cppzmq-dev coinor-libcbc-dev nlohmann-json3-dev libcli11-dev
   libspdlog-dev libtomlplusplus-dev libcpp-httplib-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do

@@ -18,6 +18,11 @@ echo "== Layering (libraries and includes)"
 bash scripts/check_layers.sh
 echo "== Release build"
 run_suite build -DCMAKE_BUILD_TYPE=Release
+# The dense layers' OpenBLAS fallback: the model label (every Hugging Face
+# fixture) and the kernel tests again with the libxsmm path switched off.
+echo "== Release, TESSERA_GEMM=openblas (model label + packed kernels)"
+TESSERA_GEMM=openblas ctest --test-dir build --output-on-failure -j"$jobs" -L model "${ctest_args[@]}"
+TESSERA_GEMM=openblas ctest --test-dir build --output-on-failure -j"$jobs" -R 'PackedLinearTest' "${ctest_args[@]}"
 echo "== ASan + UBSan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_BUILD_BENCH=OFF

@@ -11,6 +11,7 @@
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
+#include "model/generate.h"
 #include "parallel/strategy.h"
 #include "runtime/distributed.h"
 #include "runtime/single_device.h"
@@ -198,7 +199,55 @@ struct BenchFlags {
   int reps = 10;
   int warmup = 2;
   bool json = false;
+  int64_t generate = 0;  // GPT-2: greedy decode steps after a --seq prompt
 };
+
+// GPT-2 decode: a --seq-token prompt, then b.generate greedy tokens, reps
+// times; the median of the per-token intervals after the first token (one
+// decode step each: one row through every layer and the LM head).
+int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::ModelInput& in, core::ThreadPool* pool) {
+  const auto& c = m.config();
+  if (c.family != model::Family::kGpt2 || c.head != model::HeadKind::kLmHead)
+    return fail("--generate needs a GPT-2 model with an LM head");
+  if (b.seq + b.generate > c.max_positions) return fail("--seq + --generate exceeds max_position_embeddings");
+  std::vector<double> steps;
+  for (int i = 0; i < b.warmup + b.reps; ++i) {
+    model::GenerateOptions o;
+    o.max_new_tokens = b.generate;
+    o.greedy = true;
+    o.eos_token_id = -1;
+    core::Timer t;
+    double last = -1.0;
+    int64_t produced = 0;
+    o.on_token = [&](int64_t) {
+      const double now = t.ms();
+      if (last >= 0.0 && i >= b.warmup) steps.push_back(now - last);
+      last = now;
+      ++produced;
+    };
+    auto r = model::generate(m, in.ids, o, pool);
+    if (!r.ok()) return fail(r.status().to_string());
+    if (produced != b.generate) return fail("generation stopped early");
+  }
+  if (steps.empty()) return fail("--generate must be >= 2");
+  std::sort(steps.begin(), steps.end());
+  const double median = steps[steps.size() / 2];
+  // Weights one decode step reads: every layer's matrices and the LM head.
+  size_t bytes = m.weights().lm_head_w.nbytes();
+  for (const auto& l : m.weights().layers)
+    for (const kernels::PackedLinear* w : {&l.qkv_w, &l.attn_out_w, &l.ffn_in_w, &l.ffn_out_w}) bytes += w->nbytes();
+  if (b.json) {
+    nlohmann::json j = {{"model", b.model}, {"prompt", b.seq}, {"new_tokens", b.generate}, {"threads", b.threads},
+                        {"reps", b.reps}, {"decode_ms_per_token", median}, {"min_ms", steps.front()},
+                        {"weight_bytes_per_token", bytes}, {"gemm", kernels::gemm_path_name(kernels::gemm_path())}};
+    std::cout << j.dump() << '\n';
+  } else {
+    std::printf("gpt2 decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",
+                static_cast<long long>(b.seq), static_cast<long long>(b.generate), b.threads, median, steps.front(),
+                static_cast<double>(bytes) / 1e6);
+  }
+  return 0;
+}
 
 int bench_local(const BenchFlags& b) {
   auto m = model::Transformer::load(b.model);
@@ -217,6 +266,7 @@ int bench_local(const BenchFlags& b) {
   }
   kernels::set_blas_threads(b.threads);
   core::ThreadPool pool(b.threads);
+  if (b.generate > 0) return bench_decode(*m, b, in, &pool);
   std::vector<double> ms;
   model::Workspace ws;
   for (int i = 0; i < b.warmup + b.reps; ++i) {
@@ -249,6 +299,8 @@ void add_bench_local(CLI::App& app) {
   cmd->add_option("--reps", b->reps, "timed repetitions")->capture_default_str();
   cmd->add_option("--warmup", b->warmup, "untimed repetitions first")->capture_default_str();
   cmd->add_flag("--json", b->json, "machine-readable output");
+  cmd->add_option("--generate", b->generate,
+                  "GPT-2: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 

@@ -66,9 +66,17 @@ void attention_f32(core::ThreadPool* pool, const AttentionArgs& a, float* scratc
   }
   const int64_t per_head = a.n_q * a.n_kv;
   TESSERA_CHECK_MSG(scratch != nullptr && scratch_floats >= per_head, "attention scratch too small");
-  // Heads run one after another with BLAS's own threads: running them in
-  // parallel on our pool fights OpenBLAS's spinning workers for the cores
+  // With OpenBLAS on one thread (the libxsmm path, see set_blas_threads)
+  // heads run in parallel on the pool, each chunk of heads in its own slot.
+  // Otherwise heads run one after another with BLAS's own threads: running
+  // them on our pool fights OpenBLAS's spinning workers for the cores
   // (measured: 2 threads went from 112 to 218 ms on BERT-base).
+  if (pool != nullptr && pool->size() > 1 && blas_threads() == 1 && scratch_floats / per_head >= a.heads) {
+    pool->parallel_for(a.heads, [&](int64_t b, int64_t e) {
+      for (int64_t h = b; h < e; ++h) attention_head(a, h, scratch + b * per_head);
+    });
+    return;
+  }
   for (int64_t h = 0; h < a.heads; ++h) attention_head(a, h, scratch);
 }
 

@@ -13,7 +13,13 @@
 
 namespace tessera::kernels {
 
-void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+void set_blas_threads(int threads) {
+  // On the libxsmm path the dense layers and attention heads run on Tessera's
+  // pool; OpenBLAS (the products inside one head) stays on one thread, as its
+  // idle workers would spin against the pool's threads for the cores.
+  if (gemm_path() == GemmPath::kLibxsmm) threads = 1;
+  openblas_set_num_threads(threads < 1 ? 1 : threads);
+}
 int blas_threads() { return openblas_get_num_threads(); }
 
 std::string blas_core_name() { return openblas_get_corename(); }
@@ -102,6 +108,15 @@ bool blas_has_small_kernel() {
 }
 
 void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
+  if (a.packed != nullptr) {
+    TESSERA_CHECK(a.k == a.packed->cols() && a.packed_row0 >= 0 && a.n >= 0 && a.packed_row0 + a.n <= a.packed->rows());
+    const PackedLinear view = a.packed->out_rows(a.packed_row0, a.packed_row0 + a.n);
+    PackedLinearArgs pa;
+    pa.x = a.x; pa.m = a.m; pa.ldx = a.ldx; pa.w = &view; pa.bias = a.bias; pa.act = a.act;
+    pa.residual = a.residual; pa.ldr = a.ldr; pa.y = a.y; pa.ldy = a.ldy;
+    packed_linear_f32(pool, pa);
+    return;
+  }
   TESSERA_CHECK(a.x != nullptr || a.m == 0);
   TESSERA_CHECK(a.w != nullptr && a.y != nullptr);
   TESSERA_CHECK(a.ldx >= a.k && a.ldw >= a.k && a.ldy >= a.n);
@@ -151,6 +166,16 @@ void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const co
   a.y = y;
   a.ldy = a.n;
   linear_f32(pool, a);
+}
+
+void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const PackedLinear& w, const core::Tensor& bias,
+                     Activation act, const float* residual, float* y) {
+  TESSERA_CHECK(bias.empty() || bias.numel() == w.rows());
+  PackedLinearArgs a;
+  a.x = x; a.m = n; a.ldx = w.cols(); a.w = &w;
+  a.bias = bias.empty() ? nullptr : bias.f32();
+  a.act = act; a.residual = residual; a.ldr = w.rows(); a.y = y; a.ldy = w.rows();
+  packed_linear_f32(pool, a);
 }
 
 }  // namespace tessera::kernels

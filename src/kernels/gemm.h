@@ -1,4 +1,5 @@
-// Every matrix product in Tessera goes through OpenBLAS's cblas_sgemm.
+// OpenBLAS: the products of two activations, the fallback of the packed dense
+// layers (kernels/packed_linear.h) and dense layers on raw weights.
 #pragma once
 
 #include <cstdint>
@@ -6,10 +7,12 @@
 
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
+#include "kernels/packed_linear.h"
 
 namespace tessera::kernels {
 
-// Threads OpenBLAS may use for one call (process-wide setting).
+// Threads OpenBLAS may use for one call (process-wide setting); always 1 on
+// the libxsmm path (gemm_path()), where the pool does the threading.
 void set_blas_threads(int threads);
 int blas_threads();
 // The kernel family OpenBLAS picked at load time (e.g. "SkylakeX").
@@ -43,12 +46,15 @@ int64_t small_kernel_stripe(int64_t m, int64_t k);
 // Whether the loaded OpenBLAS core has that kernel.
 bool blas_has_small_kernel();
 
-// A dense layer in Hugging Face's layout: W is [n, k] (out, in).
+// A dense layer in Hugging Face's layout: W is [n, k] (out, in), given either
+// raw (w, ldw) or packed (packed: its output rows [packed_row0, packed_row0 + n)).
 struct LinearArgs {
   const float* x = nullptr;  // [m, k], row stride ldx
   int64_t m = 0, k = 0, ldx = 0;
   const float* w = nullptr;  // [n, k], row stride ldw
   int64_t n = 0, ldw = 0;
+  const PackedLinear* packed = nullptr;  // when set, w and ldw are not read
+  int64_t packed_row0 = 0;
   const float* bias = nullptr;      // [n] or null
   Activation act = Activation::kNone;
   const float* residual = nullptr;  // [m, n] added after the activation, or null
@@ -63,6 +69,9 @@ void linear_f32(core::ThreadPool* pool, const LinearArgs& args);
 // The dense case: x [n, w.dim(1)], y and residual [n, w.dim(0)], packed rows;
 // an empty bias tensor means no bias.
 void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const core::Tensor& w, const core::Tensor& bias,
+                     Activation act, const float* residual, float* y);
+// The same on packed weights (the model's dense layers).
+void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const PackedLinear& w, const core::Tensor& bias,
                      Activation act, const float* residual, float* y);
 
 }  // namespace tessera::kernels

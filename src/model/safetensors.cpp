@@ -133,6 +133,7 @@ Result<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
   SafeTensorsFile f;
   f.path_ = path;
   f.mapping_ = std::shared_ptr<void>(map, [size](void* p) { if (p) ::munmap(p, size); });
+  f.map_size_ = size;
   TESSERA_RETURN_IF_ERROR(f.parse(static_cast<const char*>(map), size));
   return f;
 }
@@ -152,6 +153,23 @@ Result<Tensor> SafeTensorsFile::get(const std::string& name) const {
   const TensorInfo* i = info(name);
   if (i == nullptr) return core::not_found("tensor '" + name + "' not in '" + path_ + "'");
   return Tensor::borrow(i->dtype, i->shape, const_cast<char*>(data_ + i->begin), mapping_);
+}
+
+void SafeTensorsFile::release(const std::string& name) const {
+  const TensorInfo* i = info(name);
+  if (i != nullptr) release_bytes(data_ + i->begin, i->end - i->begin);
+}
+
+void SafeTensorsFile::release_bytes(const void* p, size_t bytes) const {
+  const auto* b = static_cast<const char*>(p);
+  const auto* base = static_cast<const char*>(mapping_.get());
+  if (map_size_ == 0 || bytes == 0 || b < base || b + bytes > base + map_size_) return;
+  // Whole pages covering the range: the mapping is read-only and private,
+  // so dropping a page a neighbour shares only costs that neighbour a re-read.
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(b) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(b + bytes);
+  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);  // advice only: failure changes nothing
 }
 
 Result<Tensor> SafeTensorsFile::get_f32(const std::string& name) const {
@@ -249,6 +267,15 @@ Result<Tensor> TensorStore::get_f32(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) return core::not_found("missing tensor '" + name + "'");
   return files_[it->second].get_f32(name);
+}
+
+void TensorStore::release(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it != where_.end()) files_[it->second].release(name);
+}
+
+void TensorStore::release_bytes(const void* p, size_t bytes) const {
+  for (const auto& f : files_) f.release_bytes(p, bytes);
 }
 
 }  // namespace tessera::model

@@ -38,12 +38,19 @@ class SafeTensorsFile {
   core::Result<core::Tensor> get(const std::string& name) const;
   // The tensor as f32: F32 is borrowed, F16/BF16 are converted into a copy.
   core::Result<core::Tensor> get_f32(const std::string& name) const;
+  // Drops the tensor's pages from this process's resident memory once a copy
+  // was made (mmap'd files only; a no-op otherwise). Views stay valid: the
+  // pages are read from the file again if touched.
+  void release(const std::string& name) const;
+  // The same for any byte range; ranges outside this file's mapping are ignored.
+  void release_bytes(const void* p, size_t bytes) const;
 
  private:
   core::Status parse(const char* base, size_t size);
 
   std::string path_;
   std::shared_ptr<void> mapping_;
+  size_t map_size_ = 0;         // > 0 when mapping_ is an mmap of the file
   const char* data_ = nullptr;  // start of the data section
   size_t data_size_ = 0;
   std::map<std::string, TensorInfo> infos_;
@@ -63,6 +70,8 @@ class TensorStore {
   std::vector<std::string> names() const;
   const TensorInfo* info(const std::string& name) const;
   core::Result<core::Tensor> get_f32(const std::string& name) const;
+  void release(const std::string& name) const;  // see SafeTensorsFile::release
+  void release_bytes(const void* p, size_t bytes) const;
 
  private:
   std::vector<SafeTensorsFile> files_;

@@ -110,9 +110,9 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
   Tensor x = Tensor::zeros_f32({n, F});
   for (int64_t i = 0; i < n; ++i) {
     float* row = x.f32() + i * F;
-    const float* we = w.word_emb.f32() + in.ids[static_cast<size_t>(i)] * F;
+    w.word_row(in.ids[static_cast<size_t>(i)], row);
     const float* pe = w.pos_emb.f32() + (pos0 + i) * F;
-    for (int64_t j = 0; j < F; ++j) row[j] = we[j] + pe[j];
+    for (int64_t j = 0; j < F; ++j) row[j] += pe[j];
     if (c.family == Family::kBert) {
       const int64_t tt = in.token_types.empty() ? 0 : in.token_types[static_cast<size_t>(i)];
       if (tt < 0 || tt >= c.type_vocab) return core::out_of_range("token type " + std::to_string(tt) + " out of range");

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -136,14 +137,95 @@ Tensor concat_rows(const std::vector<Tensor>& parts) {
   return out;
 }
 
-Tensor transpose2d(const Tensor& t) {
-  const int64_t r = t.dim(0), c = t.dim(1);
-  Tensor out = Tensor::zeros_f32({c, r});
-  const float* s = t.f32();
-  float* d = out.f32();
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < c; ++j) d[j * r + i] = s[i * c + j];
+// A weight matrix as the file holds it, before packing: rows of one or more
+// tensors (views into the mapping, kept alive by `held`).
+struct RawMatrix {
+  std::vector<Tensor> held;
+  std::vector<kernels::WeightSource> parts;
+  int64_t k = 0;
+};
+
+RawMatrix linear_of(const Tensor& t) {  // Linear [out, in]
+  return {{t}, {{t.f32(), t.dim(0), t.dim(1), 1}}, t.dim(1)};
+}
+
+RawMatrix conv1d_of(const Tensor& t) {  // GPT-2 Conv1D [in, out]: a row is a column
+  return {{t}, {{t.f32(), t.dim(1), 1, t.dim(1)}}, t.dim(0)};
+}
+
+// Rows [r0, r1) of the stacked parts.
+RawMatrix rows_of(const RawMatrix& m, int64_t r0, int64_t r1) {
+  RawMatrix out{m.held, {}, m.k};
+  int64_t at = 0;
+  for (const auto& s : m.parts) {
+    const int64_t b = std::max(r0, at), e = std::min(r1, at + s.rows);
+    if (b < e) out.parts.push_back({s.data + (b - at) * s.row_stride, e - b, s.row_stride, s.col_stride});
+    at += s.rows;
+  }
   return out;
+}
+
+// Columns [c0, c1).
+RawMatrix cols_of(const RawMatrix& m, int64_t c0, int64_t c1) {
+  RawMatrix out{m.held, {}, c1 - c0};
+  for (const auto& s : m.parts) out.parts.push_back({s.data + c0 * s.col_stride, s.rows, s.row_stride, s.col_stride});
+  return out;
+}
+
+RawMatrix stack(const std::vector<RawMatrix>& ms, int64_t k) {
+  RawMatrix out{{}, {}, k};
+  for (const auto& m : ms) {
+    out.held.insert(out.held.end(), m.held.begin(), m.held.end());
+    out.parts.insert(out.parts.end(), m.parts.begin(), m.parts.end());
+  }
+  return out;
+}
+
+kernels::PackedLinear pack(const RawMatrix& m, const kernels::PackedLinear::Consumed& consumed = {}) {
+  return kernels::PackedLinear::pack(m.parts, m.k, kernels::gemm_path(), consumed);
+}
+
+// A layer as read, before packing; `names` are the file tensors it came from.
+struct RawLayer {
+  RawMatrix qkv, attn_out, ffn_in, ffn_out;
+  Tensor qkv_b, attn_out_b, ffn_in_b, ffn_out_b, ln1_g, ln1_b, ln2_g, ln2_b;
+  std::vector<std::string> names;
+};
+
+RawLayer shard_raw(const RawLayer& full, int64_t F, int64_t hd, int64_t h0, int64_t h1, int64_t c0, int64_t c1) {
+  RawLayer s = full;
+  std::vector<RawMatrix> w;
+  std::vector<Tensor> b;
+  for (int64_t part = 0; part < 3; ++part) {
+    w.push_back(rows_of(full.qkv, part * F + h0 * hd, part * F + h1 * hd));
+    b.push_back(full.qkv_b.rows(part * F + h0 * hd, part * F + h1 * hd));
+  }
+  s.qkv = stack(w, F);
+  s.qkv_b = (h1 > h0) ? concat_rows(b) : Tensor::zeros_f32({0});
+  s.attn_out = cols_of(full.attn_out, h0 * hd, h1 * hd);
+  s.ffn_in = rows_of(full.ffn_in, c0, c1);
+  s.ffn_in_b = full.ffn_in_b.rows(c0, c1);
+  s.ffn_out = cols_of(full.ffn_out, c0, c1);
+  return s;
+}
+
+// Packs the matrices and copies the vectors, so nothing refers to the file;
+// `consumed` hears of the source ranges each pack has read.
+LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consumed& consumed = {}) {
+  LayerWeights w;
+  w.qkv_w = pack(r.qkv, consumed);
+  w.attn_out_w = pack(r.attn_out, consumed);
+  w.ffn_in_w = pack(r.ffn_in, consumed);
+  w.ffn_out_w = pack(r.ffn_out, consumed);
+  w.qkv_b = r.qkv_b.clone();
+  w.attn_out_b = r.attn_out_b.clone();
+  w.ffn_in_b = r.ffn_in_b.clone();
+  w.ffn_out_b = r.ffn_out_b.clone();
+  w.ln1_g = r.ln1_g.clone();
+  w.ln1_b = r.ln1_b.clone();
+  w.ln2_g = r.ln2_g.clone();
+  w.ln2_b = r.ln2_b.clone();
+  return w;
 }
 
 class Loader {
@@ -153,9 +235,37 @@ class Loader {
 
   Result<Tensor> get(const std::string& name) { return store_.get_f32(name); }
   Result<Tensor> base(const std::string& leaf) { return get(p_ + leaf); }
-  Result<Tensor> layer(int64_t l, const std::string& leaf) { return get(p_ + layer_name(c_, l, leaf)); }
+  Result<Tensor> layer(int64_t l, const std::string& leaf, RawLayer& into) {
+    into.names.push_back(p_ + layer_name(c_, l, leaf));
+    return get(into.names.back());
+  }
+  // An owned copy of a tensor; its pages in the mapping are dropped.
+  Result<Tensor> owned(const std::string& name) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
+    Tensor out = t.clone();
+    store_.release(name);
+    return out;
+  }
+  Result<Tensor> owned_base(const std::string& leaf) { return owned(p_ + leaf); }
+  // A Linear-layout matrix, packed; its pages in the mapping are dropped.
+  Result<kernels::PackedLinear> packed(const std::string& name) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
+    TESSERA_CHECK(t.rank() == 2);
+    const kernels::WeightSource src{t.f32(), t.dim(0), t.dim(1), 1};
+    kernels::PackedLinear w = kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), t.dim(1),
+                                                          kernels::gemm_path(), consumed());
+    store_.release(name);
+    return w;
+  }
+  void release(const std::vector<std::string>& names) {
+    for (const auto& n : names) store_.release(n);
+  }
+  // Drops the pages of what packing has read, as it goes.
+  kernels::PackedLinear::Consumed consumed() {
+    return [this](const void* p, size_t bytes) { store_.release_bytes(p, bytes); };
+  }
 
-  Result<LayerWeights> load_layer(int64_t l);
+  Result<RawLayer> load_layer(int64_t l);
 
  private:
   const TensorStore& store_;
@@ -163,53 +273,57 @@ class Loader {
   std::string p_;
 };
 
-Result<LayerWeights> Loader::load_layer(int64_t l) {
-  LayerWeights w;
+Result<RawLayer> Loader::load_layer(int64_t l) {
+  RawLayer w;
   if (c_.family == Family::kGpt2) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor qkv, layer(l, "attn.c_attn.weight"));
-    w.qkv_w = transpose2d(qkv);
-    TESSERA_ASSIGN_OR_RETURN(w.qkv_b, layer(l, "attn.c_attn.bias"));
-    TESSERA_ASSIGN_OR_RETURN(Tensor o, layer(l, "attn.c_proj.weight"));
-    w.attn_out_w = transpose2d(o);
-    TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attn.c_proj.bias"));
-    TESSERA_ASSIGN_OR_RETURN(Tensor fi, layer(l, "mlp.c_fc.weight"));
-    w.ffn_in_w = transpose2d(fi);
-    TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "mlp.c_fc.bias"));
-    TESSERA_ASSIGN_OR_RETURN(Tensor fo, layer(l, "mlp.c_proj.weight"));
-    w.ffn_out_w = transpose2d(fo);
-    TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "mlp.c_proj.bias"));
-    TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, "ln_1.weight"));
-    TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, "ln_1.bias"));
-    TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, "ln_2.weight"));
-    TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, "ln_2.bias"));
+    TESSERA_ASSIGN_OR_RETURN(Tensor qkv, layer(l, "attn.c_attn.weight", w));
+    w.qkv = conv1d_of(qkv);
+    TESSERA_ASSIGN_OR_RETURN(w.qkv_b, layer(l, "attn.c_attn.bias", w));
+    TESSERA_ASSIGN_OR_RETURN(Tensor o, layer(l, "attn.c_proj.weight", w));
+    w.attn_out = conv1d_of(o);
+    TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attn.c_proj.bias", w));
+    TESSERA_ASSIGN_OR_RETURN(Tensor fi, layer(l, "mlp.c_fc.weight", w));
+    w.ffn_in = conv1d_of(fi);
+    TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "mlp.c_fc.bias", w));
+    TESSERA_ASSIGN_OR_RETURN(Tensor fo, layer(l, "mlp.c_proj.weight", w));
+    w.ffn_out = conv1d_of(fo);
+    TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "mlp.c_proj.bias", w));
+    TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, "ln_1.weight", w));
+    TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, "ln_1.bias", w));
+    TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, "ln_2.weight", w));
+    TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, "ln_2.bias", w));
     return w;
   }
   const std::string self = c_.family == Family::kBert ? "attention.self." : "attention.attention.";
-  std::vector<Tensor> ws, bs;
+  std::vector<RawMatrix> ws;
+  std::vector<Tensor> bs;
   for (const char* n : {"query", "key", "value"}) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor wt, layer(l, self + n + ".weight"));
-    ws.push_back(wt);
+    TESSERA_ASSIGN_OR_RETURN(Tensor wt, layer(l, self + n + ".weight", w));
+    ws.push_back(linear_of(wt));
     if (c_.family == Family::kBert || c_.qkv_bias) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor bt, layer(l, self + n + ".bias"));
+      TESSERA_ASSIGN_OR_RETURN(Tensor bt, layer(l, self + n + ".bias", w));
       bs.push_back(bt);
     } else {
       bs.push_back(Tensor::zeros_f32({c_.hidden}));
     }
   }
-  w.qkv_w = concat_rows(ws);
+  w.qkv = stack(ws, c_.hidden);
   w.qkv_b = concat_rows(bs);
-  TESSERA_ASSIGN_OR_RETURN(w.attn_out_w, layer(l, "attention.output.dense.weight"));
-  TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attention.output.dense.bias"));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_w, layer(l, "intermediate.dense.weight"));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "intermediate.dense.bias"));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_out_w, layer(l, "output.dense.weight"));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "output.dense.bias"));
+  TESSERA_ASSIGN_OR_RETURN(Tensor o, layer(l, "attention.output.dense.weight", w));
+  w.attn_out = linear_of(o);
+  TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attention.output.dense.bias", w));
+  TESSERA_ASSIGN_OR_RETURN(Tensor fi, layer(l, "intermediate.dense.weight", w));
+  w.ffn_in = linear_of(fi);
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "intermediate.dense.bias", w));
+  TESSERA_ASSIGN_OR_RETURN(Tensor fo, layer(l, "output.dense.weight", w));
+  w.ffn_out = linear_of(fo);
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "output.dense.bias", w));
   const std::string ln1 = c_.family == Family::kBert ? "attention.output.LayerNorm" : "layernorm_before";
   const std::string ln2 = c_.family == Family::kBert ? "output.LayerNorm" : "layernorm_after";
-  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, ln1 + ".weight"));
-  TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, ln1 + ".bias"));
-  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, ln2 + ".weight"));
-  TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, ln2 + ".bias"));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, ln1 + ".weight", w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, ln1 + ".bias", w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, ln2 + ".weight", w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, ln2 + ".bias", w));
   return w;
 }
 
@@ -249,52 +363,48 @@ void infer_head(ModelConfig& c, const TensorStore& store, const std::string& pre
   }
 }
 
-// Copies columns [c0, c1) of a [rows, cols] matrix.
-Tensor columns(const Tensor& t, int64_t c0, int64_t c1) {
-  const int64_t rows = t.dim(0), cols = t.dim(1);
-  Tensor out = Tensor::zeros_f32({rows, c1 - c0});
-  for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(out.f32() + r * (c1 - c0), t.f32() + r * cols + c0, static_cast<size_t>(c1 - c0) * sizeof(float));
-  return out;
-}
-
-// Copies rows [r0, r1) (any rank >= 1 tensor).
-Tensor row_copy(const Tensor& t, int64_t r0, int64_t r1) { return t.rows(r0, r1).clone(); }
 
 }  // namespace
 
 LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_t h0, int64_t h1, int64_t c0, int64_t c1) {
-  LayerWeights s = full;
-  std::vector<Tensor> w, b;
-  for (int64_t part = 0; part < 3; ++part) {
-    w.push_back(full.qkv_w.rows(part * F + h0 * hd, part * F + h1 * hd));
-    b.push_back(full.qkv_b.rows(part * F + h0 * hd, part * F + h1 * hd));
-  }
-  s.qkv_w = (h1 > h0) ? concat_rows(w) : Tensor::zeros_f32({0, F});
-  s.qkv_b = (h1 > h0) ? concat_rows(b) : Tensor::zeros_f32({0});
-  s.attn_out_w = columns(full.attn_out_w, h0 * hd, h1 * hd);
-  s.ffn_in_w = row_copy(full.ffn_in_w, c0, c1);
-  s.ffn_in_b = row_copy(full.ffn_in_b, c0, c1);
-  s.ffn_out_w = columns(full.ffn_out_w, c0, c1);
-  return s;
+  // From the packed layer: unpack, cut, pack again (tests and tools; loading
+  // cuts the file's tensors before packing, see load_weights).
+  RawLayer r;
+  r.qkv = linear_of(full.qkv_w.unpack());
+  r.attn_out = linear_of(full.attn_out_w.unpack());
+  r.ffn_in = linear_of(full.ffn_in_w.unpack());
+  r.ffn_out = linear_of(full.ffn_out_w.unpack());
+  r.qkv_b = full.qkv_b; r.attn_out_b = full.attn_out_b; r.ffn_in_b = full.ffn_in_b; r.ffn_out_b = full.ffn_out_b;
+  r.ln1_g = full.ln1_g; r.ln1_b = full.ln1_b; r.ln2_g = full.ln2_g; r.ln2_b = full.ln2_b;
+  return finish_layer(shard_raw(r, F, hd, h0, h1, c0, c1));
 }
 
 size_t LayerWeights::bytes() const {
   size_t b = 0;
-  for (const Tensor* t : {&qkv_w, &qkv_b, &attn_out_w, &attn_out_b, &ln1_g, &ln1_b, &ffn_in_w, &ffn_in_b, &ffn_out_w,
-                          &ffn_out_b, &ln2_g, &ln2_b})
+  for (const Tensor* t : {&qkv_b, &attn_out_b, &ln1_g, &ln1_b, &ffn_in_b, &ffn_out_b, &ln2_g, &ln2_b})
     b += t->empty() ? 0 : t->nbytes();
+  for (const kernels::PackedLinear* m : {&qkv_w, &attn_out_w, &ffn_in_w, &ffn_out_w}) b += m->nbytes();
   return b;
 }
 
 size_t ModelWeights::bytes() const {
   size_t b = 0;
-  for (const Tensor* t : {&word_emb, &pos_emb, &type_emb, &emb_ln_g, &emb_ln_b, &patch_w, &patch_b, &cls_token,
-                          &final_ln_g, &final_ln_b, &pooler_w, &pooler_b, &classifier_w, &classifier_b})
+  for (const Tensor* t : {&word_emb, &pos_emb, &type_emb, &emb_ln_g, &emb_ln_b, &patch_b, &cls_token, &final_ln_g,
+                          &final_ln_b, &pooler_b, &classifier_b})
     b += t->empty() ? 0 : t->nbytes();
-  if (!lm_head_w.empty() && lm_head_w.raw() != word_emb.raw()) b += lm_head_w.nbytes();
+  for (const kernels::PackedLinear* m : {&patch_w, &pooler_w, &classifier_w, &lm_head_w}) b += m->nbytes();
   for (const auto& l : layers) b += l.bytes();
   return b;
+}
+
+void ModelWeights::word_row(int64_t id, float* dst) const {
+  if (!word_emb.empty()) {
+    TESSERA_CHECK(id >= 0 && id < word_emb.dim(0));
+    std::memcpy(dst, word_emb.f32() + id * word_emb.dim(1), static_cast<size_t>(word_emb.dim(1)) * sizeof(float));
+    return;
+  }
+  TESSERA_CHECK_MSG(!lm_head_w.empty(), "word embeddings are not loaded on this device");
+  lm_head_w.copy_row(id, dst);  // the tied wte, read from its panel with stride
 }
 
 std::string hf_prefix(const ModelConfig& c) {
@@ -334,59 +444,71 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   const bool sharded = opts.head_begin > 0 || h1 < c.heads || opts.ffn_begin > 0 || f1 < c.intermediate;
   Loader ld(store, c, prefix);
   ModelWeights w;
+  // Embeddings and head first, while few pages are resident: copying the big
+  // word embeddings last would add their size to the peak.
+  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains("lm_head.weight");
+  if (opts.embeddings || opts.head) {
+    if (c.family == Family::kBert) {
+      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base("embeddings.word_embeddings.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base("embeddings.position_embeddings.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base("embeddings.token_type_embeddings.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base("embeddings.LayerNorm.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base("embeddings.LayerNorm.bias"));
+    } else if (c.family == Family::kGpt2) {
+      // Tied: one packed copy serves the lookup and the LM head.
+      if (gpt2_tied) {
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + "wte.weight"));
+      } else {
+        TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base("wte.weight"));
+      }
+      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base("wpe.weight"));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base("embeddings.cls_token"));
+      w.cls_token = cls.reshaped({c.hidden});
+      TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base("embeddings.position_embeddings"));
+      w.pos_emb = pos.reshaped({c.max_rows(), c.hidden});
+      TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base("embeddings.patch_embeddings.projection.weight"));
+      w.patch_w = kernels::PackedLinear::pack(pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size}));
+      store.release(prefix + "embeddings.patch_embeddings.projection.weight");
+      TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base("embeddings.patch_embeddings.projection.bias"));
+    }
+  }
+  if (opts.head) {
+    if (c.family == Family::kGpt2) {
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base("ln_f.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base("ln_f.bias"));
+      if (c.head == HeadKind::kLmHead) {
+        if (!gpt2_tied) {
+          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed("lm_head.weight"));
+        } else if (w.lm_head_w.empty()) {
+          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + "wte.weight"));  // tied
+        }
+      }
+    } else {
+      if (c.family == Family::kVit) {
+        TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base("layernorm.weight"));
+        TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base("layernorm.bias"));
+      }
+      if (store.contains(prefix + "pooler.dense.weight")) {
+        TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + "pooler.dense.weight"));
+        TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.owned_base("pooler.dense.bias"));
+      }
+      if (c.head != HeadKind::kNone) {
+        TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.packed("classifier.weight"));
+        TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.owned("classifier.bias"));
+      }
+    }
+  }
   w.layers.resize(static_cast<size_t>(c.layers));
   for (int64_t l : layers) {
     if (l < 0 || l >= c.layers) return core::out_of_range("layer " + std::to_string(l) + " outside the model");
     auto lw = ld.load_layer(l);
     if (!lw.ok()) return lw.status();
+    // TP shards cut the file's tensors first and pack only their slice.
     w.layers[static_cast<size_t>(l)] =
-        sharded ? shard_layer(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : std::move(lw).value();
-  }
-  if (opts.embeddings || opts.head) {
-    if (c.family == Family::kBert) {
-      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.base("embeddings.word_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.base("embeddings.position_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.base("embeddings.token_type_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.base("embeddings.LayerNorm.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.base("embeddings.LayerNorm.bias"));
-    } else if (c.family == Family::kGpt2) {
-      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.base("wte.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.base("wpe.weight"));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.base("embeddings.cls_token"));
-      w.cls_token = cls.reshaped({c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.base("embeddings.position_embeddings"));
-      w.pos_emb = pos.reshaped({c.max_rows(), c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base("embeddings.patch_embeddings.projection.weight"));
-      w.patch_w = pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size});
-      TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.base("embeddings.patch_embeddings.projection.bias"));
-    }
-  }
-  if (opts.head) {
-    if (c.family == Family::kGpt2) {
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.base("ln_f.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.base("ln_f.bias"));
-      if (c.head == HeadKind::kLmHead) {
-        if (store.contains("lm_head.weight")) {
-          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.get("lm_head.weight"));
-        } else {
-          w.lm_head_w = w.word_emb;  // tied
-        }
-      }
-    } else {
-      if (c.family == Family::kVit) {
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.base("layernorm.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.base("layernorm.bias"));
-      }
-      if (store.contains(prefix + "pooler.dense.weight")) {
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.base("pooler.dense.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.base("pooler.dense.bias"));
-      }
-      if (c.head != HeadKind::kNone) {
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.get("classifier.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.get("classifier.bias"));
-      }
-    }
+        finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw,
+                     ld.consumed());
+    ld.release(lw->names);
   }
   return w;
 }

@@ -1,7 +1,10 @@
-// Model weights by role, loaded from Hugging Face tensor names. Every tensor
-// is in Linear layout [out, in] (GPT-2's Conv1D [in, out] is transposed on
-// load) and Q, K, V are fused into one [3F, F] matrix, so that each layer is
-// one QKV GEMM and shard maths is the same for all families.
+// Model weights by role, loaded from Hugging Face tensor names. Every dense
+// layer is packed once, at load, for the GEMM kernels (kernels::PackedLinear,
+// [out, in] in Linear terms; GPT-2's Conv1D [in, out] is packed from its own
+// layout) and Q, K, V are fused into one [3F, F] matrix, so that each layer is
+// one QKV GEMM and shard maths is the same for all families. Everything kept
+// is an owned copy: the file's pages are dropped as each tensor is copied and
+// the mapping closes with the store.
 #pragma once
 
 #include <string>
@@ -9,31 +12,43 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/packed_linear.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
 namespace tessera::model {
 
 struct LayerWeights {
-  core::Tensor qkv_w, qkv_b;            // [3F, F], [3F]
-  core::Tensor attn_out_w, attn_out_b;  // [F, F], [F]
+  kernels::PackedLinear qkv_w;          // [3F, F]
+  core::Tensor qkv_b;                   // [3F]
+  kernels::PackedLinear attn_out_w;     // [F, F]
+  core::Tensor attn_out_b;              // [F]
   core::Tensor ln1_g, ln1_b;            // BERT: after attention; GPT-2/ViT: before it
-  core::Tensor ffn_in_w, ffn_in_b;      // [I, F], [I]
-  core::Tensor ffn_out_w, ffn_out_b;    // [F, I], [F]
+  kernels::PackedLinear ffn_in_w;       // [I, F]
+  core::Tensor ffn_in_b;                // [I]
+  kernels::PackedLinear ffn_out_w;      // [F, I]
+  core::Tensor ffn_out_b;               // [F]
   core::Tensor ln2_g, ln2_b;            // BERT: after FFN; GPT-2/ViT: before it
   size_t bytes() const;
 };
 
 struct ModelWeights {
   // Embeddings (BERT, GPT-2: word/position; BERT: token type + layer norm).
+  // GPT-2 with a tied head keeps word_emb empty: its one copy of wte is the
+  // packed lm_head_w, and the lookup reads a row from it (word_row).
   core::Tensor word_emb, pos_emb, type_emb, emb_ln_g, emb_ln_b;
   // ViT: patch projection [F, C*p*p], CLS token [F], positions [rows, F].
-  core::Tensor patch_w, patch_b, cls_token;
+  kernels::PackedLinear patch_w;
+  core::Tensor patch_b, cls_token;
   std::vector<LayerWeights> layers;  // indexed by global layer; unloaded ones are empty
   core::Tensor final_ln_g, final_ln_b;     // GPT-2 ln_f, ViT layernorm
-  core::Tensor pooler_w, pooler_b;         // BERT / ViT pooler, when present
-  core::Tensor classifier_w, classifier_b;
-  core::Tensor lm_head_w;                  // GPT-2: tied to word_emb unless stored
+  kernels::PackedLinear pooler_w;          // BERT / ViT pooler, when present
+  core::Tensor pooler_b;
+  kernels::PackedLinear classifier_w;
+  core::Tensor classifier_b;
+  kernels::PackedLinear lm_head_w;         // GPT-2: wte itself when tied
+  // Token `id`'s embedding row (F floats) into dst, wherever it is held.
+  void word_row(int64_t id, float* dst) const;
   size_t bytes() const;  // bytes of every distinct tensor held
 };
 

@@ -23,7 +23,7 @@ void preload(const model::Transformer& model, Range layers) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (int64_t l = layers.begin; l < layers.end; ++l) {
     const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
-    for (const Tensor* t : {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w}) {
+    for (const kernels::PackedLinear* t : {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w}) {
       if (t->empty() || t->nbytes() == 0) continue;
       const auto addr = reinterpret_cast<uintptr_t>(t->raw());
       const uintptr_t start = addr & ~(page - 1);

@@ -181,10 +181,10 @@ Result<Tensor> Prism::run(const model::Transformer& model, const Plan& plan, Syn
       model.layer_input(l, state.f32(), nhat, a.f32(), pool);
       kernels::LinearArgs la;
       la.x = a.f32(); la.m = np; la.k = F; la.ldx = F;
-      la.w = w.qkv_w.f32(); la.n = F; la.ldw = F; la.bias = w.qkv_b.empty() ? nullptr : w.qkv_b.f32();
+      la.packed = &w.qkv_w; la.n = F; la.ldw = F; la.bias = w.qkv_b.empty() ? nullptr : w.qkv_b.f32();
       la.y = q.f32(); la.ldy = F;
       kernels::linear_f32(pool, la);
-      la.m = nhat; la.w = w.qkv_w.f32() + F * F; la.n = 2 * F; la.bias = w.qkv_b.empty() ? nullptr : w.qkv_b.f32() + F;
+      la.m = nhat; la.packed_row0 = F; la.n = 2 * F; la.bias = w.qkv_b.empty() ? nullptr : w.qkv_b.f32() + F;
       la.y = kv.f32(); la.ldy = 2 * F;
       kernels::linear_f32(pool, la);
       model::AttentionIo io;

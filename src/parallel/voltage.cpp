@@ -34,7 +34,9 @@ void project_rows(const PartitionAttention& a, int64_t r0, int64_t count, int64_
   if (count == 0 || cols == 0) return;
   kernels::LinearArgs la;
   la.x = a.x + r0 * f; la.m = count; la.k = f; la.ldx = f;
-  la.w = a.w_qkv + col0 * f; la.n = cols; la.ldw = f; la.bias = a.b_qkv ? a.b_qkv + col0 : nullptr;
+  la.w = a.w_qkv == nullptr ? nullptr : a.w_qkv + col0 * f; la.n = cols; la.ldw = f;
+  la.packed = a.packed_qkv; la.packed_row0 = col0;
+  la.bias = a.b_qkv ? a.b_qkv + col0 : nullptr;
   la.y = y; la.ldy = ldy;
   kernels::linear_f32(nullptr, la);
 }
@@ -71,13 +73,20 @@ void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scrat
   float* u = t + p * f;       // [p, f]
   float* s = u + p * f;       // [p, n]
   for (int64_t h = 0; h < a.heads; ++h) {
-    const float* wk = a.w_qkv + (f + h * hd) * f;      // [hd, f]
-    const float* wv = a.w_qkv + (2 * f + h * hd) * f;  // [hd, f]
-    kernels::gemm_f32(false, false, p, f, hd, 1.0f, qv + h * hd, f, wk, f, 0.0f, t, f);
+    const int64_t k0 = f + h * hd, v0 = 2 * f + h * hd;  // W_K's and W_V's rows of head h, [hd, f] each
+    if (a.packed_qkv != nullptr) {
+      a.packed_qkv->matmul_rows(qv + h * hd, p, f, k0, k0 + hd, t, f);
+    } else {
+      kernels::gemm_f32(false, false, p, f, hd, 1.0f, qv + h * hd, f, a.w_qkv + k0 * f, f, 0.0f, t, f);
+    }
     kernels::gemm_f32(false, true, p, a.n, f, a.scale, t, f, a.x, f, 0.0f, s, a.n);
     kernels::attention_softmax_rows_f32(s, p, a.n, a.causal, a.rows.begin, 0);
     kernels::gemm_f32(false, false, p, f, a.n, 1.0f, s, a.n, a.x, f, 0.0f, u, f);
-    kernels::gemm_f32(false, true, p, hd, f, 1.0f, u, f, wv, f, 0.0f, a.out + h * hd, f);
+    kernels::LinearArgs lv;  // (S x) W_V^T for head h
+    lv.x = u; lv.m = p; lv.k = f; lv.ldx = f; lv.n = hd; lv.ldw = f; lv.y = a.out + h * hd; lv.ldy = f;
+    lv.w = a.w_qkv == nullptr ? nullptr : a.w_qkv + v0 * f;
+    lv.packed = a.packed_qkv; lv.packed_row0 = v0;
+    kernels::linear_f32(nullptr, lv);
     if (a.b_qkv != nullptr) {
       const float* bv = a.b_qkv + 2 * f + h * hd;
       for (int64_t i = 0; i < p; ++i)
@@ -140,7 +149,7 @@ Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synch
     const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     PartitionAttention pa;
     pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
-    pa.w_qkv = w.qkv_w.f32(); pa.b_qkv = w.qkv_b.f32(); pa.scale = m.attention_scale(l);
+    pa.packed_qkv = &w.qkv_w; pa.b_qkv = w.qkv_b.f32(); pa.scale = m.attention_scale(l);
     pa.causal = c.causal(); pa.out = ctx.f32(); pa.qkv = early ? qkv.f32() : nullptr;
     return pa;
   };

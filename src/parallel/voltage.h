@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/packed_linear.h"
 #include "parallel/partition.h"
 
 namespace tessera::parallel {
@@ -13,6 +14,7 @@ struct PartitionAttention {
   int64_t n = 0, f = 0, heads = 0, head_dim = 0;
   Range rows;                       // this device's output rows
   const float* w_qkv = nullptr;     // [3f, f]: W_Q, W_K, W_V stacked, Linear layout
+  const kernels::PackedLinear* packed_qkv = nullptr;  // the same packed (the model's); used when set
   const float* b_qkv = nullptr;     // [3f] or null
   float scale = 1.0f;
   bool causal = false;              // positions are the global row indices

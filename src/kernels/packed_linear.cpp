@@ -1,0 +1,298 @@
+#include "kernels/packed_linear.h"
+
+#include <libxsmm.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "core/check.h"
+#include "core/thread_pool.h"
+#include "kernels/flop_count.h"
+#include "kernels/gemm.h"
+
+namespace tessera::kernels {
+
+namespace {
+
+constexpr int64_t P = PackedLinear::kPanel;
+// Rows per kernel call: fixed, so a new prompt length JITs at most one more
+// (remainder) kernel per shape. 32 measured best at 64 and 128 rows (16 is
+// as fast at 128 rows, 64 and 128 lose 5-20%; docs/performance.md).
+constexpr int64_t kRowTile = 32;
+// Products below this many multiply-adds run on the calling thread: waking
+// the pool costs more than it saves.
+constexpr int64_t kSerialMacs = 1 << 16;
+
+GemmPath decide_path() {
+  const char* env = std::getenv("TESSERA_GEMM");
+  if (env != nullptr && std::string(env) == "openblas") return GemmPath::kOpenBlas;
+  libxsmm_init();
+  // libxsmm JITs for x86-64 from AVX2 on; below that it would call BLAS itself.
+  if (libxsmm_get_target_archid() < LIBXSMM_X86_AVX2) return GemmPath::kOpenBlas;
+  const libxsmm_blasint m = P, n = kRowTile, k = 64;
+  const float alpha = 1.0f, beta = 0.0f;
+  const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+  return libxsmm_smmdispatch(m, n, k, &m, &k, &m, &alpha, &beta, &flags, &prefetch) != nullptr ? GemmPath::kLibxsmm
+                                                                                              : GemmPath::kOpenBlas;
+}
+
+// Y^T[m, n] = A[m, k] . X^T[k, n] for column-major operands (see the header);
+// null when libxsmm has no kernel for the shape.
+libxsmm_smmfunction dispatch(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy) {
+  const libxsmm_blasint mm = m, nn = n, kk = k, lda = P, ldb = ldx, ldc = ldy;
+  const float alpha = 1.0f, beta = 0.0f;
+  const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+  return libxsmm_smmdispatch(mm, nn, kk, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
+}
+
+// A run of weight rows inside one panel: global rows [row, row + cnt) of the
+// view, stored from `a` (column-major, leading dimension P).
+struct Segment {
+  const float* a;
+  int64_t row, cnt;
+};
+
+}  // namespace
+
+GemmPath gemm_path() {
+  static const GemmPath path = decide_path();
+  return path;
+}
+
+const char* gemm_path_name(GemmPath path) { return path == GemmPath::kLibxsmm ? "libxsmm" : "openblas"; }
+
+PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, GemmPath path, const Consumed& consumed) {
+  TESSERA_CHECK(k >= 0);
+  int64_t n = 0;
+  for (const auto& s : parts) {
+    TESSERA_CHECK(s.rows >= 0 && (s.data != nullptr || s.rows == 0 || k == 0));
+    n += s.rows;
+  }
+  PackedLinear w;
+  w.n_ = n;
+  w.k_ = k;
+  w.path_ = path;
+  const bool panels = path == GemmPath::kLibxsmm;
+  const int64_t stored_rows = panels ? (n + P - 1) / P * P : n;
+  const size_t count = static_cast<size_t>(std::max<int64_t>(stored_rows * k, 1));
+  // Owned, 64-byte aligned: the kernels' loads stay within cache lines.
+  float* buf = static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
+  TESSERA_CHECK(buf != nullptr);
+  w.data_ = std::shared_ptr<float[]>(buf, [](float* p) { std::free(p); });
+  w.base_ = buf;
+  w.ldw_ = k;
+  if (panels && stored_rows > n) std::memset(buf + n / P * P * k, 0, static_cast<size_t>(P * k) * sizeof(float));
+  // Where row r of the stacked matrix goes: element c at dst(r) + c * step.
+  auto dst = [&](int64_t r) { return panels ? buf + (r / P) * P * k + r % P : buf + r * k; };
+  const int64_t step = panels ? P : 1;
+  int64_t r0 = 0;
+  for (const auto& s : parts) {
+    if (s.rows == 0 || k == 0) continue;
+    if (s.row_stride == 1 && s.col_stride != 1) {
+      // Column-major source (GPT-2's Conv1D): its rows are W's columns, so
+      // walk them in order and hand each block back once it is read.
+      constexpr int64_t kBlock = 64;
+      for (int64_t c0 = 0; c0 < k; c0 += kBlock) {
+        const int64_t c1 = std::min(k, c0 + kBlock);
+        for (int64_t c = c0; c < c1; ++c) {
+          const float* src = s.data + c * s.col_stride;
+          for (int64_t i = 0; i < s.rows; ++i) dst(r0 + i)[c * step] = src[i];
+        }
+        if (consumed) consumed(s.data + c0 * s.col_stride, static_cast<size_t>((c1 - c0) * s.col_stride) * sizeof(float));
+      }
+    } else {
+      for (int64_t i0 = 0; i0 < s.rows; i0 += P) {
+        const int64_t i1 = std::min(s.rows, i0 + P);
+        for (int64_t i = i0; i < i1; ++i) {
+          const float* src = s.data + i * s.row_stride;
+          float* d = dst(r0 + i);
+          if (step == 1 && s.col_stride == 1) {
+            std::memcpy(d, src, static_cast<size_t>(k) * sizeof(float));
+          } else {
+            for (int64_t c = 0; c < k; ++c) d[c * step] = src[c * s.col_stride];
+          }
+        }
+        if (consumed) consumed(s.data + i0 * s.row_stride, static_cast<size_t>((i1 - i0) * s.row_stride) * sizeof(float));
+      }
+    }
+    r0 += s.rows;
+  }
+  return w;
+}
+
+PackedLinear PackedLinear::pack(const core::Tensor& w, GemmPath path) {
+  TESSERA_CHECK(w.rank() == 2);
+  const WeightSource src{w.numel() > 0 ? w.f32() : nullptr, w.dim(0), w.dim(1), 1};
+  return pack(std::span<const WeightSource>(&src, 1), w.dim(1), path);
+}
+
+int64_t PackedLinear::dim(size_t i) const {
+  TESSERA_CHECK(i < 2);
+  return i == 0 ? n_ : k_;
+}
+
+size_t PackedLinear::nbytes() const {
+  if (empty()) return 0;
+  const int64_t stored = path_ == GemmPath::kLibxsmm ? (off_ + n_ + P - 1) / P * P : n_;
+  return static_cast<size_t>(stored * k_) * sizeof(float);
+}
+
+float PackedLinear::at(int64_t r, int64_t c) const {
+  TESSERA_CHECK(!empty() && r >= 0 && r < n_ && c >= 0 && c < k_);
+  if (path_ == GemmPath::kOpenBlas) return base_[r * ldw_ + c];
+  const int64_t g = off_ + r;
+  return base_[(g / P) * P * k_ + c * P + g % P];
+}
+
+void PackedLinear::copy_row(int64_t r, float* dst) const {
+  TESSERA_CHECK(!empty() && r >= 0 && r < n_ && dst != nullptr);
+  if (path_ == GemmPath::kOpenBlas) {
+    std::memcpy(dst, base_ + r * ldw_, static_cast<size_t>(k_) * sizeof(float));
+    return;
+  }
+  const int64_t g = off_ + r;
+  const float* src = base_ + (g / P) * P * k_ + g % P;
+  for (int64_t c = 0; c < k_; ++c) dst[c] = src[c * P];
+}
+
+core::Tensor PackedLinear::unpack() const {
+  TESSERA_CHECK(!empty());
+  core::Tensor t = core::Tensor::zeros_f32({n_, k_});
+  for (int64_t r = 0; r < n_; ++r) copy_row(r, t.f32() + r * k_);
+  return t;
+}
+
+PackedLinear PackedLinear::out_rows(int64_t r0, int64_t r1) const {
+  TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_);
+  PackedLinear v = *this;
+  v.n_ = r1 - r0;
+  if (path_ == GemmPath::kOpenBlas) {
+    v.base_ = base_ + r0 * ldw_;
+  } else {
+    const int64_t g = off_ + r0;
+    v.base_ = base_ + (g / P) * P * k_;
+    v.off_ = g % P;
+  }
+  return v;
+}
+
+void PackedLinear::matmul_rows(const float* a, int64_t m, int64_t lda, int64_t r0, int64_t r1, float* c,
+                               int64_t ldc) const {
+  TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_ && m >= 0);
+  if (path_ == GemmPath::kOpenBlas) {
+    gemm_f32(false, false, m, k_, r1 - r0, 1.0f, a, lda, base_ + r0 * ldw_, ldw_, 0.0f, c, ldc);
+    return;
+  }
+  // A panel read as row-major [k, P] is W_panel^T: one product per panel,
+  // accumulated (the first one overwrites c).
+  float beta = 0.0f;
+  for (int64_t r = r0; r < r1;) {
+    const int64_t g = off_ + r, cnt = std::min(P - g % P, r1 - r);
+    const float* panel = base_ + (g / P) * P * k_ + g % P;
+    gemm_f32(false, true, m, k_, cnt, 1.0f, a + (r - r0), lda, panel, P, beta, c, ldc);
+    beta = 1.0f;
+    r += cnt;
+  }
+  if (r0 == r1) gemm_f32(false, true, m, k_, 0, 1.0f, a, lda, base_, P, 0.0f, c, ldc);
+}
+
+// Gives the driver access to a view's layout without widening the public API.
+struct PackedAccess {
+  static std::vector<Segment> segments(const PackedLinear& w) {
+    std::vector<Segment> out;
+    for (int64_t r = 0; r < w.n_;) {
+      const int64_t g = w.off_ + r, cnt = std::min(P - g % P, w.n_ - r);
+      out.push_back({w.base_ + (g / P) * P * w.k_ + g % P, r, cnt});
+      r += cnt;
+    }
+    return out;
+  }
+  static const float* base(const PackedLinear& w) { return w.base_; }
+  static int64_t ldw(const PackedLinear& w) { return w.ldw_; }
+};
+
+void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
+  TESSERA_CHECK(a.w != nullptr && !a.w->empty());
+  const PackedLinear& w = *a.w;
+  const int64_t m = a.m, n = w.rows(), k = w.cols();
+  TESSERA_CHECK(m >= 0 && (a.x != nullptr || m == 0) && (a.y != nullptr || m == 0 || n == 0));
+  TESSERA_CHECK(a.ldx >= k && a.ldy >= n && (a.residual == nullptr || a.ldr >= n));
+  if (m == 0 || n == 0) return;
+  if (w.path() == GemmPath::kOpenBlas) {
+    // Row form: OpenBLAS with its own threads and linear_f32's heuristics.
+    LinearArgs la;
+    la.x = a.x; la.m = m; la.k = k; la.ldx = a.ldx;
+    la.w = PackedAccess::base(w); la.n = n; la.ldw = PackedAccess::ldw(w);
+    la.bias = a.bias; la.act = a.act; la.residual = a.residual; la.ldr = a.ldr; la.y = a.y; la.ldy = a.ldy;
+    linear_f32(pool, la);
+    return;
+  }
+  if (k == 0) {  // an empty sum, then the epilogue
+    for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + n, 0.0f);
+    bias_act_residual_f32(a.y, m, n, a.ldy, a.bias, a.act, a.residual, a.ldr);
+    return;
+  }
+  // Counted once here (the caller's thread), like every product (flop_count.h).
+  count_flops(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const std::vector<Segment> segs = PackedAccess::segments(w);
+  const int64_t tiles = (m + kRowTile - 1) / kRowTile, last_rows = m - (tiles - 1) * kRowTile;
+  // At most three panel heights (first, full, last) times two tile heights.
+  struct Kernel {
+    int64_t cnt, rows;
+    libxsmm_smmfunction fn;
+  };
+  std::vector<Kernel> kernels;
+  auto kernel_for = [&](int64_t cnt, int64_t rows) {
+    for (const auto& kn : kernels)
+      if (kn.cnt == cnt && kn.rows == rows) return kn.fn;
+    kernels.push_back({cnt, rows, dispatch(cnt, rows, k, a.ldx, a.ldy)});
+    return kernels.back().fn;
+  };
+  for (const auto& s : segs) {
+    kernel_for(s.cnt, std::min(kRowTile, m));
+    kernel_for(s.cnt, last_rows);
+  }
+  auto block = [&](const Segment& s, int64_t t) {
+    const int64_t r0 = t * kRowTile, rows = std::min(kRowTile, m - r0);
+    float* y = a.y + r0 * a.ldy + s.row;
+    const float* x = a.x + r0 * a.ldx;
+    libxsmm_smmfunction fn = nullptr;
+    for (const auto& kn : kernels)
+      if (kn.cnt == s.cnt && kn.rows == rows) fn = kn.fn;
+    if (fn != nullptr) {
+      fn(s.a, x, y);
+    } else {  // no JIT kernel for this shape: the panel through cblas_sgemm
+      gemm_f32(false, false, rows, s.cnt, k, 1.0f, x, a.ldx, s.a, P, 0.0f, y, a.ldy);  // panel = [k, P] row-major
+      count_flops(-2.0 * static_cast<double>(rows) * static_cast<double>(s.cnt) * static_cast<double>(k));  // counted above
+    }
+    if (a.bias != nullptr || a.act != Activation::kNone || a.residual != nullptr)
+      bias_act_residual_f32(y, rows, s.cnt, a.ldy, a.bias == nullptr ? nullptr : a.bias + s.row, a.act,
+                            a.residual == nullptr ? nullptr : a.residual + r0 * a.ldr + s.row, a.ldr);
+  };
+  const int64_t nseg = static_cast<int64_t>(segs.size());
+  // Panels outer, row tiles inner: each panel is read from memory once and
+  // stays in L2 for every tile, and x (at most a few hundred KB) stays in L2
+  // (BERT-base, 128 rows: 10% faster than tiles outer, bench-local).
+  auto panels_range = [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t t = 0; t < tiles; ++t) block(segs[static_cast<size_t>(p)], t);
+  };
+  const int threads = pool == nullptr ? 1 : pool->size();
+  if (threads == 1 || m * n * k < kSerialMacs) {
+    panels_range(0, nseg);
+  } else if (nseg >= threads) {
+    // By panels: each thread reads only its share of the weights (decode
+    // is bound by that read) and all of x.
+    pool->parallel_for(nseg, panels_range);
+  } else {
+    pool->parallel_for(tiles, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t p = 0; p < nseg; ++p) block(segs[static_cast<size_t>(p)], t);
+    });
+  }
+}
+
+}  // namespace tessera::kernels

@@ -1,0 +1,112 @@
+// Dense-layer weights packed once, at load, into the layout the microkernel
+// reads, and the driver (blocking, threading, fused epilogue) around the
+// kernels. Microkernels come from libxsmm's JIT (libxsmm_smmdispatch); where
+// it gives none, or TESSERA_GEMM=openblas, cblas_sgemm does the products.
+//
+// Panel form (libxsmm path): W [n, k] is cut into panels of kPanel output
+// rows; each panel is a kPanel x k column-major block (the last one padded
+// with zero rows, never read into y). Element W[r][c] lives at
+//   data[(r / kPanel) * kPanel * k + c * kPanel + r % kPanel],
+// so one weight row is read with stride kPanel (GPT-2's tied embedding does).
+// In libxsmm's column-major terms a row-major x [m, k] (row stride ldx) is a
+// k x m operand read in place and y [m, n] (stride ldy) an n x m one:
+//   Y^T[panel, rows] = W_panel[kPanel, k] . X^T[k, rows].
+// Row form (OpenBLAS path): W stays [n, k] row-major, as OpenBLAS re-packs it
+// per call anyway and keeps its own heuristics for it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/tensor.h"
+#include "kernels/elementwise.h"
+
+namespace tessera::core { class ThreadPool; }
+
+namespace tessera::kernels {
+
+enum class GemmPath { kLibxsmm, kOpenBlas };
+
+// The one place that decides the CPU path, once per process: OpenBLAS when
+// TESSERA_GEMM=openblas or when libxsmm cannot JIT for this CPU, else libxsmm.
+GemmPath gemm_path();
+const char* gemm_path_name(GemmPath path);
+
+// Rows of a weight matrix in any layout: element (r, c) at
+// data[r * row_stride + c * col_stride]. Linear [out, in]: (ld, 1); GPT-2's
+// Conv1D [in, out]: (1, ld).
+struct WeightSource {
+  const float* data = nullptr;
+  int64_t rows = 0;
+  int64_t row_stride = 0, col_stride = 1;
+};
+
+class PackedLinear {
+ public:
+  // Output rows per panel: 32 measured best on AVX-512 and AVX2 (see
+  // docs/performance.md: 16 loses 10-50%, 48 and 64 gain nothing).
+  static constexpr int64_t kPanel = 32;
+
+  PackedLinear() = default;
+  // Called with source ranges that packing has finished reading (a loader
+  // drops those pages of its mapped file: peak memory stays ~1x the weights).
+  using Consumed = std::function<void(const void* begin, size_t bytes)>;
+  // W = the rows of `parts` stacked, k columns each (k >= 0; parts may be empty).
+  static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path(),
+                           const Consumed& consumed = {});
+  // A Linear-layout tensor [n, k].
+  static PackedLinear pack(const core::Tensor& w, GemmPath path = gemm_path());
+
+  bool empty() const { return !data_; }   // nothing loaded (a shard with 0 rows is not empty)
+  int64_t rows() const { return n_; }     // outputs (n)
+  int64_t cols() const { return k_; }     // inputs (k)
+  int64_t dim(size_t i) const;            // as a [n, k] tensor
+  GemmPath path() const { return path_; }
+  // The packed buffer (weights, padding included), for paging hints.
+  const void* raw() const { return base_; }
+  size_t nbytes() const;
+
+  // W[r][c] and a whole row (k floats, read with the layout's stride).
+  float at(int64_t r, int64_t c) const;
+  void copy_row(int64_t r, float* dst) const;
+  // The [n, k] Linear-layout copy (tests, re-sharding).
+  core::Tensor unpack() const;
+
+  // Output rows [r0, r1) as a view on the same buffer (no copy).
+  PackedLinear out_rows(int64_t r0, int64_t r1) const;
+
+  // C[m, k] = A[m, r1 - r0] . W[r0:r1, :] (W not transposed; Voltage's Eq. 8
+  // multiplies by W_K's rows this way). cblas_sgemm on the stored form.
+  void matmul_rows(const float* a, int64_t m, int64_t lda, int64_t r0, int64_t r1, float* c, int64_t ldc) const;
+
+ private:
+  friend struct PackedAccess;
+  std::shared_ptr<float[]> data_;   // owner
+  const float* base_ = nullptr;     // panel (or row) holding row `off_`
+  int64_t n_ = 0, k_ = 0;
+  int64_t off_ = 0;                 // panel form: the first row's index inside its panel
+  int64_t ldw_ = 0;                 // row form: row stride
+  GemmPath path_ = GemmPath::kOpenBlas;
+};
+
+// A dense layer on packed weights: y = act(x W^T + bias) + residual, with
+// strides. Bias, activation and residual run on each block of y right after
+// the kernel wrote it, while it is in L1.
+struct PackedLinearArgs {
+  const float* x = nullptr;  // [m, k], row stride ldx
+  int64_t m = 0, ldx = 0;
+  const PackedLinear* w = nullptr;
+  const float* bias = nullptr;      // [w->rows()] or null
+  Activation act = Activation::kNone;
+  const float* residual = nullptr;  // [m, n] added after the activation, or null
+  int64_t ldr = 0;
+  float* y = nullptr;  // [m, n], row stride ldy
+  int64_t ldy = 0;
+};
+// Splits panels (then row tiles) over the pool; null pool = the caller only.
+void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& args);
+
+}  // namespace tessera::kernels
