@@ -41,8 +41,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   for (const char* key : {"ratios", "ffn_ratios"})
     if (j.contains(key) && j[key].is_array())
       for (const auto& r : j[key])
-        if (!r.is_number() || !std::isfinite(r.get<double>()))
-          return core::invalid_argument(std::string("job: ") + key + " must be finite numbers");
+        if (!r.is_number() || !std::isfinite(r.get<double>()) || r.get<double>() < 0)
+          return core::invalid_argument(std::string("job: ") + key + " must be finite non-negative numbers");
   if (j.contains("layer_map") && j["layer_map"].is_array())
     for (const auto& d : j["layer_map"])
       if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > 63)
