@@ -25,6 +25,7 @@
 #include "comm/keys.h"
 #include "core/io.h"
 #include "model/safetensors.h"
+#include "runtime/distributed.h"
 #include "runtime/job.h"
 
 namespace tessera {
@@ -171,6 +172,20 @@ comm::ClusterKey make_key(const std::string& path) {
   const comm::ClusterKey key = comm::generate_cluster_key().value();
   EXPECT_TRUE(comm::write_key_file(path, key, true).ok());
   return key;
+}
+
+// Found by fuzz_cluster: U+02DA made toml++ 3.3 reach __builtin_unreachable.
+TEST(ClusterFileTest, NonAsciiIsRefusedBeforeTheTomlParserSeesIt) {
+  const std::string crash = core::read_file(kData + "/../fuzz/corpus/fuzz_cluster/crash-toml-unreachable")
+                                .value()
+                                .substr(1);  // the fuzzer's selector byte
+  auto c = runtime::parse_cluster_file(crash, "crash.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("not ASCII"), std::string::npos) << c.status().to_string();
+  EXPECT_FALSE(runtime::parse_cluster_file("terminal = \"tcp://h:1\" \u02da\n", "x.toml").ok());
+  auto ok = runtime::parse_cluster_file("terminal = \"tcp://127.0.0.1:7100\"\nworkers = [\"tcp://127.0.0.1:7070\"]\n", "ok.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ(ok->workers.size(), 1u);
 }
 
 // Audit defect 6: a two-frame request made the daemon exit (EFSM on reply).
