@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the Release build, then the same tests built
-# with AddressSanitizer + UndefinedBehaviorSanitizer. Extra arguments go to
-# ctest (e.g. -L unit).
+# with AddressSanitizer + UndefinedBehaviorSanitizer, then a short run of
+# every fuzz target on its corpus (TESSERA_FUZZ_SECONDS each, default 20;
+# 0 skips it). Extra arguments go to ctest (e.g. -L unit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -26,3 +27,8 @@ TESSERA_GEMM=openblas ctest --test-dir build --output-on-failure -j"$jobs" -R 'P
 echo "== ASan + UBSan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_suite build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_BUILD_BENCH=OFF
+fuzz_seconds=${TESSERA_FUZZ_SECONDS:-20}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  echo "== Fuzz smoke run (${fuzz_seconds}s per target)"
+  bash scripts/fuzz.sh all "$fuzz_seconds"
+fi

@@ -36,11 +36,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Tessera: one transformer inference split across edge devices"};
   app.require_subcommand(1);
   // Errors reach the user as one "error: ..." line; log lines stay quiet
-  // unless asked for.
-  tessera::core::init_logging("error");
+  // unless asked for. A daemon's log is its only output (refused requests,
+  // each job's figures), so `worker` logs at info.
+  const bool daemon = argc > 1 && std::string(argv[1]) == "worker";
+  tessera::core::init_logging(daemon ? "info" : "error");
   app.add_option_function<std::string>(
       "--log-level", [](const std::string& level) { tessera::core::init_logging(level); },
-      "debug, info, warn, error or off (default error)");
+      "debug, info, warn, error or off (default error; worker: info)");
   tessera::cli::add_model_commands(app);
   tessera::cli::add_worker_commands(app);
   tessera::cli::add_bench_attention(app);

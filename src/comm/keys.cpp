@@ -73,6 +73,10 @@ core::Status write_key_file(const std::string& path, const ClusterKey& key, bool
 
 core::Result<ClusterKey> read_key_file(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(path));
+  return parse_key_file(text, path);
+}
+
+core::Result<ClusterKey> parse_key_file(const std::string& text, const std::string& path) {
   const std::string what = "key file '" + path + "'";
   auto j = core::parse_json(text, what);
   // Any member of the wrong type is "not a key file", never an exception.

@@ -26,5 +26,7 @@ core::Status validate_cluster_key(const ClusterKey& key);
 // unless `overwrite`).
 core::Status write_key_file(const std::string& path, const ClusterKey& key, bool overwrite = false);
 core::Result<ClusterKey> read_key_file(const std::string& path);
+// The same from the file's text; `path` labels errors.
+core::Result<ClusterKey> parse_key_file(const std::string& text, const std::string& path);
 
 }  // namespace tessera::comm

@@ -39,7 +39,7 @@ Result<json> parse_json(std::string_view text, const std::string& what, const Js
   };
   json j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/false);
   if (!problem.empty()) return parse_error(what + ": " + problem);
-  if (j.is_discarded()) return parse_error(what + ": not valid JSON");
+  if (j.is_discarded()) return parse_error(what + " is not valid JSON");
   return j;
 }
 

@@ -133,6 +133,9 @@ Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
 
 Result<ModelConfig> parse_config(const std::string& text) {
   auto parsed = core::parse_json(text, "config.json");
+  // Invalid documents keep the message users know; duplicates and depth say what they are.
+  if (!parsed.ok() && parsed.status().message() == "config.json is not valid JSON")
+    return core::parse_error("config.json is not a valid JSON object");
   if (!parsed.ok()) return parsed.status();
   json& j = *parsed;
   if (!j.is_object()) return core::parse_error("config.json is not a valid JSON object");

@@ -26,7 +26,7 @@ struct ImagePreprocess {
 // Settings we cannot honour (non-square size, center crop) are errors.
 core::Result<ImagePreprocess> load_image_preprocess(const std::string& model_dir, int model_image_size);
 
-// PNG/JPEG/BMP/... (stb_image) -> pixel_values F32 [1,3,H,W]: converted to
+// PNG or JPEG (stb_image; other formats are refused) -> pixel_values F32 [1,3,H,W]: converted to
 // RGB (alpha dropped, like PIL's convert("RGB")), resized, then rescaled and
 // normalized. JPEG EXIF orientation is not applied.
 core::Result<core::Tensor> load_image(const std::string& path, const ImagePreprocess& pp);

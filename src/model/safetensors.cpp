@@ -94,7 +94,7 @@ Status SafeTensorsFile::parse(const char* base, size_t size) {
   auto parsed = core::parse_json(std::string_view(base + 8, header_len), "'" + name + "': header");
   if (!parsed.ok()) return parsed.status();
   const json& header = *parsed;
-  if (!header.is_object()) return core::parse_error("'" + name + "': header is not a JSON object");
+  if (!header.is_object()) return core::parse_error("'" + name + "': header is not valid JSON (not an object)");
   data_ = base + 8 + header_len;
   data_size_ = size - 8 - header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {

@@ -55,6 +55,12 @@ Result<ClusterFile> load_cluster_file(const std::string& path) {
 }
 
 Result<ClusterFile> parse_cluster_file(const std::string& text, const std::string& path) {
+  // ASCII only: the file holds endpoints, and toml++ 3.3's tables of
+  // non-ASCII whitespace reach __builtin_unreachable for some characters
+  // (found by fuzz_cluster), which is undefined behaviour.
+  for (size_t i = 0; i < text.size(); ++i)
+    if (static_cast<unsigned char>(text[i]) >= 0x80)
+      return core::parse_error("cluster file '" + path + "': byte " + std::to_string(i) + " is not ASCII");
   toml::table t;
   try {
     t = toml::parse(text, path);
@@ -107,8 +113,9 @@ Status run_worker_daemon(const DaemonOptions& opts) {
       continue;
     }
     auto job = JobSpec::from_json(*request);
-    if (!job.ok() || job->rank == 0) {
-      const std::string why = job.ok() ? "rank 0 is the terminal" : job.status().to_string();
+    const Status checked = job.ok() ? check_daemon_job(*job, opts.model_roots) : job.status();
+    if (!checked.ok()) {
+      const std::string why = checked.to_string();
       spdlog::warn("control: refused a job: {}", why);
       TESSERA_RETURN_IF_ERROR(answer(json({{"ok", false}, {"error", why}})));
       continue;

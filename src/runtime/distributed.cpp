@@ -178,6 +178,14 @@ Result<std::string> resolve_model(const std::string& name, const std::vector<std
   return core::not_found("model '" + name + "' is not under any of this worker's model roots");
 }
 
+Status check_daemon_job(const JobSpec& job, const std::vector<std::string>& roots) {
+  if (job.rank == 0) return core::invalid_argument("rank 0 is the terminal");
+  TESSERA_ASSIGN_OR_RETURN(const std::string dir, resolve_model(job.model_dir, roots));
+  TESSERA_ASSIGN_OR_RETURN(const model::ModelConfig cfg, model::load_config(dir));
+  TESSERA_RETURN_IF_ERROR(job.completed_plan(cfg).status());
+  return job_links(job.link, static_cast<int>(job.endpoints.size())).status();
+}
+
 Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   std::string model_dir = job.model_dir;
   if (env.model_roots) {

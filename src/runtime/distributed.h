@@ -36,6 +36,9 @@ struct WorkerEnv {
   comm::Millis max_connect{0};
 };
 
+// What a daemon checks before it accepts a job: a worker rank, a model under
+// its roots whose config completes the plan, and links that parse.
+[[nodiscard]] core::Status check_daemon_job(const JobSpec& job, const std::vector<std::string>& roots);
 // The folder of model `name` under one of `roots`: relative names only, no
 // "..", and no symbolic link out of the root.
 [[nodiscard]] core::Result<std::string> resolve_model(const std::string& name, const std::vector<std::string>& roots);

@@ -2,6 +2,7 @@
 // fixtures, and every kind of bad input giving a one-line error and a
 // non-zero exit (never a crash).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +155,52 @@ TEST(CliTest, BadInputsGiveOneLineErrors) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.what << ": " << r.err;
     EXPECT_NE(r.err.find(c.message_part), std::string::npos) << c.what << ": " << r.err;
   }
+}
+
+// The audit's CLI findings: each an abort, a hang or silence before its fix.
+TEST(CliTest, AuditedInputsGiveOneLineErrors) {
+  const std::string bert = kData + "/bert-tiny", gpt2 = kData + "/gpt2-tiny";
+  const std::string key = tmp("format-number.key");
+  ASSERT_TRUE(core::write_file(key, R"({"format":1})").ok());
+  const std::string fifo_model = broken_copy("bert-tiny", "config.json", "{}");
+  ASSERT_EQ(std::system(("rm " + fifo_model + "/config.json && mkfifo " + fifo_model + "/config.json").c_str()), 0);
+  const std::string fifo_key = tmp("fifo.key");
+  ::unlink(fifo_key.c_str());
+  ASSERT_EQ(::mkfifo(fifo_key.c_str(), 0600), 0);
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"tcp://127.0.0.1:2\"\nworkers = [\"tcp://127.0.0.1:3\"]\n").ok());
+  const BadInput cases[] = {
+      // Defect 1: uncaught nlohmann::type_error (abort) in both commands.
+      {"worker key format 1", "worker --key " + key + " --listen tcp://127.0.0.1:1", "not a tessera cluster key file"},
+      {"run key format 1", "run --model " + bert + " --ids 1,2 --strategy voltage --devices 2 --key " + key, "not a tessera cluster key file"},
+      {"cluster key format 1", "run --model " + bert + " --ids 1,2 --strategy voltage --cluster " + cluster + " --key " + key, "not a tessera cluster key file"},
+      // Defect 4: hung (negative = forever) or overflowed int.
+      {"negative timeout", "run --model " + bert + " --ids 1,2 --strategy voltage --devices 2 --timeout -5", "--timeout"},
+      {"huge timeout", "run --model " + bert + " --ids 1,2 --strategy voltage --devices 2 --timeout 3000000", "--timeout"},
+      {"zero timeout", "run --model " + bert + " --ids 1,2 --timeout 0", "--timeout"},
+      // Nonsense generation options ran silently.
+      {"generate -1", "run --model " + gpt2 + " --ids 1,2 --generate -1", "--generate"},
+      {"max-new-tokens -1", "generate --model " + gpt2 + " --ids 1,2 --max-new-tokens -1", ">= 0"},
+      {"temperature 0", "run --model " + gpt2 + " --ids 1,2 --generate 2 --temperature 0", "--temperature"},
+      {"temperature nan", "run --model " + gpt2 + " --ids 1,2 --generate 2 --temperature nan", "--temperature"},
+      {"temperature inf", "generate --model " + gpt2 + " --ids 1,2 --max-new-tokens 2 --temperature inf", "--temperature"},
+      {"top-p nan", "run --model " + gpt2 + " --ids 1,2 --generate 2 --top-p nan", "--top-p"},
+      {"top-p 2", "generate --model " + gpt2 + " --ids 1,2 --max-new-tokens 2 --top-p 2", "--top-p"},
+      {"top-k -1", "run --model " + gpt2 + " --ids 1,2 --generate 2 --top-k -1", "--top-k"},
+      // Non-regular files hung the load.
+      {"config is a fifo", "run --model " + fifo_model + " --ids 1,2", "not a regular file"},
+      {"key is a fifo", "worker --key " + fifo_key + " --listen tcp://127.0.0.1:1", "not a regular file"},
+      {"cluster is a fifo", "run --model " + bert + " --ids 1,2 --cluster " + fifo_key + " --insecure", "not a regular file"},
+  };
+  for (const auto& c : cases) {
+    const CmdResult r = run(c.args);
+    EXPECT_FALSE(r.signaled) << c.what << ": crashed";
+    EXPECT_NE(r.code, 0) << c.what;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << c.what << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << c.what << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message_part), std::string::npos) << c.what << ": " << r.err;
+  }
+  ::unlink(fifo_key.c_str());
 }
 
 const std::string kBenchHeader =

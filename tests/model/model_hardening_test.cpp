@@ -135,6 +135,11 @@ TEST(ImageHardeningTest, DimensionsAreCheckedFromTheHeaderFirst) {
     EXPECT_NE(r.status().message().find("at most"), std::string::npos) << r.status().to_string();
   }
   EXPECT_FALSE(decode_image("not an image", pp, "junk").ok());
+  // Found by fuzz_image: a truncated 16-bit PGM made stb read past the
+  // buffer. Only PNG and JPEG reach the decoder now.
+  auto pgm = decode_image(core::read_file(kData + "/../fuzz/corpus/fuzz_image/crash-pgm-16bit-truncated").value(), pp, "x.pgm");
+  ASSERT_FALSE(pgm.ok());
+  EXPECT_NE(pgm.status().message().find("neither a PNG nor a JPEG"), std::string::npos) << pgm.status().to_string();
 }
 
 TEST(GenerateHardeningTest, NonsenseOptionsAreRejected) {

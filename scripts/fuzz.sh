@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs one libFuzzer target (or all) for a bounded time on its corpus.
+#   scripts/fuzz.sh TARGET SECONDS     e.g. scripts/fuzz.sh fuzz_wire 60
+#   scripts/fuzz.sh all SECONDS        every target, one after the other
+# Builds build-fuzz (clang, -fsanitize=fuzzer,address,undefined) when needed;
+# the gcc builds are not touched. Seeds come from tests/fuzz/corpus/TARGET
+# (read only); what the fuzzer finds goes to build-fuzz/corpus/TARGET, and a
+# crashing input to build-fuzz/artifacts/TARGET/ (the run then fails: fix
+# the bug and add the input to tests/fuzz/corpus/TARGET as a regression).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS" >&2; exit 2; }
+target=$1 seconds=$2
+dir=build-fuzz
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_image fuzz_cluster fuzz_wire fuzz_job)
+if [ "$target" != all ] && [[ ! " ${targets[*]} " =~ " $target " ]]; then
+  echo "unknown target '$target' (one of: ${targets[*]}, all)" >&2
+  exit 2
+fi
+if [ ! -f "$dir/build.ninja" ]; then
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_FUZZ=ON \
+    -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_BENCH=OFF >/dev/null
+fi
+if [ "$target" = all ]; then
+  cmake --build "$dir" -j"$(nproc)" --target fuzz_all
+  run=("${targets[@]}")
+else
+  cmake --build "$dir" -j"$(nproc)" --target "$target"
+  run=("$target")
+fi
+for t in "${run[@]}"; do
+  mkdir -p "$dir/corpus/$t" "$dir/artifacts/$t"
+  echo "== $t: ${seconds}s"
+  # Leaks are reported by the ASan suite; here they would only stop the run.
+  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$dir/artifacts/$t/" "$dir/corpus/$t" "tests/fuzz/corpus/$t" 2>&1 |
+    grep -E "^(stat::number_of_executed_units|stat::new_units_added|==[0-9]+==|SUMMARY|ERROR|Done |INFO: Running)|runtime error|deadly signal|Test unit written" || true
+  # A crash leaves its input in the artifacts folder and makes the run fail.
+  if compgen -G "$dir/artifacts/$t/*" >/dev/null; then
+    echo "$t: crashing inputs in $dir/artifacts/$t/" >&2
+    exit 1
+  fi
+done
