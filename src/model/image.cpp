@@ -205,7 +205,7 @@ core::Result<core::Tensor> decode_image(const std::string& bytes, const ImagePre
   // 16-bit file (found by fuzz_image).
   const bool png = bytes.rfind("\x89PNG\r\n\x1a\n", 0) == 0;
   const bool jpeg = bytes.rfind("\xff\xd8\xff", 0) == 0;
-  if (!png && !jpeg) return core::invalid_argument("'" + name + "' is neither a PNG nor a JPEG image");
+  if (!png && !jpeg) return core::invalid_argument("cannot decode image '" + name + "': neither a PNG nor a JPEG");
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int len = static_cast<int>(bytes.size());
   int w = 0, h = 0, channels = 0;

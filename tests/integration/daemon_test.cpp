@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -332,13 +333,20 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          o.group_id = good["group_id"].get<std::string>();
          o.key = key;
          o.connect_timeout = milliseconds(20000);
+         o.close_timeout = milliseconds(60000);  // closing waits until every frame has left
          auto g = comm::Group::create(o);
          ASSERT_TRUE(g.ok()) << g.status().to_string();
          ASSERT_TRUE((*g)->recv(1, 1, milliseconds(20000)).ok());  // the worker's "ready"
          // 48 x 4 MiB on a tag nobody receives: 192 MiB, over the cap.
          for (int i = 0; i < 48; ++i)
            ASSERT_TRUE((*g)->send(1, 77, core::Tensor::zeros(core::DType::kU8, {4 << 20}), milliseconds(20000)).ok());
-         // Leaving ends the job; the daemon logs its mailbox figures.
+         // Then "stop" on the worker's own tag: frames from one peer arrive in
+         // order, so the worker has filed or dropped the whole flood when it
+         // reads this. Its job ends and the daemon logs the mailbox figures.
+         const std::string stop = R"({"op":"stop"})";
+         core::Tensor t = core::Tensor::zeros(core::DType::kU8, {static_cast<int64_t>(stop.size())});
+         std::memcpy(t.raw(), stop.data(), stop.size());
+         ASSERT_TRUE((*g)->send(1, 2, t, milliseconds(60000)).ok());
        }},
   };
   for (const auto& c : cases) {
