@@ -26,81 +26,165 @@ std::string layer_name(const ModelConfig& c, int64_t l, const std::string& leaf)
   return (c.family == Family::kGpt2 ? "h." + i + "." : "encoder.layer." + i + ".") + leaf;
 }
 
+// One table per architecture: the Hugging Face leaf name of each tensor of a
+// layer, by role. add_layer_entries (what a checkpoint must hold, and what
+// gen-model writes) and Loader::load_layer both read it, so a name is written
+// once.
+struct LayerNames {
+  bool conv1d = false;  // GPT-2: Conv1D matrices [in, out], Q|K|V fused in one
+  std::vector<std::string> qkv_w, qkv_b;  // one fused tensor, or query, key, value
+  std::string attn_out_w, attn_out_b, ffn_in_w, ffn_in_b, ffn_out_w, ffn_out_b;
+  std::string ln1_g, ln1_b, ln2_g, ln2_b;
+};
+
+const LayerNames& layer_names(Family f) {
+  static const LayerNames gpt2{true,
+                               {"attn.c_attn.weight"},
+                               {"attn.c_attn.bias"},
+                               "attn.c_proj.weight",
+                               "attn.c_proj.bias",
+                               "mlp.c_fc.weight",
+                               "mlp.c_fc.bias",
+                               "mlp.c_proj.weight",
+                               "mlp.c_proj.bias",
+                               "ln_1.weight",
+                               "ln_1.bias",
+                               "ln_2.weight",
+                               "ln_2.bias"};
+  auto encoder = [](const std::string& self, const std::string& ln1, const std::string& ln2) {
+    LayerNames n;
+    for (const char* x : {"query", "key", "value"}) {
+      n.qkv_w.push_back(self + x + ".weight");
+      n.qkv_b.push_back(self + x + ".bias");
+    }
+    n.attn_out_w = "attention.output.dense.weight";
+    n.attn_out_b = "attention.output.dense.bias";
+    n.ffn_in_w = "intermediate.dense.weight";
+    n.ffn_in_b = "intermediate.dense.bias";
+    n.ffn_out_w = "output.dense.weight";
+    n.ffn_out_b = "output.dense.bias";
+    n.ln1_g = ln1 + ".weight";
+    n.ln1_b = ln1 + ".bias";
+    n.ln2_g = ln2 + ".weight";
+    n.ln2_b = ln2 + ".bias";
+    return n;
+  };
+  static const LayerNames bert = encoder("attention.self.", "attention.output.LayerNorm", "output.LayerNorm");
+  static const LayerNames vit = encoder("attention.attention.", "layernorm_before", "layernorm_after");
+  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
+}
+
 void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
   const int64_t F = c.hidden, I = c.intermediate;
+  const LayerNames& n = layer_names(c.family);
   auto add = [&](const std::string& leaf, Shape s, bool req = true) { out->push_back({p + layer_name(c, l, leaf), s, req}); };
-  if (c.family == Family::kGpt2) {
-    for (const char* ln : {"ln_1", "ln_2"}) {
-      add(std::string(ln) + ".weight", {F});
-      add(std::string(ln) + ".bias", {F});
-    }
-    add("attn.c_attn.weight", {F, 3 * F});
-    add("attn.c_attn.bias", {3 * F});
-    add("attn.c_proj.weight", {F, F});
-    add("attn.c_proj.bias", {F});
-    add("mlp.c_fc.weight", {F, I});
-    add("mlp.c_fc.bias", {I});
-    add("mlp.c_proj.weight", {I, F});
-    add("mlp.c_proj.bias", {F});
+  auto norms = [&] {
+    for (const std::string* ln : {&n.ln1_g, &n.ln1_b, &n.ln2_g, &n.ln2_b}) add(*ln, {F});
+  };
+  if (n.conv1d) {  // [in, out], in the order Hugging Face writes them
+    norms();
+    add(n.qkv_w[0], {F, 3 * F});
+    add(n.qkv_b[0], {3 * F});
+    add(n.attn_out_w, {F, F});
+    add(n.attn_out_b, {F});
+    add(n.ffn_in_w, {F, I});
+    add(n.ffn_in_b, {I});
+    add(n.ffn_out_w, {I, F});
+    add(n.ffn_out_b, {F});
     return;
   }
-  const std::string self = c.family == Family::kBert ? "attention.self." : "attention.attention.";
-  for (const char* qkv : {"query", "key", "value"}) {
-    add(self + qkv + ".weight", {F, F});
-    add(self + qkv + ".bias", {F}, c.family == Family::kBert || c.qkv_bias);
+  for (size_t i = 0; i < n.qkv_w.size(); ++i) {  // [out, in]
+    add(n.qkv_w[i], {F, F});
+    add(n.qkv_b[i], {F}, c.family == Family::kBert || c.qkv_bias);
   }
-  add("attention.output.dense.weight", {F, F});
-  add("attention.output.dense.bias", {F});
-  add("intermediate.dense.weight", {I, F});
-  add("intermediate.dense.bias", {I});
-  add("output.dense.weight", {F, I});
-  add("output.dense.bias", {F});
-  const std::vector<std::string> lns = c.family == Family::kBert
-                                           ? std::vector<std::string>{"attention.output.LayerNorm", "output.LayerNorm"}
-                                           : std::vector<std::string>{"layernorm_before", "layernorm_after"};
-  for (const auto& ln : lns) {
-    add(ln + ".weight", {F});
-    add(ln + ".bias", {F});
-  }
+  add(n.attn_out_w, {F, F});
+  add(n.attn_out_b, {F});
+  add(n.ffn_in_w, {I, F});
+  add(n.ffn_in_b, {I});
+  add(n.ffn_out_w, {F, I});
+  add(n.ffn_out_b, {F});
+  norms();
+}
+
+// The tensors around the layers, one table per architecture like
+// layer_names: entries_for and load_weights both read it.
+struct BaseNames {
+  std::string word, pos, type, emb_ln_g, emb_ln_b;  // BERT; GPT-2: word, pos
+  std::string cls, patch_w, patch_b;                // ViT
+  std::string final_ln_g, final_ln_b;               // GPT-2's ln_f, ViT's layernorm
+  std::string pooler_w = "pooler.dense.weight", pooler_b = "pooler.dense.bias";
+  std::string lm_head = "lm_head.weight", classifier_w = "classifier.weight", classifier_b = "classifier.bias";
+};
+
+const BaseNames& base_names(Family f) {
+  static const BaseNames bert = [] {
+    BaseNames b;
+    b.word = "embeddings.word_embeddings.weight";
+    b.pos = "embeddings.position_embeddings.weight";
+    b.type = "embeddings.token_type_embeddings.weight";
+    b.emb_ln_g = "embeddings.LayerNorm.weight";
+    b.emb_ln_b = "embeddings.LayerNorm.bias";
+    return b;
+  }();
+  static const BaseNames gpt2 = [] {
+    BaseNames b;
+    b.word = "wte.weight";
+    b.pos = "wpe.weight";
+    b.final_ln_g = "ln_f.weight";
+    b.final_ln_b = "ln_f.bias";
+    return b;
+  }();
+  static const BaseNames vit = [] {
+    BaseNames b;
+    b.cls = "embeddings.cls_token";
+    b.pos = "embeddings.position_embeddings";
+    b.patch_w = "embeddings.patch_embeddings.projection.weight";
+    b.patch_b = "embeddings.patch_embeddings.projection.bias";
+    b.final_ln_g = "layernorm.weight";
+    b.final_ln_b = "layernorm.bias";
+    return b;
+  }();
+  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
 }
 
 std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
   const int64_t F = c.hidden;
+  const BaseNames& b = base_names(c.family);
   std::vector<Entry> e;
   const bool has_head = c.head != HeadKind::kNone;
   if (c.family == Family::kBert) {
-    e.push_back({p + "embeddings.word_embeddings.weight", {c.vocab, F}});
-    e.push_back({p + "embeddings.position_embeddings.weight", {c.max_positions, F}});
-    e.push_back({p + "embeddings.token_type_embeddings.weight", {c.type_vocab, F}});
-    e.push_back({p + "embeddings.LayerNorm.weight", {F}});
-    e.push_back({p + "embeddings.LayerNorm.bias", {F}});
+    e.push_back({p + b.word, {c.vocab, F}});
+    e.push_back({p + b.pos, {c.max_positions, F}});
+    e.push_back({p + b.type, {c.type_vocab, F}});
+    e.push_back({p + b.emb_ln_g, {F}});
+    e.push_back({p + b.emb_ln_b, {F}});
   } else if (c.family == Family::kGpt2) {
-    e.push_back({p + "wte.weight", {c.vocab, F}});
-    e.push_back({p + "wpe.weight", {c.max_positions, F}});
+    e.push_back({p + b.word, {c.vocab, F}});
+    e.push_back({p + b.pos, {c.max_positions, F}});
   } else {
     const int64_t ps = c.patch_size;
-    e.push_back({p + "embeddings.cls_token", {1, 1, F}});
-    e.push_back({p + "embeddings.position_embeddings", {1, c.max_rows(), F}});
-    e.push_back({p + "embeddings.patch_embeddings.projection.weight", {F, c.channels, ps, ps}});
-    e.push_back({p + "embeddings.patch_embeddings.projection.bias", {F}});
+    e.push_back({p + b.cls, {1, 1, F}});
+    e.push_back({p + b.pos, {1, c.max_rows(), F}});
+    e.push_back({p + b.patch_w, {F, c.channels, ps, ps}});
+    e.push_back({p + b.patch_b, {F}});
   }
   for (int64_t l = 0; l < c.layers; ++l) add_layer_entries(c, l, p, &e);
   if (c.family == Family::kGpt2) {
-    e.push_back({p + "ln_f.weight", {F}});
-    e.push_back({p + "ln_f.bias", {F}});
-    if (c.head == HeadKind::kLmHead) e.push_back({"lm_head.weight", {c.vocab, F}, false});
+    e.push_back({p + b.final_ln_g, {F}});
+    e.push_back({p + b.final_ln_b, {F}});
+    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, F}, false});
   } else {
     if (c.family == Family::kVit) {
-      e.push_back({p + "layernorm.weight", {F}});
-      e.push_back({p + "layernorm.bias", {F}});
+      e.push_back({p + b.final_ln_g, {F}});
+      e.push_back({p + b.final_ln_b, {F}});
     }
     // BERT's classifier reads the pooler; otherwise the pooler is optional.
     const bool pooler_required = c.head == HeadKind::kSequenceClassification;
-    e.push_back({p + "pooler.dense.weight", {F, F}, pooler_required});
-    e.push_back({p + "pooler.dense.bias", {F}, pooler_required});
+    e.push_back({p + b.pooler_w, {F, F}, pooler_required});
+    e.push_back({p + b.pooler_b, {F}, pooler_required});
     if (has_head) {
-      e.push_back({"classifier.weight", {c.num_labels(), F}});
-      e.push_back({"classifier.bias", {c.num_labels()}});
+      e.push_back({b.classifier_w, {c.num_labels(), F}});
+      e.push_back({b.classifier_b, {c.num_labels()}});
     }
   }
   return e;
@@ -117,9 +201,8 @@ bool ignorable(const std::string& name) {
 }
 
 std::string detect_prefix(const ModelConfig& c, const TensorStore& store) {
-  const std::string probe = c.family == Family::kGpt2 ? "wte.weight"
-                            : c.family == Family::kBert ? "embeddings.word_embeddings.weight"
-                                                        : "embeddings.cls_token";
+  const BaseNames& b = base_names(c.family);
+  const std::string probe = c.family == Family::kVit ? b.cls : b.word;
   const std::string wrapped = c.family == Family::kGpt2 ? "transformer." : c.family == Family::kBert ? "bert." : "vit.";
   return store.contains(wrapped + probe) ? wrapped : "";
 }
@@ -274,56 +357,36 @@ class Loader {
 };
 
 Result<RawLayer> Loader::load_layer(int64_t l) {
+  const LayerNames& n = layer_names(c_.family);
   RawLayer w;
-  if (c_.family == Family::kGpt2) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor qkv, layer(l, "attn.c_attn.weight", w));
-    w.qkv = conv1d_of(qkv);
-    TESSERA_ASSIGN_OR_RETURN(w.qkv_b, layer(l, "attn.c_attn.bias", w));
-    TESSERA_ASSIGN_OR_RETURN(Tensor o, layer(l, "attn.c_proj.weight", w));
-    w.attn_out = conv1d_of(o);
-    TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attn.c_proj.bias", w));
-    TESSERA_ASSIGN_OR_RETURN(Tensor fi, layer(l, "mlp.c_fc.weight", w));
-    w.ffn_in = conv1d_of(fi);
-    TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "mlp.c_fc.bias", w));
-    TESSERA_ASSIGN_OR_RETURN(Tensor fo, layer(l, "mlp.c_proj.weight", w));
-    w.ffn_out = conv1d_of(fo);
-    TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "mlp.c_proj.bias", w));
-    TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, "ln_1.weight", w));
-    TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, "ln_1.bias", w));
-    TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, "ln_2.weight", w));
-    TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, "ln_2.bias", w));
-    return w;
-  }
-  const std::string self = c_.family == Family::kBert ? "attention.self." : "attention.attention.";
+  auto matrix = [&](const std::string& leaf) -> Result<RawMatrix> {
+    TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, w));
+    return n.conv1d ? conv1d_of(t) : linear_of(t);
+  };
   std::vector<RawMatrix> ws;
   std::vector<Tensor> bs;
-  for (const char* n : {"query", "key", "value"}) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor wt, layer(l, self + n + ".weight", w));
-    ws.push_back(linear_of(wt));
-    if (c_.family == Family::kBert || c_.qkv_bias) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor bt, layer(l, self + n + ".bias", w));
+  for (size_t i = 0; i < n.qkv_w.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(RawMatrix m, matrix(n.qkv_w[i]));
+    ws.push_back(std::move(m));
+    if (n.conv1d || c_.family == Family::kBert || c_.qkv_bias) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor bt, layer(l, n.qkv_b[i], w));
       bs.push_back(bt);
     } else {
-      bs.push_back(Tensor::zeros_f32({c_.hidden}));
+      bs.push_back(Tensor::zeros_f32({c_.hidden}));  // ViT without Q/K/V biases
     }
   }
-  w.qkv = stack(ws, c_.hidden);
-  w.qkv_b = concat_rows(bs);
-  TESSERA_ASSIGN_OR_RETURN(Tensor o, layer(l, "attention.output.dense.weight", w));
-  w.attn_out = linear_of(o);
-  TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, "attention.output.dense.bias", w));
-  TESSERA_ASSIGN_OR_RETURN(Tensor fi, layer(l, "intermediate.dense.weight", w));
-  w.ffn_in = linear_of(fi);
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, "intermediate.dense.bias", w));
-  TESSERA_ASSIGN_OR_RETURN(Tensor fo, layer(l, "output.dense.weight", w));
-  w.ffn_out = linear_of(fo);
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, "output.dense.bias", w));
-  const std::string ln1 = c_.family == Family::kBert ? "attention.output.LayerNorm" : "layernorm_before";
-  const std::string ln2 = c_.family == Family::kBert ? "output.LayerNorm" : "layernorm_after";
-  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, ln1 + ".weight", w));
-  TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, ln1 + ".bias", w));
-  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, ln2 + ".weight", w));
-  TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, ln2 + ".bias", w));
+  w.qkv = ws.size() == 1 ? std::move(ws[0]) : stack(ws, c_.hidden);
+  w.qkv_b = bs.size() == 1 ? bs[0] : concat_rows(bs);
+  TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrix(n.attn_out_w));
+  TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, n.attn_out_b, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrix(n.ffn_in_w));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, n.ffn_in_b, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_out, matrix(n.ffn_out_w));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, n.ffn_out_b, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, n.ln1_g, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_b, layer(l, n.ln1_b, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, n.ln2_g, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_b, layer(l, n.ln2_b, w));
   return w;
 }
 
@@ -353,9 +416,9 @@ void infer_head(ModelConfig& c, const TensorStore& store, const std::string& pre
   if (!c.architecture.empty()) return;
   if (c.family == Family::kGpt2) {
     c.head = prefix.empty() ? HeadKind::kNone : HeadKind::kLmHead;
-  } else if (store.contains("classifier.weight")) {
+  } else if (store.contains(base_names(c.family).classifier_w)) {
     c.head = c.family == Family::kBert ? HeadKind::kSequenceClassification : HeadKind::kImageClassification;
-    const TensorInfo* info = store.info("classifier.weight");
+    const TensorInfo* info = store.info(base_names(c.family).classifier_w);
     if (info->shape.size() == 2 && c.num_labels() != info->shape[0]) {
       c.labels.clear();
       for (int64_t i = 0; i < info->shape[0]; ++i) c.labels.push_back("LABEL_" + std::to_string(i));
@@ -429,6 +492,7 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   const std::string prefix = detect_prefix(c, store);
   infer_head(c, store, prefix);
   TESSERA_RETURN_IF_ERROR(validate_names(store, entries_for(c, prefix)));
+  const BaseNames& b = base_names(c.family);
   const int64_t end = opts.layer_end < 0 ? c.layers : opts.layer_end;
   if (opts.layer_begin < 0 || opts.layer_begin > end || end > c.layers)
     return core::out_of_range("layer range [" + std::to_string(opts.layer_begin) + "," + std::to_string(end) +
@@ -446,56 +510,56 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   ModelWeights w;
   // Embeddings and head first, while few pages are resident: copying the big
   // word embeddings last would add their size to the peak.
-  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains("lm_head.weight");
+  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains(b.lm_head);
   if (opts.embeddings || opts.head) {
     if (c.family == Family::kBert) {
-      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base("embeddings.word_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base("embeddings.position_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base("embeddings.token_type_embeddings.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base("embeddings.LayerNorm.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base("embeddings.LayerNorm.bias"));
+      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
+      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+      TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
+      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
+      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
     } else if (c.family == Family::kGpt2) {
       // Tied: one packed copy serves the lookup and the LM head.
       if (gpt2_tied) {
-        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + "wte.weight"));
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
       } else {
-        TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base("wte.weight"));
+        TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
       }
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base("wpe.weight"));
+      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
     } else {
-      TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base("embeddings.cls_token"));
+      TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
       w.cls_token = cls.reshaped({c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base("embeddings.position_embeddings"));
+      TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base(b.pos));
       w.pos_emb = pos.reshaped({c.max_rows(), c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base("embeddings.patch_embeddings.projection.weight"));
+      TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base(b.patch_w));
       w.patch_w = kernels::PackedLinear::pack(pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size}));
-      store.release(prefix + "embeddings.patch_embeddings.projection.weight");
-      TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base("embeddings.patch_embeddings.projection.bias"));
+      store.release(prefix + b.patch_w);
+      TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base(b.patch_b));
     }
   }
   if (opts.head) {
     if (c.family == Family::kGpt2) {
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base("ln_f.weight"));
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base("ln_f.bias"));
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
       if (c.head == HeadKind::kLmHead) {
         if (!gpt2_tied) {
-          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed("lm_head.weight"));
+          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
         } else if (w.lm_head_w.empty()) {
-          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + "wte.weight"));  // tied
+          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));  // tied
         }
       }
     } else {
       if (c.family == Family::kVit) {
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base("layernorm.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base("layernorm.bias"));
+        TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+        TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
       }
-      if (store.contains(prefix + "pooler.dense.weight")) {
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + "pooler.dense.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.owned_base("pooler.dense.bias"));
+      if (store.contains(prefix + b.pooler_w)) {
+        TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + b.pooler_w));
+        TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.owned_base(b.pooler_b));
       }
       if (c.head != HeadKind::kNone) {
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.packed("classifier.weight"));
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.owned("classifier.bias"));
+        TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.packed(b.classifier_w));
+        TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.owned(b.classifier_b));
       }
     }
   }
