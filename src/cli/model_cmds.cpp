@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/plan_cmd.h"
 #include "cli/plan_flags.h"
 #include "core/stats.h"
 #include "core/io.h"
@@ -31,6 +33,7 @@ struct RunFlags {
   bool json = false;
   int64_t generate = 0;
   bool greedy = false;
+  std::string profile;  // --strategy auto: a profile instead of measuring
 };
 
 void add_input_options(CLI::App* cmd, RunFlags& f) {
@@ -87,9 +90,23 @@ int run_distributed(RunFlags& f) {
     if (!cluster.ok()) return fail(cluster.status().to_string());
     world = 1 + static_cast<int>(cluster->workers.size());
   }
-  auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
-  if (!plan.ok()) return fail(plan.status().to_string());
-  f.dist.plan = *plan;
+  std::optional<AutoChoice> chosen;
+  if (f.plan->strategy == "auto") {
+    auto c = model::load_config(f.req.model_dir);
+    if (!c.ok()) return fail(c.status().to_string());
+    auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
+    if (!rows.ok()) return fail(rows.status().to_string());
+    const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, "", "",
+                            f.profile, false};
+    auto a = choose_plan(pr, *c, *rows);
+    if (!a.ok()) return fail(a.status().to_string());
+    chosen = *a;
+    f.dist.plan = a->plan;
+  } else {
+    auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
+    if (!plan.ok()) return fail(plan.status().to_string());
+    f.dist.plan = *plan;
+  }
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
   for (int i = 0; i < f.warmup; ++i)
@@ -110,6 +127,11 @@ int run_distributed(RunFlags& f) {
     j["latency_median_ms"] = core::median(latencies);
     j["latency_min_ms"] = *std::min_element(latencies.begin(), latencies.end());
     j["latency_max_ms"] = *std::max_element(latencies.begin(), latencies.end());
+    if (chosen) {
+      j["predicted_ms"] = chosen->candidate.prediction.latency_ms;
+      j["planner"] = {{"plan", chosen->plan.to_json()}, {"members", chosen->candidate.members},
+                      {"prediction", chosen->candidate.prediction.to_json()}, {"notes", chosen->candidate.notes}};
+    }
     std::cout << j.dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
@@ -155,6 +177,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
+  cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")
       ->check(CLI::Range(int64_t{1}, int64_t{86400}))

@@ -468,8 +468,15 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   for (size_t i = 0; i < table.rows.size(); ++i) {
     const Candidate& r = table.rows[i];
     if (!r.feasible || (!r.exact && !o.lossy_allowed)) continue;
-    if (table.chosen < 0 || r.prediction.latency_ms < table.rows[static_cast<size_t>(table.chosen)].prediction.latency_ms)
+    if (table.chosen < 0) {
       table.chosen = static_cast<int>(i);
+      continue;
+    }
+    // Within 1% the plan with fewer devices wins (less to go wrong), and
+    // among equals the earlier strategy of the registry.
+    const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
+    const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
+    if (x < y * 0.99 || (x <= y * 1.01 && r.members.size() < b.members.size())) table.chosen = static_cast<int>(i);
   }
   if (table.chosen < 0) return core::resource_exhausted("no strategy has a plan that fits the devices' memory");
   const Candidate& ch = table.rows[static_cast<size_t>(table.chosen)];
@@ -479,7 +486,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   table.reason = buf;
   // Every strategy's own search starts from the terminal alone, so the
   // choice is never predicted slower than it.
-  TESSERA_CHECK(alone_ms == kInf || ch.prediction.latency_ms <= alone_ms + 1e-9);
+  TESSERA_CHECK(alone_ms == kInf || ch.prediction.latency_ms <= alone_ms * 1.01 + 1e-9);
   return table;
 }
 
