@@ -138,6 +138,16 @@ Result<std::vector<std::string>> split_list(const std::string& text, int k, cons
 
 }  // namespace
 
+Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--memory-limit"));
+  std::vector<int64_t> out;
+  for (const auto& x : v) {
+    TESSERA_ASSIGN_OR_RETURN(const int64_t b, planner::parse_bytes(x));
+    out.push_back(b);
+  }
+  return out;
+}
+
 int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
   if (c.family == model::Family::kVit) return c.max_rows();
   return seq > 0 ? std::min(seq, c.max_rows()) : std::min<int64_t>(128, c.max_rows());
@@ -173,10 +183,8 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
     }
   }
   if (!r.memory_limit.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(r.memory_limit, K, "--memory-limit"));
-    for (int d = 0; d < K; ++d) {
-      TESSERA_ASSIGN_OR_RETURN(p.devices[static_cast<size_t>(d)].memory_bytes, planner::parse_bytes(v[static_cast<size_t>(d)]));
-    }
+    TESSERA_ASSIGN_OR_RETURN(const auto v, parse_memory_limits(r.memory_limit, K));
+    for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].memory_bytes = v[static_cast<size_t>(d)];
   }
   return p;
 }

@@ -47,6 +47,9 @@ struct AutoChoice {
 [[nodiscard]] core::Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c,
                                                  const std::string& text, size_t ids);
 
+// "1GB,512MB" for k devices -> bytes.
+[[nodiscard]] core::Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k);
+
 void add_plan_commands(CLI::App& app);  // profile, plan
 
 }  // namespace tessera::cli

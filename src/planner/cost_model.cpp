@@ -46,6 +46,20 @@ double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& 
   return collective_steps(t.kind, participants) * lat + static_cast<double>(t.bytes_sent) * 8.0 / (bw * 1e6) * 1e3;
 }
 
+core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector<int64_t>& budgets) {
+  if (budgets.empty()) return core::ok_status();
+  if (budgets.size() != s.devices.size())
+    return core::invalid_argument("--memory-limit needs " + std::to_string(s.devices.size()) + " values, got " +
+                                  std::to_string(budgets.size()));
+  for (size_t d = 0; d < budgets.size(); ++d) {
+    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes;
+    if (budgets[d] > 0 && need > budgets[d])
+      return core::resource_exhausted("device " + std::to_string(d) + " needs " + format_bytes(need) +
+                                      " for this plan, its budget is " + format_bytes(budgets[d]));
+  }
+  return core::ok_status();
+}
+
 nlohmann::json Prediction::to_json() const {
   nlohmann::json d = nlohmann::json::array();
   for (const DevicePrediction& x : devices)

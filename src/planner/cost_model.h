@@ -41,6 +41,11 @@ double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& 
 // Latency steps of a collective among `participants` devices.
 int collective_steps(parallel::CollectiveKind kind, int participants);
 
+// Each device's predicted peak memory (weights + activations, estimate() for
+// `rows` rows) against its budget (bytes; 0 = none): the error names the
+// device, its need and its budget.
+[[nodiscard]] core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector<int64_t>& budgets);
+
 // The critical path through every synchronisation point of the schedule.
 // Device i of the schedule runs on device i of the profile.
 [[nodiscard]] core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p);

@@ -251,7 +251,8 @@ Result<int64_t> parse_bytes(const std::string& text) {
 std::string format_bytes(int64_t bytes) {
   char buf[32];
   if (bytes >= 1000000000) std::snprintf(buf, sizeof(buf), "%.2fGB", static_cast<double>(bytes) / 1e9);
-  else std::snprintf(buf, sizeof(buf), "%.1fMB", static_cast<double>(bytes) / 1e6);
+  else if (bytes >= 1000000) std::snprintf(buf, sizeof(buf), "%.1fMB", static_cast<double>(bytes) / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.1fKB", static_cast<double>(bytes) / 1e3);
   return buf;
 }
 

@@ -105,6 +105,20 @@ TEST(PlanCli, MemoryLimitsThatHoldNoPlanAreAnError) {
   EXPECT_NE(junk.err.find("error: "), std::string::npos);
 }
 
+TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
+  // Pipeline with every layer on device 1, whose budget is 10 KB.
+  const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
+                          " --strategy pipeline --layers 0-1:1 --devices 2 --insecure --memory-limit 1GB,10KB");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("device 1 needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("budget is 10.0KB"), std::string::npos) << r.err;
+  // Auto plans within the same budgets: everything stays on the terminal.
+  const CmdResult a = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
+                          " --strategy auto --devices 2 --insecure --memory-limit 1GB,10KB --stats");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
+}
+
 TEST(PlanCli, RunAutoReportsThePredictionAndThePlan) {
   const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
                           " --strategy auto --devices 2 --link 1gbit,1ms --insecure --stats");
