@@ -132,6 +132,7 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     dp.budget_bytes = p.devices[u].memory_bytes;
     if (dp.budget_bytes > 0 && dp.memory_bytes > dp.budget_bytes && out.fits) {
       out.fits = false;
+      out.over_budget = d;
       out.why_not = "device " + std::to_string(d) + " needs " + format_bytes(dp.memory_bytes) + ", budget " +
                     format_bytes(dp.budget_bytes);
     }

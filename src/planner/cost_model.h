@@ -29,6 +29,7 @@ struct Prediction {
   int bottleneck = 0;     // the device that waits least (on the critical path)
   bool fits = true;       // every device within its memory budget
   std::string why_not;    // when it does not fit: device, need, budget
+  int over_budget = -1;   // the first device over its budget
   std::vector<DevicePrediction> devices;
   nlohmann::json to_json() const;
 };

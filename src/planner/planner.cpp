@@ -391,7 +391,14 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
   cand.plan = best.plan;
   cand.prediction = best.pred;
   cand.feasible = best.pred.fits;
-  if (!cand.feasible) cand.why_not = best.pred.why_not;
+  if (!cand.feasible) {
+    // In the profile's numbering, not the subset's.
+    const int d = best.pred.over_budget;
+    TESSERA_CHECK(d >= 0 && d < K);
+    const auto& dp = best.pred.devices[static_cast<size_t>(d)];
+    cand.why_not = "device " + std::to_string(members[static_cast<size_t>(d)]) + " needs " + format_bytes(dp.memory_bytes) +
+                   ", budget " + format_bytes(dp.budget_bytes);
+  }
   return cand;
 }
 

@@ -275,6 +275,22 @@ TEST(Planner, TightBudgetMovesHeadsAndColumnsOffTheSmallDevice) {
   }
 }
 
+TEST(Planner, ReasonsNameDevicesAsTheProfileNumbersThem) {
+  // Device 1 cannot hold any layer; device 2 can: a row strategy runs on
+  // {0, 2}, and the note on device 1 names device 1, not the subset's index.
+  const model::ModelConfig c = bert_like();
+  const ClusterProfile p = cluster({device(10), device(10, 1.0, 1000), device(10)}, 0.01, 1e5);
+  PlannerOptions o;
+  o.rows = 64;
+  const auto cand = plan_strategy_any_subset(*parallel::find_strategy("sp"), c, p, o);
+  ASSERT_TRUE(cand.ok());
+  EXPECT_EQ(cand.value().members, (std::vector<int>{0, 2}));
+  ASSERT_FALSE(cand.value().notes.empty());
+  EXPECT_NE(cand.value().notes.back().find("device 1 left out: with it the plan is not feasible (device 1 needs"),
+            std::string::npos)
+      << cand.value().notes.back();
+}
+
 TEST(Planner, PipelineMapRespectsTheTerminalsBudget) {
   // The terminal, twice as fast, holds its embeddings and only one layer:
   // the dynamic programme puts the other three on device 1, contiguous.
