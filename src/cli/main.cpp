@@ -5,6 +5,7 @@
 
 #include "cli/comm_cmd.h"
 #include "cli/commands.h"
+#include "cli/plan_cmd.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
 
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_bench_attention(app);
   tessera::cli::add_bench_command(app);
   tessera::cli::add_comm_commands(app);
+  tessera::cli::add_plan_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

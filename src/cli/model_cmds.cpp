@@ -2,9 +2,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/plan_cmd.h"
 #include "cli/plan_flags.h"
 #include "core/stats.h"
 #include "core/io.h"
@@ -32,6 +34,8 @@ struct RunFlags {
   bool json = false;
   int64_t generate = 0;
   bool greedy = false;
+  std::string profile;  // --strategy auto: a profile instead of measuring
+  std::string memory_limit;  // "1GB,512MB"
 };
 
 void add_input_options(CLI::App* cmd, RunFlags& f) {
@@ -88,9 +92,33 @@ int run_distributed(RunFlags& f) {
     if (!cluster.ok()) return fail(cluster.status().to_string());
     world = 1 + static_cast<int>(cluster->workers.size());
   }
-  auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
-  if (!plan.ok()) return fail(plan.status().to_string());
-  f.dist.plan = *plan;
+  if (!f.memory_limit.empty()) {
+    auto limits = parse_memory_limits(f.memory_limit, world);
+    if (!limits.ok()) return fail(limits.status().to_string());
+    f.dist.memory_limits = *limits;
+  }
+  std::optional<AutoChoice> chosen;
+  if (f.plan->strategy == "auto") {
+    auto c = model::load_config(f.req.model_dir);
+    if (!c.ok()) return fail(c.status().to_string());
+    auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
+    if (!rows.ok()) return fail(rows.status().to_string());
+    const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, "", f.memory_limit,
+                            f.profile, false};
+    auto a = choose_plan(pr, *c, *rows);
+    if (!a.ok()) return fail(a.status().to_string());
+    chosen = *a;
+    f.dist.plan = a->plan;
+    if (!f.dist.memory_limits.empty()) {  // the chosen devices' budgets
+      std::vector<int64_t> kept;
+      for (int m : a->candidate.members) kept.push_back(f.dist.memory_limits[static_cast<size_t>(m)]);
+      f.dist.memory_limits = kept;
+    }
+  } else {
+    auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
+    if (!plan.ok()) return fail(plan.status().to_string());
+    f.dist.plan = *plan;
+  }
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
   for (int i = 0; i < f.warmup; ++i)
@@ -111,6 +139,11 @@ int run_distributed(RunFlags& f) {
     j["latency_median_ms"] = core::median(latencies);
     j["latency_min_ms"] = *std::min_element(latencies.begin(), latencies.end());
     j["latency_max_ms"] = *std::max_element(latencies.begin(), latencies.end());
+    if (chosen) {
+      j["predicted_ms"] = chosen->candidate.prediction.latency_ms;
+      j["planner"] = {{"plan", chosen->plan.to_json()}, {"members", chosen->candidate.members},
+                      {"prediction", chosen->candidate.prediction.to_json()}, {"notes", chosen->candidate.notes}};
+    }
     std::cout << j.dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
@@ -158,6 +191,8 @@ void add_run(CLI::App& app) {
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
+  cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
+  cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();

@@ -71,7 +71,7 @@ json spec_value(const std::string& text) {
 
 void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool with_strategy) {
   if (with_strategy) {
-    cmd->add_option("--strategy", f->strategy, parallel::strategy_names())->capture_default_str();
+    cmd->add_option("--strategy", f->strategy, parallel::strategy_names() + (with_strategy ? ", or auto (run: the planner chooses)" : ""))->capture_default_str();
     cmd->add_option("--devices", f->devices, "devices (local worker processes on loopback)")->capture_default_str();
   }
   cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");

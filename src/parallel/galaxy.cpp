@@ -55,6 +55,11 @@ struct TpBlock {
 class Galaxy final : public Strategy {
  public:
   std::string name() const override { return "galaxy"; }
+  ShareKind share_kind() const override { return ShareKind::kHeads; }
+  void apply_partition(Plan& plan, const Partition& p) const override {
+    if (!p.shares.empty()) plan.ratios = p.shares;
+    if (!p.ffn_shares.empty()) plan.options["ffn_ratios"] = p.ffn_shares;
+  }
   std::string summary() const override {
     return "Galaxy: TP on heads and FFN columns, SP on the connective blocks, ring tiles overlap the GEMMs";
   }

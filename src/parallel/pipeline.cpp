@@ -37,6 +37,10 @@ void preload(const model::Transformer& model, Range layers) {
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
+  ShareKind share_kind() const override { return ShareKind::kLayers; }
+  void apply_partition(Plan& plan, const Partition& p) const override {
+    if (!p.layer_map.empty()) plan.options["layer_map"] = p.layer_map;
+  }
   std::string summary() const override { return "layers placed on devices (any map), weights pre-loaded while waiting"; }
   std::vector<OptionFlag> flags() const override {
     return {{"--layers", "layer_map", OptionFlag::Kind::kString, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)"}};

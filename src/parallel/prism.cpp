@@ -83,6 +83,7 @@ namespace {
 class Prism final : public Strategy {
  public:
   std::string name() const override { return "prism"; }
+  ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override { return "PRISM: position-wise rows, segment means instead of rows (lossy)"; }
   bool exact() const override { return false; }
   std::vector<OptionFlag> flags() const override {

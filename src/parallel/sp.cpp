@@ -17,6 +17,7 @@ namespace {
 class Sp final : public Strategy {
  public:
   std::string name() const override { return "sp"; }
+  ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override { return "sequence parallelism: rows split, AllGather of K and V"; }
 
   core::Status complete(Plan& plan, const model::ModelConfig&) const override { return only_options(plan, {}); }

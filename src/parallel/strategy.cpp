@@ -213,6 +213,10 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   return s->complete(plan, config);
 }
 
+void Strategy::apply_partition(Plan& plan, const Partition& p) const {
+  if (!p.shares.empty()) plan.ratios = p.shares;
+}
+
 model::LoadOptions Strategy::load_options(const Plan&, const model::ModelConfig&, int rank) const {
   model::LoadOptions o;
   o.embeddings = o.head = rank == 0;

@@ -49,6 +49,17 @@ struct OptionFlag {
   bool flag_value = false;  // kSetsBool: the value the bare flag sets
 };
 
+// What a planner may choose for a strategy: the kind of shares plan.ratios
+// hold (rows of the sequence, attention heads plus FFN columns, or layers).
+enum class ShareKind { kNone, kRows, kHeads, kLayers };
+
+// A partition in the planner's terms; apply_partition writes it into a plan.
+struct Partition {
+  std::vector<double> shares;      // kRows, kHeads: one per device
+  std::vector<double> ffn_shares;  // kHeads: FFN-column share of each device
+  std::vector<int> layer_map;      // kLayers: the device of each layer
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -57,6 +68,10 @@ class Strategy {
   // False for lossy strategies (PRISM): tests then compare fidelity, not bits.
   virtual bool exact() const { return true; }
   virtual std::vector<OptionFlag> flags() const { return {}; }
+  // The planner's search space (default: nothing to choose) and how a chosen
+  // partition goes into the plan (default: shares into plan.ratios).
+  virtual ShareKind share_kind() const { return ShareKind::kNone; }
+  virtual void apply_partition(Plan& plan, const Partition& p) const;
   // Fills defaults into plan.options, checks them against the config and
   // writes them back in canonical form (so the plan round-trips).
   [[nodiscard]] virtual core::Status complete(Plan& plan, const model::ModelConfig& c) const = 0;

@@ -17,6 +17,11 @@ namespace {
 class Tp final : public Strategy {
  public:
   std::string name() const override { return "tp"; }
+  ShareKind share_kind() const override { return ShareKind::kHeads; }
+  void apply_partition(Plan& plan, const Partition& p) const override {
+    if (!p.shares.empty()) plan.ratios = p.shares;
+    if (!p.ffn_shares.empty()) plan.options["ffn_ratios"] = p.ffn_shares;
+  }
   std::string summary() const override { return "Megatron tensor parallelism: heads and FFN columns, two AllReduce per layer"; }
   std::vector<OptionFlag> flags() const override {
     return {{"--ffn-partition", "ffn_ratios", OptionFlag::Kind::kString, "FFN-column share of each device (default: --partition)"}};

@@ -100,6 +100,7 @@ namespace {
 class Voltage final : public Strategy {
  public:
   std::string name() const override { return "voltage"; }
+  ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override {
     return "Voltage: position-wise rows, Theorem 2's attention order, one AllGather per layer";
   }

@@ -1,3 +1,4 @@
+#include "planner/cost_model.h"
 #include "runtime/distributed.h"
 
 #include <fcntl.h>
@@ -277,6 +278,10 @@ Status Session::check_options() {
 Status Session::plan_job(const model::ModelConfig& cfg) {
   plan_ = opts_.plan;
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan_, cfg));
+  if (!opts_.memory_limits.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule sched, parallel::estimate(plan_, cfg, cfg.max_rows()));
+    TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
+  }
   JobSpec& job = job_;
   job.model_dir = opts_.model_dir;
   job.threads = opts_.threads_per_device;

@@ -88,6 +88,10 @@ struct DistributedOptions {
   std::string cluster_file;  // set: remote worker daemons instead of local processes
   int64_t timeout_ms = 60000;  // 1 ms .. 24 h
   int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
+  // Bytes each device may use (weights + activations at the model's longest
+  // input, as the planner predicts them); empty: no limit. Checked before
+  // any device loads.
+  std::vector<int64_t> memory_limits;
 };
 
 // A local worker process: `tessera worker-job --job JSON --key-fd N`, the key

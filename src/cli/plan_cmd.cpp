@@ -1,0 +1,324 @@
+#include "cli/plan_cmd.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "comm/group.h"
+#include "comm/link.h"
+#include "core/io.h"
+#include "core/json.h"
+#include "core/stats.h"
+#include "kernels/gemm.h"
+#include "model/tokenizer.h"
+#include "parallel/strategy.h"
+#include "runtime/distributed.h"
+
+namespace tessera::cli {
+
+using core::Result;
+using planner::ClusterProfile;
+using planner::DeviceProfile;
+using planner::LinkProfile;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Round trips and one bulk message per ordered pair, every pair in turn,
+// through K ranks of one ZeroMQ group (threads, loopback TCP, the emulated
+// links applied by the sender as in a run). Latency: half the median round
+// trip of a 4-byte message; bandwidth: the bulk bytes over the bulk round
+// trip less the small one.
+Result<std::vector<std::vector<LinkProfile>>> measure_links(int K, const std::string& link_arg) {
+  std::vector<std::vector<LinkProfile>> out(static_cast<size_t>(K), std::vector<LinkProfile>(static_cast<size_t>(K)));
+  if (K < 2) return out;
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
+  comm::LinkMatrix links;
+  if (!link_arg.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(links, comm::LinkMatrix::from_arg(link_arg, K));
+  }
+  constexpr int kSmall = 7;
+  constexpr int64_t kBulkFloats = 256 * 1024;  // 1 MiB
+  const comm::Millis wait(120000);
+  std::vector<core::Status> status(static_cast<size_t>(K));
+  auto rank_main = [&](int rank) -> core::Status {
+    comm::GroupOptions o;
+    o.rank = rank;
+    o.endpoints = endpoints;
+    o.group_id = "tessera-profile";
+    o.insecure = true;  // loopback measurement: the payload is zeros
+    o.links = links;
+    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
+    int tag = 0;
+    for (int a = 0; a < K; ++a)
+      for (int b = 0; b < K; ++b) {
+        if (a == b) continue;
+        if (rank != a && rank != b) continue;
+        const int peer = rank == a ? b : a;
+        std::vector<double> rtt;
+        double bulk_s = 0;
+        for (int i = 0; i <= kSmall; ++i) {
+          const bool bulk = i == kSmall;
+          const int t = tag + i;
+          const int64_t floats = bulk ? kBulkFloats : 1;
+          const auto t0 = Clock::now();
+          if (rank == a) {
+            TESSERA_RETURN_IF_ERROR(g->isend(peer, t, core::Tensor::zeros_f32({floats})).wait(wait));
+            TESSERA_RETURN_IF_ERROR(g->irecv(peer, t).wait(wait).status());
+          } else {
+            TESSERA_RETURN_IF_ERROR(g->irecv(peer, t).wait(wait).status());
+            TESSERA_RETURN_IF_ERROR(g->isend(peer, t, core::Tensor::zeros_f32({1})).wait(wait));
+          }
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (i == 0) continue;  // warm-up
+          if (bulk) bulk_s = s;
+          else rtt.push_back(s);
+        }
+        if (rank == a) {
+          const double small = core::median(rtt);
+          LinkProfile& l = out[static_cast<size_t>(a)][static_cast<size_t>(b)];
+          l.latency_ms = 1e3 * small / 2;
+          l.bandwidth_mbps = static_cast<double>(kBulkFloats * 4 * 8) / std::max(bulk_s - small, 1e-6) / 1e6;
+        }
+      }
+    // Rank pairs were sequential; tags advance identically on every rank.
+    (void)tag;
+    return core::ok_status();
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < K; ++r) threads.emplace_back([&, r] { status[static_cast<size_t>(r)] = rank_main(r); });
+  for (auto& t : threads) t.join();
+  for (const auto& st : status)
+    if (!st.ok()) return st.with_context("measuring the links");
+  return out;
+}
+
+Result<DeviceProfile> terminal_profile(const model::ModelConfig& c, int64_t n, int threads, bool reprofile) {
+  const std::string path = planner::device_cache_path(c, n, threads);
+  if (!reprofile && core::file_exists(path)) {
+    auto text = core::read_file(path);
+    if (text.ok()) {
+      auto j = core::parse_json(text.value(), path);
+      if (j.ok()) {
+        auto d = DeviceProfile::from_json(j.value());
+        if (d.ok()) {
+          d.value().memory_bytes = static_cast<int64_t>(core::available_memory_bytes());  // memory changes; speed does not
+          return d;
+        }
+      }
+    }
+  }
+  kernels::set_blas_threads(threads);
+  core::ThreadPool pool(threads);
+  TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, planner::measure_device(c, n, 8, &pool));
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (!ec) (void)core::write_file(path, d.to_json().dump(1) + "\n");  // a cache: failing to write it costs only time
+  return d;
+}
+
+Result<std::vector<std::string>> split_list(const std::string& text, int k, const char* what) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<int>(out.size()) != k)
+    return core::invalid_argument(std::string(what) + " needs " + std::to_string(k) + " values, got " + std::to_string(out.size()));
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--memory-limit"));
+  std::vector<int64_t> out;
+  for (const auto& x : v) {
+    TESSERA_ASSIGN_OR_RETURN(const int64_t b, planner::parse_bytes(x));
+    out.push_back(b);
+  }
+  return out;
+}
+
+int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
+  if (c.family == model::Family::kVit) return c.max_rows();
+  return seq > 0 ? std::min(seq, c.max_rows()) : std::min<int64_t>(128, c.max_rows());
+}
+
+Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::ModelConfig& c) {
+  ClusterProfile p;
+  int K = r.devices;
+  if (!r.profile_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(p, ClusterProfile::load(r.profile_file));
+    K = p.size();
+  } else {
+    if (!r.cluster_file.empty())
+      return core::unimplemented("profiling a cluster's daemons is not implemented yet: measure with --devices or pass --profile FILE");
+    if (K < 1 || K > 64) return core::invalid_argument("--devices must be in [1, 64]");
+    if (r.threads < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+    TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, terminal_profile(c, plan_rows(c, r.seq), r.threads, r.reprofile));
+    // Local devices share this machine's memory.
+    d.memory_bytes /= K;
+    p.devices.assign(static_cast<size_t>(K), d);
+    TESSERA_ASSIGN_OR_RETURN(p.links, measure_links(K, r.link));
+  }
+  if (!r.device_speed.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(r.device_speed, K, "--device-speed"));
+    for (int d = 0; d < K; ++d) {
+      try {
+        const double s = std::stod(v[static_cast<size_t>(d)]);
+        if (!(s > 0 && s <= 1)) throw std::invalid_argument("range");
+        p.devices[static_cast<size_t>(d)].speed = s;
+      } catch (const std::exception&) {
+        return core::invalid_argument("--device-speed: '" + v[static_cast<size_t>(d)] + "' is not a speed in (0, 1]");
+      }
+    }
+  }
+  if (!r.memory_limit.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(const auto v, parse_memory_limits(r.memory_limit, K));
+    for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].memory_bytes = v[static_cast<size_t>(d)];
+  }
+  return p;
+}
+
+Result<AutoChoice> choose_plan(const ProfileRequest& r, const model::ModelConfig& c, int64_t rows) {
+  if (!r.cluster_file.empty() && r.profile_file.empty())
+    return core::unimplemented("--strategy auto with --cluster needs --profile FILE (profiling daemons is not implemented yet)");
+  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster_profile(r, c));
+  planner::PlannerOptions o;
+  o.rows = rows;
+  TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, p, o));
+  AutoChoice a;
+  a.candidate = t.rows[static_cast<size_t>(t.chosen)];
+  a.plan = a.candidate.plan;
+  if (!r.cluster_file.empty()) {
+    for (size_t i = 0; i < a.candidate.members.size(); ++i)
+      if (a.candidate.members[i] != static_cast<int>(i))
+        return core::unimplemented("the plan leaves out a worker of the cluster file; remove it from the file to run this plan");
+  }
+  return a;
+}
+
+Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c, const std::string& text, size_t ids) {
+  if (c.family == model::Family::kVit) return c.max_rows();
+  if (ids > 0) return static_cast<int64_t>(ids);
+  if (text.empty()) return core::invalid_argument("give --text or --ids");
+  TESSERA_ASSIGN_OR_RETURN(auto tok, model::load_tokenizer(model_dir));
+  TESSERA_ASSIGN_OR_RETURN(const auto encoded, tok->encode(text, true));
+  return static_cast<int64_t>(encoded.size());
+}
+
+namespace {
+
+struct PlanCmd {
+  ProfileRequest req;
+  std::string out;
+  bool json = false;
+  bool lossy = false;
+};
+
+void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
+  cmd->add_option("--model", f.req.model_dir, "Hugging Face model folder")->required();
+  cmd->add_option("--devices", f.req.devices, "local devices")->capture_default_str();
+  cmd->add_option("--cluster", f.req.cluster_file, "TOML cluster file");
+  cmd->add_option("--link", f.req.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--threads-per-device", f.req.threads, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--seq", f.req.seq, "rows to plan for (text models; default 128)");
+  cmd->add_option("--device-speed", f.req.device_speed, "emulated speed of each device, e.g. 1,0.5");
+  cmd->add_option("--memory-limit", f.req.memory_limit, "memory budget of each device, e.g. 1GB,512MB");
+  cmd->add_flag("--reprofile", f.req.reprofile, "measure the device again (ignore the cached profile)");
+}
+
+std::string fmt_ms(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", v);
+  return b;
+}
+
+void print_table(const planner::PlanTable& t) {
+  std::printf("%-3s %-10s %-8s %10s %10s %10s %-6s %-28s %s\n", "", "strategy", "devices", "pred ms", "compute", "comm",
+              "bottl.", "memory per device", "feasible");
+  for (size_t i = 0; i < t.rows.size(); ++i) {
+    const planner::Candidate& r = t.rows[i];
+    std::string members, mem;
+    for (int m : r.members) members += (members.empty() ? "" : ",") + std::to_string(m);
+    for (const auto& d : r.prediction.devices) mem += (mem.empty() ? "" : " ") + planner::format_bytes(d.memory_bytes);
+    std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: not chosen automatically)") : "no: " + r.why_not;
+    const bool priced = !r.prediction.devices.empty();
+    std::printf("%-3s %-10s %-8s %10s %10s %10s %-6s %-28s %s\n", static_cast<int>(i) == t.chosen ? "*" : "",
+                r.plan.strategy.c_str(), members.c_str(), priced ? fmt_ms(r.prediction.latency_ms).c_str() : "-",
+                priced ? fmt_ms(r.prediction.compute_ms).c_str() : "-", priced ? fmt_ms(r.prediction.comm_ms).c_str() : "-",
+                priced ? std::to_string(r.members.empty() ? 0 : r.members[static_cast<size_t>(r.prediction.bottleneck)]).c_str() : "-",
+                mem.c_str(), status.c_str());
+    for (const std::string& note : r.notes) std::printf("      %s\n", note.c_str());
+  }
+  std::printf("chosen: %s\n", t.reason.c_str());
+}
+
+int plan_command(const PlanCmd& f) {
+  auto c = model::load_config(f.req.model_dir);
+  if (!c.ok()) return fail(c.status().to_string());
+  ProfileRequest req = f.req;
+  if (!req.cluster_file.empty() && req.profile_file.empty()) {
+    auto cluster = runtime::load_cluster_file(req.cluster_file);
+    if (!cluster.ok()) return fail(cluster.status().to_string());
+  }
+  auto p = cluster_profile(req, c.value());
+  if (!p.ok()) return fail(p.status().to_string());
+  planner::PlannerOptions o;
+  o.rows = plan_rows(c.value(), req.seq);
+  o.lossy_allowed = f.lossy;
+  auto t = planner::plan_all(c.value(), p.value(), o);
+  if (!t.ok()) return fail(t.status().to_string());
+  if (f.json) {
+    nlohmann::json j = t.value().to_json();
+    j["rows_planned"] = o.rows;
+    std::cout << j.dump() << '\n';
+  } else {
+    std::printf("%s, %lld rows, %d device(s)\n", model::family_name(c.value().family), static_cast<long long>(o.rows),
+                p.value().size());
+    print_table(t.value());
+  }
+  return 0;
+}
+
+int profile_command(const PlanCmd& f) {
+  auto c = model::load_config(f.req.model_dir);
+  if (!c.ok()) return fail(c.status().to_string());
+  auto p = cluster_profile(f.req, c.value());
+  if (!p.ok()) return fail(p.status().to_string());
+  if (auto st = p.value().save(f.out); !st.ok()) return fail(st.to_string());
+  std::printf("wrote %s (%d device(s))\n", f.out.c_str(), p.value().size());
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_commands(CLI::App& app) {
+  {
+    auto f = std::make_shared<PlanCmd>();
+    CLI::App* cmd = app.add_subcommand("profile", "measure the devices (model kernels) and links (the transport); write JSON");
+    add_profile_flags(cmd, *f);
+    cmd->add_option("--out", f->out, "profile JSON to write")->required();
+    cmd->callback([f] { throw CLI::RuntimeError(profile_command(*f)); });
+  }
+  {
+    auto f = std::make_shared<PlanCmd>();
+    CLI::App* cmd = app.add_subcommand("plan", "predict every strategy's latency and memory; choose one");
+    add_profile_flags(cmd, *f);
+    cmd->add_option("--profile", f->req.profile_file, "profile JSON (tessera profile) instead of measuring");
+    cmd->add_flag("--json", f->json, "machine-readable output");
+    cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM)");
+    cmd->callback([f] { throw CLI::RuntimeError(plan_command(*f)); });
+  }
+}
+
+}  // namespace tessera::cli

@@ -1,0 +1,149 @@
+#include "planner/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace tessera::planner {
+
+using parallel::CollectiveKind;
+
+double work_ms(const parallel::Work& w, const DeviceProfile& d) {
+  double s = 0;
+  switch (w.kind) {
+    case parallel::WorkKind::kGemm: s = w.flops / (d.gemm_gflops(w.m, w.k, w.n) * 1e9); break;
+    case parallel::WorkKind::kAttention: s = w.flops / (std::max(d.attention_gflops, 1e-6) * 1e9); break;
+    case parallel::WorkKind::kElementwise:
+      // Read and write each float once.
+      s = 2.0 * static_cast<double>(w.m * w.n) * 4.0 / (std::max(d.elementwise_gbps, 1e-6) * 1e9);
+      break;
+  }
+  return 1e3 * s / std::max(d.speed, 1e-3);
+}
+
+int collective_steps(CollectiveKind kind, int participants) {
+  const int p = std::max(participants, 2);
+  switch (kind) {
+    case CollectiveKind::kAllgather:
+    case CollectiveKind::kReduceScatter: return p - 1;
+    case CollectiveKind::kAllreduce: return 2 * (p - 1);
+    case CollectiveKind::kBroadcast: return static_cast<int>(std::ceil(std::log2(static_cast<double>(p))));
+    default: return 1;
+  }
+}
+
+double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& p) {
+  if (t.peers.empty()) return 0;
+  double lat = 0, bw = 1e300;
+  for (int peer : t.peers) {
+    // A device receiving its part hears its peers' latency as well.
+    const LinkProfile& out = p.link(from, peer);
+    lat = std::max({lat, out.latency_ms, p.link(peer, from).latency_ms});
+    bw = std::min(bw, out.bandwidth_mbps > 0 ? out.bandwidth_mbps : 1e-6);
+  }
+  const int participants = static_cast<int>(t.peers.size()) + 1;
+  return collective_steps(t.kind, participants) * lat + static_cast<double>(t.bytes_sent) * 8.0 / (bw * 1e6) * 1e3;
+}
+
+core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector<int64_t>& budgets) {
+  if (budgets.empty()) return core::ok_status();
+  if (budgets.size() != s.devices.size())
+    return core::invalid_argument("--memory-limit needs " + std::to_string(s.devices.size()) + " values, got " +
+                                  std::to_string(budgets.size()));
+  for (size_t d = 0; d < budgets.size(); ++d) {
+    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes;
+    if (budgets[d] > 0 && need > budgets[d])
+      return core::resource_exhausted("device " + std::to_string(d) + " needs " + format_bytes(need) +
+                                      " for this plan, its budget is " + format_bytes(budgets[d]));
+  }
+  return core::ok_status();
+}
+
+nlohmann::json Prediction::to_json() const {
+  nlohmann::json d = nlohmann::json::array();
+  for (const DevicePrediction& x : devices)
+    d.push_back({{"compute_ms", x.compute_ms}, {"comm_ms", x.comm_ms}, {"wait_ms", x.wait_ms},
+                 {"memory_bytes", x.memory_bytes}, {"budget_bytes", x.budget_bytes}});
+  nlohmann::json j = {{"latency_ms", latency_ms}, {"compute_ms", compute_ms}, {"comm_ms", comm_ms},
+                      {"bottleneck", bottleneck}, {"fits", fits}, {"devices", d}};
+  if (!fits) j["why_not"] = why_not;
+  return j;
+}
+
+core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p) {
+  const int K = static_cast<int>(s.devices.size());
+  if (K < 1 || K > p.size())
+    return core::invalid_argument("the schedule has " + std::to_string(K) + " devices, the profile " + std::to_string(p.size()));
+  const size_t phases = s.devices[0].phases.size();
+  for (const auto& d : s.devices)
+    if (d.phases.size() != phases) return core::internal_error("the devices' schedules do not line up phase by phase");
+  Prediction out;
+  out.devices.resize(static_cast<size_t>(K));
+  std::vector<double> t(static_cast<size_t>(K), 0.0), w(static_cast<size_t>(K)), c(static_cast<size_t>(K));
+  for (size_t i = 0; i < phases; ++i) {
+    std::vector<int> part;
+    bool overlapped = false;
+    for (int d = 0; d < K; ++d) {
+      const auto& ph = s.devices[static_cast<size_t>(d)].phases[i];
+      double wd = 0, cd = 0;
+      for (const auto& x : ph.work) wd += work_ms(x, p.devices[static_cast<size_t>(d)]);
+      for (const auto& x : ph.transfers) cd += transfer_ms(x, d, p);
+      w[static_cast<size_t>(d)] = wd;
+      c[static_cast<size_t>(d)] = cd;
+      out.devices[static_cast<size_t>(d)].compute_ms += wd;
+      if (!ph.transfers.empty()) {
+        part.push_back(d);
+        overlapped = overlapped || ph.overlapped;
+      }
+    }
+    // A device outside every transfer of the phase just computes.
+    for (int d = 0; d < K; ++d)
+      if (std::find(part.begin(), part.end(), d) == part.end()) t[static_cast<size_t>(d)] += w[static_cast<size_t>(d)];
+    if (part.empty()) continue;
+    // The participants meet: the collective lasts as long as its slowest
+    // member's share; it starts when the last one is ready (sequential) or
+    // at once, with the work running under it (overlapped).
+    double C = 0, start = 0, ready = 0;
+    for (int d : part) {
+      const auto u = static_cast<size_t>(d);
+      C = std::max(C, c[u]);
+      start = std::max(start, overlapped ? t[u] : t[u] + w[u]);
+      ready = std::max(ready, t[u] + w[u]);
+    }
+    const double end = overlapped ? std::max(start + C, ready) : start + C;
+    const double exposed = end - ready;  // communication nobody's work hides
+    for (int d : part) {
+      const auto u = static_cast<size_t>(d);
+      DevicePrediction& dp = out.devices[u];
+      const double comm = overlapped ? exposed : C;
+      dp.comm_ms += comm;
+      dp.wait_ms += std::max(0.0, end - t[u] - w[u] - comm);
+      t[u] = end;
+    }
+  }
+  out.latency_ms = t[0];
+  double least_wait = 1e300;
+  for (int d = 0; d < K; ++d) {
+    const auto u = static_cast<size_t>(d);
+    DevicePrediction& dp = out.devices[u];
+    dp.end_ms = t[u];
+    dp.memory_bytes = s.devices[u].weight_bytes + s.devices[u].activation_bytes;
+    dp.budget_bytes = p.devices[u].memory_bytes;
+    if (dp.budget_bytes > 0 && dp.memory_bytes > dp.budget_bytes && out.fits) {
+      out.fits = false;
+      out.over_budget = d;
+      out.why_not = "device " + std::to_string(d) + " needs " + format_bytes(dp.memory_bytes) + ", budget " +
+                    format_bytes(dp.budget_bytes);
+    }
+    // The critical path runs through the device that waits least; among
+    // equals, the one computing most.
+    const double key = dp.wait_ms - 1e-9 * dp.compute_ms;
+    if (dp.compute_ms > 0 && key < least_wait) least_wait = key, out.bottleneck = d;
+  }
+  out.compute_ms = out.devices[static_cast<size_t>(out.bottleneck)].compute_ms;
+  out.comm_ms = std::max(0.0, out.latency_ms - out.compute_ms);
+  return out;
+}
+
+}  // namespace tessera::planner

@@ -1,0 +1,54 @@
+// The cost model: a strategy's Schedule (estimate()) priced with device and
+// link profiles. docs/planner.md writes the equations down.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "parallel/schedule.h"
+#include "planner/profile.h"
+
+namespace tessera::planner {
+
+struct DevicePrediction {
+  double compute_ms = 0;  // its kernels
+  double comm_ms = 0;     // transfers not hidden behind work
+  double wait_ms = 0;     // blocked on slower devices at synchronisation points
+  double end_ms = 0;      // when it finished its last phase
+  int64_t memory_bytes = 0;  // weight_bytes + activation_bytes
+  int64_t budget_bytes = 0;  // the profile's memory (0: unknown)
+};
+
+struct Prediction {
+  double latency_ms = 0;  // the terminal's end: the critical path
+  double compute_ms = 0;  // compute on the critical path (the bottleneck device's)
+  double comm_ms = 0;     // latency_ms - compute_ms
+  int bottleneck = 0;     // the device that waits least (on the critical path)
+  bool fits = true;       // every device within its memory budget
+  std::string why_not;    // when it does not fit: device, need, budget
+  int over_budget = -1;   // the first device over its budget
+  std::vector<DevicePrediction> devices;
+  nlohmann::json to_json() const;
+};
+
+// Milliseconds of one kernel call on a device.
+double work_ms(const parallel::Work& w, const DeviceProfile& d);
+// Milliseconds device `from` spends in one transfer: per ring or tree step
+// the worst latency to its peers, then its bytes over its slowest link.
+double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& p);
+// Latency steps of a collective among `participants` devices.
+int collective_steps(parallel::CollectiveKind kind, int participants);
+
+// Each device's predicted peak memory (weights + activations, estimate() for
+// `rows` rows) against its budget (bytes; 0 = none): the error names the
+// device, its need and its budget.
+[[nodiscard]] core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector<int64_t>& budgets);
+
+// The critical path through every synchronisation point of the schedule.
+// Device i of the schedule runs on device i of the profile.
+[[nodiscard]] core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p);
+
+}  // namespace tessera::planner

@@ -1,0 +1,512 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace tessera::planner {
+
+using core::Result;
+using parallel::Partition;
+using parallel::Plan;
+using parallel::ShareKind;
+using parallel::Strategy;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The plan completed, estimated and priced; an error when the strategy
+// refuses the plan.
+Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule s, parallel::estimate(plan, c, n));
+  return predict(s, p);
+}
+
+Plan base_plan(const Strategy& s, int world) {
+  Plan plan;
+  plan.strategy = s.name();
+  plan.world = world;
+  return plan;
+}
+
+Plan with_partition(const Strategy& s, int world, const Partition& part) {
+  Plan plan = base_plan(s, world);
+  s.apply_partition(plan, part);
+  return plan;
+}
+
+std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+std::string join_counts(const std::vector<int64_t>& v) {
+  std::string out;
+  for (int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+// Each device's capacity for this strategy: 1 / its predicted latency
+// running the strategy alone.
+std::vector<double> capacities(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
+  std::vector<double> cap;
+  for (int d = 0; d < p.size(); ++d) {
+    Plan plan = base_plan(s, 1);
+    const auto pred = evaluate(plan, c, p.subset({d}), n);
+    double v = pred.ok() && pred.value().latency_ms > 0 ? 1.0 / pred.value().latency_ms : 0.0;
+    if (!(v > 0)) {  // the strategy does not run alone: the device's GEMM speed
+      const auto& dev = p.devices[static_cast<size_t>(d)];
+      v = dev.gemm_gflops(n, c.hidden, c.hidden) * dev.speed;
+    }
+    cap.push_back(v);
+  }
+  return cap;
+}
+
+double mem_of(const parallel::Schedule& s, int d) {
+  const auto& x = s.devices[static_cast<size_t>(d)];
+  return static_cast<double>(x.weight_bytes + x.activation_bytes);
+}
+
+double budget_of(const ClusterProfile& p, int d) {
+  const int64_t b = p.devices[static_cast<size_t>(d)].memory_bytes;
+  return b > 0 ? static_cast<double>(b) : kInf;
+}
+
+struct Best {
+  Plan plan;
+  Prediction pred;
+  bool have = false;
+  // Fitting first, then faster.
+  bool offer(const Plan& plan_in, const Prediction& p) {
+    const bool wins = !have || (p.fits && !pred.fits) || (p.fits == pred.fits && p.latency_ms < pred.latency_ms);
+    if (!wins) return false;
+    plan = plan_in;
+    pred = p;
+    have = true;
+    return true;
+  }
+};
+
+// Rows: proportional to capacity, then moves of rows off the critical
+// device while the cost model says it helps.
+void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
+                 Best& best, std::vector<std::string>& notes) {
+  const int K = p.size();
+  const int64_t n = o.rows;
+  std::vector<int64_t> counts = proportional_counts(n, capacities(s, c, p, n));
+  auto eval_counts = [&](const std::vector<int64_t>& cnt) -> Result<std::pair<Plan, Prediction>> {
+    Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}});
+    TESSERA_ASSIGN_OR_RETURN(const Prediction pr, evaluate(plan, c, p, n));
+    return std::make_pair(plan, pr);
+  };
+  auto cur = eval_counts(counts);
+  if (!cur.ok()) return;
+  best.offer(cur.value().first, cur.value().second);
+  double cur_ms = cur.value().second.latency_ms;
+  int steps = 0;
+  for (int64_t step = std::max<int64_t>(1, n / (4 * K)); step >= 1 && steps < o.refine_steps; step /= 2) {
+    bool moved = true;
+    while (moved && steps < o.refine_steps) {
+      moved = false;
+      ++steps;
+      // The device on the critical path gives `step` rows to the one that
+      // helps most.
+      const int from = best.pred.bottleneck;
+      if (counts[static_cast<size_t>(from)] < step) break;
+      std::vector<int64_t> best_counts;
+      double best_ms = cur_ms;
+      for (int to = 0; to < K; ++to) {
+        if (to == from) continue;
+        std::vector<int64_t> cand = counts;
+        cand[static_cast<size_t>(from)] -= step;
+        cand[static_cast<size_t>(to)] += step;
+        const auto r = eval_counts(cand);
+        if (r.ok() && r.value().second.fits && r.value().second.latency_ms < best_ms - 1e-9) {
+          best_ms = r.value().second.latency_ms;
+          best_counts = cand;
+        }
+      }
+      if (!best_counts.empty()) {
+        counts = best_counts;
+        const auto r = eval_counts(counts);
+        if (r.ok()) best.offer(r.value().first, r.value().second);
+        cur_ms = best_ms;
+        moved = true;
+      }
+    }
+  }
+  notes.push_back("rows " + join_counts(parallel::range_sizes(parallel::split_by_ratio(n, best.plan.ratios))) +
+                  " (proportional to speed, refined on the cost model)");
+}
+
+// Heads and FFN columns: Galaxy's Algorithm 1. Memory is linear in a
+// device's heads and columns; the coefficients come from the strategy's own
+// estimate() of extreme plans (everything on one device).
+void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
+                  Best& best, std::vector<std::string>& notes) {
+  const int K = p.size();
+  const int64_t n = o.rows, H = c.heads, I = c.intermediate;
+  const std::vector<double> cap = capacities(s, c, p, n);
+  auto one_hot = [&](int d) {
+    std::vector<double> v(static_cast<size_t>(K), 0.0);
+    v[static_cast<size_t>(d)] = 1.0;
+    return v;
+  };
+  std::vector<double> fixed(static_cast<size_t>(K), 0.0), per_head(fixed), per_col(fixed), budget(fixed);
+  for (int d = 0; d < K; ++d) budget[static_cast<size_t>(d)] = budget_of(p, d);
+  if (K > 1) {
+    auto sched = [&](int heads_on, int cols_on) -> Result<parallel::Schedule> {
+      Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}});
+      TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
+      return parallel::estimate(plan, c, n);
+    };
+    const auto w00 = sched(0, 0), w11 = sched(1, 1), w01 = sched(0, 1), w10 = sched(1, 0);
+    if (!w00.ok() || !w11.ok() || !w01.ok() || !w10.ok()) return;
+    const double a0 = mem_of(w11.value(), 0), a1 = mem_of(w00.value(), 1);
+    const double b0 = (mem_of(w01.value(), 0) - a0) / H, c0 = (mem_of(w10.value(), 0) - a0) / I;
+    const double b1 = (mem_of(w10.value(), 1) - a1) / H, c1 = (mem_of(w01.value(), 1) - a1) / I;
+    for (int d = 0; d < K; ++d) {
+      const auto u = static_cast<size_t>(d);
+      fixed[u] = d == 0 ? a0 : a1;
+      per_head[u] = std::max(d == 0 ? b0 : b1, 0.0);
+      per_col[u] = std::max(d == 0 ? c0 : c1, 0.0);
+    }
+  }
+  // Step 1: both blocks in proportion to capacity.
+  std::vector<int64_t> heads = proportional_counts(H, cap), cols = proportional_counts(I, cap);
+  // Step 2: the MLP block, then the MHA block, within the budgets.
+  std::vector<double> f(static_cast<size_t>(K));
+  for (int d = 0; d < K; ++d) {
+    const auto u = static_cast<size_t>(d);
+    f[u] = fixed[u] + per_head[u] * static_cast<double>(heads[u]);
+  }
+  auto balanced_cols = balance_units(I, cap, f, per_col, budget);
+  std::string why;
+  if (balanced_cols.ok()) {
+    cols = balanced_cols.value();
+    for (int d = 0; d < K; ++d) {
+      const auto u = static_cast<size_t>(d);
+      f[u] = fixed[u] + per_col[u] * static_cast<double>(cols[u]);
+    }
+    auto balanced_heads = balance_units(H, cap, f, per_head, budget);
+    if (balanced_heads.ok()) heads = balanced_heads.value();
+    else why = balanced_heads.status().message();
+  } else {
+    why = balanced_cols.status().message();
+  }
+  Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}});
+  const auto pred = evaluate(plan, c, p, n);
+  if (pred.ok()) best.offer(plan, pred.value());
+  // The equal split, for comparison: taken only when it fits and is faster.
+  Plan equal = base_plan(s, K);
+  const auto eq = evaluate(equal, c, p, n);
+  const bool equal_won = eq.ok() && best.offer(equal, eq.value());
+  notes.push_back(equal_won ? "equal heads and columns (faster than Algorithm 1's)"
+                            : "Algorithm 1: heads " + join_counts(heads) + ", FFN columns " + join_counts(cols) +
+                                  (why.empty() ? "" : " (" + why + ")"));
+}
+
+// Layers: a contiguous map by dynamic programming over (layers done, last
+// device), in the members' order, within each device's budget. Per-layer
+// times, hand-over bytes and memory come from the strategy's estimate().
+void search_layers(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
+                   Best& best, std::vector<std::string>& notes) {
+  const int K = p.size();
+  const int64_t n = o.rows, L = c.layers;
+  auto map_plan = [&](std::vector<int> map) {
+    return with_partition(s, K, Partition{{}, {}, std::move(map)});
+  };
+  if (K == 1 || L < 1) {
+    Plan plan = map_plan(std::vector<int>(static_cast<size_t>(std::max<int64_t>(L, 0)), 0));
+    const auto pred = evaluate(plan, c, p, n);
+    if (pred.ok()) best.offer(plan, pred.value());
+    return;
+  }
+  Plan on0 = map_plan(std::vector<int>(static_cast<size_t>(L), 0)), on1 = map_plan(std::vector<int>(static_cast<size_t>(L), 1));
+  if (!parallel::complete_plan(on0, c).ok() || !parallel::complete_plan(on1, c).ok()) return;
+  const auto s0 = parallel::estimate(on0, c, n), s1 = parallel::estimate(on1, c, n);
+  if (!s0.ok() || !s1.ok()) return;
+  // lt[d][l]: layer l's kernels on device d.
+  std::vector<std::vector<double>> lt(static_cast<size_t>(K), std::vector<double>(static_cast<size_t>(L), 0.0));
+  for (const auto& ph : s0.value().devices[0].phases)
+    if (ph.layer >= 0 && ph.layer < L)
+      for (const auto& w : ph.work)
+        for (int d = 0; d < K; ++d)
+          lt[static_cast<size_t>(d)][static_cast<size_t>(ph.layer)] += work_ms(w, p.devices[static_cast<size_t>(d)]);
+  int64_t hand_bytes = 0;
+  for (const auto& ph : s1.value().devices[0].phases)
+    for (const auto& t : ph.transfers) hand_bytes = std::max(hand_bytes, t.bytes_sent);
+  auto hand = [&](int a, int b) {
+    return a == b ? 0.0 : transfer_ms(parallel::Transfer{parallel::CollectiveKind::kSendRecv, "x", hand_bytes, {b}}, a, p);
+  };
+  const double term = mem_of(s1.value(), 0);
+  const auto& d1 = s1.value().devices[1];
+  const double per_layer = static_cast<double>(d1.weight_bytes) / static_cast<double>(L);
+  const double act = static_cast<double>(d1.activation_bytes);
+  auto fits = [&](int d, int64_t layers) {
+    const double need = d == 0 ? term + per_layer * static_cast<double>(layers) : (layers > 0 ? per_layer * layers + act : 0);
+    return need <= budget_of(p, d);
+  };
+  // g[l][j]: fastest time with layers [0, l) placed, device j holding them.
+  std::vector<std::vector<double>> g(static_cast<size_t>(L + 1), std::vector<double>(static_cast<size_t>(K), kInf));
+  std::vector<std::vector<std::pair<int64_t, int>>> from(static_cast<size_t>(L + 1),
+                                                         std::vector<std::pair<int64_t, int>>(static_cast<size_t>(K), {-1, -1}));
+  double acc = 0;
+  for (int64_t l = 0; l <= L; ++l) {
+    if (fits(0, l)) g[static_cast<size_t>(l)][0] = acc;
+    if (l < L) acc += lt[0][static_cast<size_t>(l)];
+  }
+  for (int64_t l = 0; l < L; ++l)
+    for (int j = 0; j < K; ++j) {
+      const double base = g[static_cast<size_t>(l)][static_cast<size_t>(j)];
+      if (base == kInf) continue;
+      for (int j2 = j + 1; j2 < K; ++j2) {
+        double run = base + hand(j, j2);
+        for (int64_t l2 = l + 1; l2 <= L; ++l2) {
+          run += lt[static_cast<size_t>(j2)][static_cast<size_t>(l2 - 1)];
+          if (!fits(j2, l2 - l)) break;
+          auto& cell = g[static_cast<size_t>(l2)][static_cast<size_t>(j2)];
+          if (run < cell) cell = run, from[static_cast<size_t>(l2)][static_cast<size_t>(j2)] = {l, j};
+        }
+      }
+    }
+  int last = -1;
+  double best_ms = kInf;
+  for (int j = 0; j < K; ++j) {
+    const double t = g[static_cast<size_t>(L)][static_cast<size_t>(j)] + hand(j, 0);
+    if (t < best_ms) best_ms = t, last = j;
+  }
+  if (last < 0) {
+    notes.push_back("no contiguous layer map fits the budgets");
+    return;
+  }
+  std::vector<int> map(static_cast<size_t>(L), 0);
+  for (int64_t l = L; l > 0 && last > 0;) {
+    const auto [pl, pj] = from[static_cast<size_t>(l)][static_cast<size_t>(last)];
+    TESSERA_CHECK(pl >= 0);
+    for (int64_t x = pl; x < l; ++x) map[static_cast<size_t>(x)] = last;
+    l = pl;
+    last = pj;
+  }
+  Plan plan = map_plan(map);
+  const auto pred = evaluate(plan, c, p, n);
+  if (pred.ok()) best.offer(plan, pred.value());
+  std::vector<int64_t> per(static_cast<size_t>(K), 0);
+  for (int d : map) ++per[static_cast<size_t>(d)];
+  notes.push_back("layers per device " + join_counts(per) + " (contiguous, dynamic programming)");
+}
+
+}  // namespace
+
+std::vector<int64_t> proportional_counts(int64_t units, const std::vector<double>& weights) {
+  std::vector<int64_t> out(weights.size(), 0);
+  if (weights.empty() || units <= 0) return out;
+  double sum = 0;
+  for (double w : weights) sum += std::max(w, 0.0);
+  if (!(sum > 0)) {
+    out[0] = units;
+    return out;
+  }
+  std::vector<std::pair<double, size_t>> rem;
+  int64_t given = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const double exact = static_cast<double>(units) * std::max(weights[i], 0.0) / sum;
+    out[i] = static_cast<int64_t>(std::floor(exact));
+    given += out[i];
+    rem.push_back({exact - static_cast<double>(out[i]), i});
+  }
+  std::stable_sort(rem.begin(), rem.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; given < units; ++i, ++given) ++out[rem[i % rem.size()].second];
+  return out;
+}
+
+Result<std::vector<int64_t>> balance_units(int64_t units, const std::vector<double>& capacity,
+                                           const std::vector<double>& fixed, const std::vector<double>& per_unit,
+                                           const std::vector<double>& budget) {
+  const size_t K = capacity.size();
+  TESSERA_CHECK(fixed.size() == K && per_unit.size() == K && budget.size() == K);
+  std::vector<int64_t> counts = proportional_counts(units, capacity);
+  std::vector<bool> listed(K, true);  // the paper's L: devices that may still change
+  for (size_t round = 0; round <= K; ++round) {
+    std::vector<size_t> oom, free;
+    for (size_t d = 0; d < K; ++d) {
+      if (!listed[d]) continue;
+      const double need = fixed[d] + per_unit[d] * static_cast<double>(counts[d]);
+      (need > budget[d] ? oom : free).push_back(d);
+    }
+    if (oom.empty()) return counts;
+    // Devices with room for at least one more unit receive the excess.
+    std::vector<size_t> room;
+    for (size_t d : free)
+      if (fixed[d] + per_unit[d] * static_cast<double>(counts[d] + 1) <= budget[d]) room.push_back(d);
+    for (size_t o : oom) {
+      const double can = per_unit[o] > 0 ? std::floor((budget[o] - fixed[o]) / per_unit[o]) : static_cast<double>(counts[o]);
+      if (can < 0) return core::resource_exhausted("device " + std::to_string(o) + " is over its budget with no work at all");
+      const int64_t keep = std::min<int64_t>(counts[o], static_cast<int64_t>(can));
+      const int64_t shift = counts[o] - keep;
+      counts[o] = keep;
+      listed[o] = false;
+      if (shift == 0) continue;
+      if (room.empty()) return core::resource_exhausted("no device has room for the work device " + std::to_string(o) + " cannot hold");
+      std::vector<double> w;
+      for (size_t f : room) w.push_back(capacity[f]);
+      const std::vector<int64_t> add = proportional_counts(shift, w);
+      for (size_t i = 0; i < room.size(); ++i) counts[room[i]] += add[i];
+    }
+  }
+  for (size_t d = 0; d < K; ++d)
+    if (fixed[d] + per_unit[d] * static_cast<double>(counts[d]) > budget[d])
+      return core::resource_exhausted("device " + std::to_string(d) + " stays over its budget");
+  return counts;
+}
+
+Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
+                                const std::vector<int>& members, const PlannerOptions& o) {
+  if (members.empty() || members[0] != 0) return core::invalid_argument("the terminal (device 0) always takes part");
+  const ClusterProfile sub = p.subset(members);
+  const int K = sub.size();
+  Candidate cand;
+  cand.members = members;
+  cand.exact = s.exact();
+  Best best;
+  switch (s.share_kind()) {
+    case ShareKind::kRows: search_rows(s, c, sub, o, best, cand.notes); break;
+    case ShareKind::kHeads: search_heads(s, c, sub, o, best, cand.notes); break;
+    case ShareKind::kLayers: search_layers(s, c, sub, o, best, cand.notes); break;
+    case ShareKind::kNone: break;
+  }
+  if (!best.have) {
+    Plan plan = base_plan(s, K);
+    auto pred = evaluate(plan, c, sub, o.rows);
+    if (!pred.ok()) {
+      cand.plan = plan;
+      cand.why_not = pred.status().message();
+      return cand;
+    }
+    best.offer(plan, pred.value());
+  }
+  cand.plan = best.plan;
+  cand.prediction = best.pred;
+  cand.feasible = best.pred.fits;
+  if (!cand.feasible) {
+    // In the profile's numbering, not the subset's.
+    const int d = best.pred.over_budget;
+    TESSERA_CHECK(d >= 0 && d < K);
+    const auto& dp = best.pred.devices[static_cast<size_t>(d)];
+    cand.why_not = "device " + std::to_string(members[static_cast<size_t>(d)]) + " needs " + format_bytes(dp.memory_bytes) +
+                   ", budget " + format_bytes(dp.budget_bytes);
+  }
+  return cand;
+}
+
+namespace {
+
+// Better: feasible first, then faster.
+bool better(const Candidate& a, const Candidate& b) {
+  if (a.feasible != b.feasible) return a.feasible;
+  if (!a.feasible) return false;
+  return a.prediction.latency_ms < b.prediction.latency_ms;
+}
+
+}  // namespace
+
+Result<Candidate> plan_strategy_any_subset(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
+                                           const PlannerOptions& o) {
+  // Greedy: from the terminal alone, add the device that helps most, down
+  // to all of them; keep the best set seen.
+  std::vector<int> members = {0};
+  std::vector<int> rest(static_cast<size_t>(p.size() - 1));
+  std::iota(rest.begin(), rest.end(), 1);
+  TESSERA_ASSIGN_OR_RETURN(Candidate best, plan_strategy(s, c, p, members, o));
+  // What adding each left-out device to the best set predicted.
+  std::vector<std::pair<int, Candidate>> tried_from_best;
+  while (!rest.empty()) {
+    std::vector<std::pair<int, Candidate>> tried;
+    int pick = -1;
+    for (int d : rest) {
+      std::vector<int> m = members;
+      m.push_back(d);
+      TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy(s, c, p, m, o));
+      tried.push_back({d, cand});
+      if (pick < 0 || better(cand, tried[static_cast<size_t>(pick)].second)) pick = static_cast<int>(tried.size()) - 1;
+    }
+    if (members == best.members) tried_from_best = tried;
+    const auto& [dev, cand] = tried[static_cast<size_t>(pick)];
+    members.push_back(dev);
+    rest.erase(std::find(rest.begin(), rest.end(), dev));
+    if (better(cand, best)) best = cand;
+  }
+  for (int d = 1; d < p.size(); ++d) {
+    if (std::find(best.members.begin(), best.members.end(), d) != best.members.end()) continue;
+    std::string why = "device " + std::to_string(d) + " left out: ";
+    bool said = false;
+    for (const auto& [dev, cand] : tried_from_best)
+      if (dev == d) {
+        char buf[160];
+        if (cand.feasible)
+          std::snprintf(buf, sizeof(buf), "with it %.2f ms predicted, without it %.2f ms", cand.prediction.latency_ms,
+                        best.prediction.latency_ms);
+        else
+          std::snprintf(buf, sizeof(buf), "with it the plan is not feasible (%s)", cand.why_not.c_str());
+        why += buf;
+        said = true;
+      }
+    if (!said) why += "a set without it is predicted faster";
+    best.notes.push_back(why);
+  }
+  return best;
+}
+
+Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o) {
+  if (p.size() < 1) return core::invalid_argument("the profile has no device");
+  if (o.rows < 1) return core::invalid_argument("planning needs at least one row");
+  PlanTable table;
+  double alone_ms = kInf;
+  for (const Strategy* s : parallel::strategies()) {
+    TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, c, p, o));
+    // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
+    TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, c, p, {0}, o));
+    if (one.feasible && one.exact) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
+    table.rows.push_back(std::move(cand));
+  }
+  for (size_t i = 0; i < table.rows.size(); ++i) {
+    const Candidate& r = table.rows[i];
+    if (!r.feasible || (!r.exact && !o.lossy_allowed)) continue;
+    if (table.chosen < 0) {
+      table.chosen = static_cast<int>(i);
+      continue;
+    }
+    // Within 1% the plan with fewer devices wins (less to go wrong), and
+    // among equals the earlier strategy of the registry.
+    const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
+    const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
+    if (x < y * 0.99 || (x <= y * 1.01 && r.members.size() < b.members.size())) table.chosen = static_cast<int>(i);
+  }
+  if (table.chosen < 0) return core::resource_exhausted("no strategy has a plan that fits the devices' memory");
+  const Candidate& ch = table.rows[static_cast<size_t>(table.chosen)];
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "%s on %zu device(s): %.2f ms predicted; the terminal alone %.2f ms", ch.plan.strategy.c_str(),
+                ch.members.size(), ch.prediction.latency_ms, alone_ms);
+  table.reason = buf;
+  // Every strategy's own search starts from the terminal alone, so the
+  // choice is never predicted slower than it.
+  TESSERA_CHECK(alone_ms == kInf || ch.prediction.latency_ms <= alone_ms * 1.01 + 1e-9);
+  return table;
+}
+
+nlohmann::json PlanTable::to_json() const {
+  nlohmann::json rows_j = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Candidate& r = rows[i];
+    rows_j.push_back({{"strategy", r.plan.strategy}, {"plan", r.plan.to_json()}, {"members", r.members},
+                      {"feasible", r.feasible}, {"why_not", r.why_not}, {"exact", r.exact},
+                      {"prediction", r.prediction.to_json()}, {"notes", r.notes},
+                      {"chosen", static_cast<int>(i) == chosen}});
+  }
+  return {{"rows", rows_j}, {"chosen", chosen}, {"reason", reason}};
+}
+
+}  // namespace tessera::planner

@@ -1,0 +1,69 @@
+// Chooses a plan: for every registered strategy its best partition on the
+// best subset of devices, priced by the cost model; then the fastest plan
+// that fits, never one predicted slower than the terminal alone.
+// Strategies are treated generically: their share kind (Strategy::share_kind)
+// says what to search, their estimate() what it costs.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "parallel/strategy.h"
+#include "planner/cost_model.h"
+#include "planner/profile.h"
+
+namespace tessera::planner {
+
+// One strategy's best plan.
+struct Candidate {
+  parallel::Plan plan;        // over `members`, in that order (members[0] = 0, the terminal)
+  std::vector<int> members;   // the profile's devices that take part
+  Prediction prediction;
+  bool feasible = false;      // fits every budget (and the strategy accepts the plan)
+  std::string why_not;        // when not feasible
+  std::vector<std::string> notes;  // devices left out and why, partition choices
+  bool exact = true;          // the strategy's output equals one device's
+};
+
+struct PlanTable {
+  std::vector<Candidate> rows;  // one per strategy, in registry order
+  int chosen = -1;              // the row `auto` runs
+  std::string reason;           // why that row
+  nlohmann::json to_json() const;
+};
+
+struct PlannerOptions {
+  int64_t rows = 128;          // the request's row count
+  bool lossy_allowed = false;  // may auto choose a strategy that is not exact
+  int refine_steps = 24;       // cost-model refinements of a row partition
+};
+
+// Galaxy's Algorithm 1 on `units` work units (heads or FFN columns):
+// shares proportional to `capacity`, then the excess of every device over its
+// `budget` (bytes; `fixed` already used, `per_unit` each) moved to the devices
+// with room in proportion to their capacity, repeated until none is over.
+// Returns integer unit counts, or an error when the budgets cannot hold it.
+[[nodiscard]] core::Result<std::vector<int64_t>> balance_units(int64_t units, const std::vector<double>& capacity,
+                                                               const std::vector<double>& fixed,
+                                                               const std::vector<double>& per_unit,
+                                                               const std::vector<double>& budget);
+
+// Integer counts proportional to `weights` that sum to `units` (largest remainder).
+std::vector<int64_t> proportional_counts(int64_t units, const std::vector<double>& weights);
+
+// Best plan of one strategy over `members` of the profile (no subset search).
+[[nodiscard]] core::Result<Candidate> plan_strategy(const parallel::Strategy& s, const model::ModelConfig& c,
+                                                    const ClusterProfile& p, const std::vector<int>& members,
+                                                    const PlannerOptions& o);
+// Best plan of one strategy over subsets of the devices (the terminal always
+// takes part): the terminal plus the k fastest others, k = 0 .. K-1.
+[[nodiscard]] core::Result<Candidate> plan_strategy_any_subset(const parallel::Strategy& s, const model::ModelConfig& c,
+                                                               const ClusterProfile& p, const PlannerOptions& o);
+// Every registered strategy, and the choice.
+[[nodiscard]] core::Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o);
+
+}  // namespace tessera::planner

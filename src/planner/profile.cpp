@@ -1,0 +1,259 @@
+#include "planner/profile.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "core/io.h"
+#include "core/json.h"
+#include "core/stats.h"
+#include "core/tensor.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+
+namespace tessera::planner {
+
+using core::Result;
+using nlohmann::json;
+
+namespace {
+
+double log_gap(int64_t a, int64_t b) {
+  return std::abs(std::log(static_cast<double>(std::max<int64_t>(a, 1))) - std::log(static_cast<double>(std::max<int64_t>(b, 1))));
+}
+
+// Median seconds of `reps` calls of fn after one warm-up call.
+template <typename Fn>
+double time_median(int reps, Fn&& fn) {
+  fn();
+  std::vector<double> s;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+Result<double> positive(const json& j, const char* key) {
+  return core::json_field_number(j, key, 0.0, 1e12);
+}
+
+}  // namespace
+
+double DeviceProfile::gemm_gflops(int64_t m, int64_t k, int64_t n) const {
+  if (gemm.empty()) return 1.0;
+  const GemmSample* best = &gemm.front();
+  double best_d = 1e300;
+  for (const GemmSample& s : gemm) {
+    // Rows matter most (the strategies' shares); k and n pick the shape class.
+    const double d = log_gap(m, s.m) + 0.5 * (log_gap(k, s.k) + log_gap(n, s.n));
+    if (d < best_d) best_d = d, best = &s;
+  }
+  return std::max(best->gflops, 1e-6);
+}
+
+json DeviceProfile::to_json() const {
+  json g = json::array();
+  for (const GemmSample& s : gemm) g.push_back({s.m, s.k, s.n, s.gflops});
+  return {{"name", name},     {"threads", threads},       {"gemm", g},
+          {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
+          {"stream_gbps", stream_gbps}, {"memory_bytes", memory_bytes}, {"speed", speed}};
+}
+
+Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
+  if (!j.is_object()) return core::invalid_argument("device profile: not an object");
+  DeviceProfile d;
+  if (j.contains("name") && j["name"].is_string()) d.name = j["name"].get<std::string>();
+  TESSERA_ASSIGN_OR_RETURN(const int64_t threads, core::json_field_int(j, "threads", 1, 1024, 1));
+  d.threads = static_cast<int>(threads);
+  if (!j.contains("gemm") || !j["gemm"].is_array()) return core::invalid_argument("device profile: 'gemm' must be an array");
+  for (const json& s : j["gemm"]) {
+    if (!s.is_array() || s.size() != 4) return core::invalid_argument("device profile: a gemm sample is [m, k, n, gflops]");
+    for (const json& v : s)
+      if (!v.is_number() || v.get<double>() < 0) return core::invalid_argument("device profile: gemm values must be numbers >= 0");
+    d.gemm.push_back({s[0].get<int64_t>(), s[1].get<int64_t>(), s[2].get<int64_t>(), s[3].get<double>()});
+  }
+  TESSERA_ASSIGN_OR_RETURN(d.attention_gflops, positive(j, "attention_gflops"));
+  TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
+  TESSERA_ASSIGN_OR_RETURN(d.stream_gbps, positive(j, "stream_gbps"));
+  TESSERA_ASSIGN_OR_RETURN(d.memory_bytes, core::json_field_int(j, "memory_bytes", 0, INT64_MAX));
+  TESSERA_ASSIGN_OR_RETURN(d.speed, core::json_field_number(j, "speed", 1e-3, 1e3, 1.0));
+  return d;
+}
+
+const LinkProfile& ClusterProfile::link(int from, int to) const {
+  TESSERA_CHECK(from >= 0 && from < size() && to >= 0 && to < size());
+  return links[static_cast<size_t>(from)][static_cast<size_t>(to)];
+}
+
+ClusterProfile ClusterProfile::subset(const std::vector<int>& members) const {
+  ClusterProfile out;
+  for (int a : members) {
+    out.devices.push_back(devices[static_cast<size_t>(a)]);
+    std::vector<LinkProfile> row;
+    for (int b : members) row.push_back(link(a, b));
+    out.links.push_back(std::move(row));
+  }
+  return out;
+}
+
+json ClusterProfile::to_json() const {
+  json d = json::array(), l = json::array();
+  for (const DeviceProfile& p : devices) d.push_back(p.to_json());
+  for (const auto& row : links) {
+    json r = json::array();
+    for (const LinkProfile& x : row) r.push_back({{"latency_ms", x.latency_ms}, {"bandwidth_mbps", x.bandwidth_mbps}});
+    l.push_back(r);
+  }
+  return {{"devices", d}, {"links", l}};
+}
+
+Result<ClusterProfile> ClusterProfile::from_json(const json& j) {
+  if (!j.is_object() || !j.contains("devices") || !j["devices"].is_array() || j["devices"].empty() ||
+      j["devices"].size() > 64)
+    return core::invalid_argument("profile: 'devices' must be an array of 1 to 64 device profiles");
+  ClusterProfile c;
+  for (const json& d : j["devices"]) {
+    TESSERA_ASSIGN_OR_RETURN(DeviceProfile p, DeviceProfile::from_json(d));
+    c.devices.push_back(std::move(p));
+  }
+  const size_t k = c.devices.size();
+  c.links.assign(k, std::vector<LinkProfile>(k));
+  if (k > 1) {
+    if (!j.contains("links") || !j["links"].is_array() || j["links"].size() != k)
+      return core::invalid_argument("profile: 'links' must be a " + std::to_string(k) + "x" + std::to_string(k) + " matrix");
+    for (size_t a = 0; a < k; ++a) {
+      const json& row = j["links"][a];
+      if (!row.is_array() || row.size() != k) return core::invalid_argument("profile: a 'links' row has the wrong length");
+      for (size_t b = 0; b < k; ++b) {
+        if (a == b) continue;
+        TESSERA_ASSIGN_OR_RETURN(c.links[a][b].latency_ms, positive(row[b], "latency_ms"));
+        TESSERA_ASSIGN_OR_RETURN(c.links[a][b].bandwidth_mbps, positive(row[b], "bandwidth_mbps"));
+      }
+    }
+  }
+  return c;
+}
+
+Result<ClusterProfile> ClusterProfile::load(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(path));
+  TESSERA_ASSIGN_OR_RETURN(const json j, core::parse_json(text, path));
+  return from_json(j);
+}
+
+core::Status ClusterProfile::save(const std::string& path) const { return core::write_file(path, to_json().dump(1) + "\n"); }
+
+std::vector<int64_t> profile_row_counts(int64_t n, int max_devices) {
+  std::set<int64_t> rows;
+  for (int k = 1; k <= std::max(1, max_devices); ++k) rows.insert(std::max<int64_t>(1, (n + k - 1) / k));
+  return {rows.begin(), rows.end()};
+}
+
+Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int max_devices, core::ThreadPool* pool) {
+  if (c.hidden < 1 || c.heads < 1 || c.intermediate < 1) return core::invalid_argument("profile: the model config has no shape");
+  if (n < 1) return core::invalid_argument("profile: needs at least one row");
+  DeviceProfile d;
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0) d.name = host;
+  d.threads = pool != nullptr ? pool->size() : 1;
+  const int64_t F = c.hidden, I = c.intermediate;
+  // The layer's shape classes: QKV, attention-out, FFN in and out; the
+  // strategies' shards have the same k or n with fewer columns.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{F, 3 * F}, {F, F}, {F, I}, {I, F}};
+  const std::vector<int64_t> rows = profile_row_counts(n, max_devices);
+  for (auto [k, cols] : shapes) {
+    core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
+    for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.01f * static_cast<float>(i % 13);
+    for (int64_t m : rows) {
+      core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
+      const double s = time_median(5, [&] {
+        kernels::linear_rows_f32(pool, x.f32(), m, w, b, kernels::Activation::kNone, nullptr, y.f32());
+      });
+      d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
+    }
+  }
+  {
+    core::Tensor qkv = core::Tensor::zeros_f32({n, 3 * F}), out = core::Tensor::zeros_f32({n, F});
+    const int64_t sf = kernels::attention_scratch_floats(n, n, c.heads);
+    core::Tensor scratch = core::Tensor::zeros_f32({sf});
+    kernels::AttentionArgs a;
+    a.q = qkv.f32(); a.k = qkv.f32() + F; a.v = qkv.f32() + 2 * F;
+    a.ldq = a.ldk = a.ldv = 3 * F;
+    a.out = out.f32(); a.ldo = F;
+    a.n_q = a.n_kv = n; a.heads = c.heads; a.head_dim = c.head_dim();
+    a.scale = 0.125f;
+    const double s = time_median(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
+    d.attention_gflops = 4.0 * static_cast<double>(n * n * F) / s / 1e9;
+  }
+  {
+    core::Tensor x = core::Tensor::zeros_f32({n, F}), y = core::Tensor::zeros_f32({n, F});
+    core::Tensor g = core::Tensor::zeros_f32({F}), b = core::Tensor::zeros_f32({F});
+    const double s = time_median(9, [&] { kernels::layernorm_f32_mt(pool, x.f32(), y.f32(), n, F, g.f32(), b.f32(), c.eps); });
+    d.elementwise_gbps = 2.0 * static_cast<double>(n * F * 4) / s / 1e9;
+  }
+  {
+    const int64_t floats = 16 << 20;  // 64 MB: larger than the caches
+    std::vector<float> buf(static_cast<size_t>(floats), 1.0f);
+    volatile float sink = 0;
+    const double s = time_median(3, [&] {
+      float acc = 0;
+      for (int64_t i = 0; i < floats; i += 4) acc += buf[static_cast<size_t>(i)] + buf[static_cast<size_t>(i + 1)] +
+                                                     buf[static_cast<size_t>(i + 2)] + buf[static_cast<size_t>(i + 3)];
+      sink = sink + acc;
+    });
+    d.stream_gbps = static_cast<double>(floats * 4) / s / 1e9;
+  }
+  d.memory_bytes = static_cast<int64_t>(core::available_memory_bytes());
+  return d;
+}
+
+std::string device_cache_path(const model::ModelConfig& c, int64_t n, int threads) {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base = xdg != nullptr && *xdg != 0 ? std::string(xdg) : std::string(home != nullptr ? home : "/tmp") + "/.cache";
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
+  return base + "/tessera/profile-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+         std::to_string(c.intermediate) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
+}
+
+Result<int64_t> parse_bytes(const std::string& text) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    return core::invalid_argument("'" + text + "' is not a size (e.g. 512MB)");
+  }
+  std::string unit = text.substr(pos);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double mul = 1;
+  if (unit == "" || unit == "B") mul = 1;
+  else if (unit == "KB" || unit == "K") mul = 1e3;
+  else if (unit == "MB" || unit == "M") mul = 1e6;
+  else if (unit == "GB" || unit == "G") mul = 1e9;
+  else if (unit == "KIB") mul = 1024.0;
+  else if (unit == "MIB") mul = 1024.0 * 1024;
+  else if (unit == "GIB") mul = 1024.0 * 1024 * 1024;
+  else return core::invalid_argument("'" + text + "': unknown unit (B, KB, MB, GB, KiB, MiB, GiB)");
+  if (!std::isfinite(v) || v <= 0 || v * mul > 9e18) return core::invalid_argument("'" + text + "' is not a positive size");
+  return static_cast<int64_t>(v * mul);
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[32];
+  if (bytes >= 1000000000) std::snprintf(buf, sizeof(buf), "%.2fGB", static_cast<double>(bytes) / 1e9);
+  else if (bytes >= 1000000) std::snprintf(buf, sizeof(buf), "%.1fMB", static_cast<double>(bytes) / 1e6);
+  else std::snprintf(buf, sizeof(buf), "%.1fKB", static_cast<double>(bytes) / 1e3);
+  return buf;
+}
+
+}  // namespace tessera::planner

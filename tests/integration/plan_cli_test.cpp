@@ -1,0 +1,134 @@
+// `tessera profile`, `tessera plan` and `run --strategy auto` end to end on
+// the tiny BERT fixture: links measured through the transport honour the
+// emulation, the plan table covers every strategy, a profile with a useless
+// link keeps the run on the terminal, and auto runs and reports its
+// prediction.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/io.h"
+#include "parallel/strategy.h"
+#include "planner/profile.h"
+
+namespace tessera {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+const std::string kBin = TESSERA_BIN;
+
+std::string tmp(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
+}
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs the binary with its profile cache in a folder of the test's own.
+CmdResult run(const std::string& args) {
+  const std::string out = tmp("out.txt"), err = tmp("err.txt"), cache = tmp("cache");
+  const int status = std::system(("XDG_CACHE_HOME=" + cache + " " + kBin + " " + args + " >" + out + " 2>" + err).c_str());
+  CmdResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = core::read_file(out).value();
+  r.err = core::read_file(err).value();
+  return r;
+}
+
+std::string ids(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(100 + i);
+  return s;
+}
+
+TEST(PlanCli, ProfileMeasuresTheEmulatedLinks) {
+  const std::string out = tmp("profile.json");
+  const CmdResult r = run("profile --model " + kData + "/bert-tiny --devices 2 --link 100mbit,5ms --seq 16 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto p = planner::ClusterProfile::load(out);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ASSERT_EQ(p.value().size(), 2);
+  EXPECT_FALSE(p.value().devices[0].gemm.empty());
+  EXPECT_GT(p.value().devices[0].attention_gflops, 0);
+  EXPECT_GT(p.value().devices[0].memory_bytes, 0);
+  for (auto [a, b] : {std::pair{0, 1}, std::pair{1, 0}}) {
+    const planner::LinkProfile& l = p.value().link(a, b);
+    // The emulation delays every message by 5 ms and paces at 100 Mbit/s:
+    // a measurement cannot beat either.
+    EXPECT_GE(l.latency_ms, 4.9);
+    EXPECT_GT(l.bandwidth_mbps, 0);
+    EXPECT_LE(l.bandwidth_mbps, 110);
+  }
+}
+
+TEST(PlanCli, TableHasEveryStrategyAndASlowLinkKeepsTheTerminalAlone) {
+  // Two devices of this machine's speed behind a 1 Mbit/s, 100 ms link.
+  const std::string prof = tmp("slow.json");
+  const CmdResult measured = run("profile --model " + kData + "/bert-tiny --devices 1 --seq 16 --out " + prof);
+  ASSERT_EQ(measured.code, 0) << measured.err;
+  auto p = planner::ClusterProfile::load(prof).value();
+  p.devices.push_back(p.devices[0]);
+  p.links.assign(2, std::vector<planner::LinkProfile>(2));
+  p.links[0][1] = p.links[1][0] = {100.0, 1.0};
+  ASSERT_TRUE(p.save(prof).ok());
+  const CmdResult r = run("plan --model " + kData + "/bert-tiny --profile " + prof + " --seq 16 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), parallel::strategies().size());
+  const auto& chosen = j["rows"][j["chosen"].get<size_t>()];
+  EXPECT_EQ(chosen["members"], nlohmann::json::array({0}));
+  EXPECT_EQ(chosen["strategy"], "single");
+  EXPECT_TRUE(chosen["feasible"].get<bool>());
+
+  const CmdResult human = run("plan --model " + kData + "/bert-tiny --profile " + prof + " --seq 16");
+  ASSERT_EQ(human.code, 0) << human.err;
+  EXPECT_NE(human.out.find("chosen: single on 1 device(s)"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("device 1 left out"), std::string::npos) << human.out;
+}
+
+TEST(PlanCli, MemoryLimitsThatHoldNoPlanAreAnError) {
+  const CmdResult r = run("plan --model " + kData + "/bert-tiny --devices 2 --seq 16 --memory-limit 1KB,1KB");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("fits"), std::string::npos) << r.err;
+  const CmdResult bad = run("plan --model " + kData + "/bert-tiny --devices 2 --memory-limit 1KB");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--memory-limit needs 2 values"), std::string::npos) << bad.err;
+  const CmdResult junk = run("plan --model " + kData + "/bert-tiny --profile " + kData + "/bert-tiny/config.json");
+  EXPECT_EQ(junk.code, 1);
+  EXPECT_NE(junk.err.find("error: "), std::string::npos);
+}
+
+TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
+  // Pipeline with every layer on device 1, whose budget is 10 KB.
+  const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
+                          " --strategy pipeline --layers 0-1:1 --devices 2 --insecure --memory-limit 1GB,10KB");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("device 1 needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("budget is 10.0KB"), std::string::npos) << r.err;
+  // Auto plans within the same budgets: everything stays on the terminal.
+  const CmdResult a = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
+                          " --strategy auto --devices 2 --insecure --memory-limit 1GB,10KB --stats");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
+}
+
+TEST(PlanCli, RunAutoReportsThePredictionAndThePlan) {
+  const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
+                          " --strategy auto --devices 2 --link 1gbit,1ms --insecure --stats");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["predicted_ms"].get<double>(), 0);
+  EXPECT_GT(j["latency_ms"].get<double>(), 0);
+  ASSERT_TRUE(j.contains("planner"));
+  EXPECT_EQ(j["planner"]["plan"]["strategy"], j["plan"]["strategy"]);
+}
+
+}  // namespace
+}  // namespace tessera

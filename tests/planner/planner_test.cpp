@@ -1,0 +1,330 @@
+// The cost model and the partitioners on synthetic profiles (no network, no
+// measurement): each expected figure is worked out by hand from the
+// equations of docs/planner.md.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "parallel/strategy.h"
+#include "planner/cost_model.h"
+#include "planner/planner.h"
+
+namespace tessera::planner {
+namespace {
+
+using parallel::CollectiveKind;
+
+model::ModelConfig bert_like(int64_t layers = 4) {
+  model::ModelConfig c;
+  c.family = model::Family::kBert;
+  c.hidden = 256;
+  c.heads = 4;
+  c.layers = layers;
+  c.intermediate = 1024;
+  c.vocab = 1000;
+  c.max_positions = 128;
+  c.type_vocab = 2;
+  return c;
+}
+
+// A device whose every kernel runs at `gflops` (GEMM and attention) and
+// whose element-wise kernels move `gbps`.
+DeviceProfile device(double gflops, double speed = 1.0, int64_t memory = 0) {
+  DeviceProfile d;
+  d.name = "synthetic";
+  d.gemm = {{64, 256, 256, gflops}};
+  d.attention_gflops = gflops;
+  d.elementwise_gbps = 10;
+  d.stream_gbps = 10;
+  d.memory_bytes = memory;
+  d.speed = speed;
+  return d;
+}
+
+ClusterProfile cluster(std::vector<DeviceProfile> devs, double latency_ms, double mbps) {
+  ClusterProfile p;
+  p.devices = std::move(devs);
+  const size_t k = p.devices.size();
+  p.links.assign(k, std::vector<LinkProfile>(k, LinkProfile{latency_ms, mbps}));
+  for (size_t i = 0; i < k; ++i) p.links[i][i] = {};
+  return p;
+}
+
+const Candidate& row_of(const PlanTable& t, const std::string& strategy) {
+  for (const Candidate& c : t.rows)
+    if (c.plan.strategy == strategy) return c;
+  ADD_FAILURE() << "no row for " << strategy;
+  return t.rows.front();
+}
+
+TEST(CostModel, OneDeviceIsTheSumOfItsKernels) {
+  const model::ModelConfig c = bert_like();
+  const int64_t n = 64, F = c.hidden, I = c.intermediate;
+  parallel::Plan plan;
+  ASSERT_TRUE(parallel::complete_plan(plan, c).ok());
+  const auto s = parallel::estimate(plan, c, n);
+  ASSERT_TRUE(s.ok());
+  const auto p = predict(s.value(), cluster({device(10)}, 0, 0));
+  ASSERT_TRUE(p.ok());
+  // Per layer: QKV, out, FFN in and out at 10 GFLOP/s, attention (Q K^T and
+  // P V) at 10 GFLOP/s, three norms reading and writing n x F floats at 10 GB/s.
+  const double gemm = 2.0 * n * (F * 3 * F + F * F + F * I + I * F), att = 4.0 * n * n * F;
+  const double norms = 3 * 2.0 * n * F * 4;
+  const double per_layer_ms = 1e3 * ((gemm + att) / 10e9 + norms / 10e9);
+  EXPECT_NEAR(p.value().latency_ms, c.layers * per_layer_ms, 1e-9);
+  EXPECT_NEAR(p.value().compute_ms, p.value().latency_ms, 1e-9);
+  EXPECT_EQ(p.value().bottleneck, 0);
+  EXPECT_DOUBLE_EQ(p.value().devices[0].memory_bytes,
+                   static_cast<double>(s.value().devices[0].weight_bytes + s.value().devices[0].activation_bytes));
+}
+
+// Two devices, one phase: device 0 computes a GEMM of 2 GFLOP (200 ms at
+// 10 GFLOP/s), device 1 half of it; device 0 sends 1 MB over 10 Mbit/s with
+// 5 ms latency (800 ms + 5 ms).
+parallel::Schedule two_device_phase(bool overlapped) {
+  parallel::Schedule s;
+  s.devices.resize(2);
+  for (int d = 0; d < 2; ++d) {
+    parallel::Phase ph{"p", 0, {parallel::gemm("g", 1000, 1000, d == 0 ? 1000 : 500)}, {}, overlapped};
+    ph.transfers.push_back(parallel::transfer(CollectiveKind::kSendRecv, "x", d == 0 ? 250000 : 0, {1 - d}));
+    s.devices[static_cast<size_t>(d)].phases.push_back(ph);
+  }
+  return s;
+}
+
+TEST(CostModel, SequentialPhaseIsWorkThenTransfer) {
+  const auto p = predict(two_device_phase(false), cluster({device(10), device(10)}, 5, 10));
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p.value().latency_ms, 200 + 5 + 800, 1e-6);
+  EXPECT_NEAR(p.value().devices[0].comm_ms, 805, 1e-6);
+  EXPECT_NEAR(p.value().devices[1].wait_ms, 100, 1e-6);  // its 100 ms GEMM ends first
+}
+
+TEST(CostModel, OverlappedPhaseIsTheLongerOfWorkAndTransfer) {
+  const auto slow = predict(two_device_phase(true), cluster({device(10), device(10)}, 5, 10));
+  ASSERT_TRUE(slow.ok());
+  EXPECT_NEAR(slow.value().latency_ms, 805, 1e-6);  // the transfer hides the work
+  EXPECT_NEAR(slow.value().devices[0].comm_ms, 605, 1e-6);
+  const auto fast = predict(two_device_phase(true), cluster({device(10), device(10)}, 5, 1000));
+  ASSERT_TRUE(fast.ok());
+  EXPECT_NEAR(fast.value().latency_ms, 200, 1e-6);  // 13 ms of transfer under 200 ms of work
+  EXPECT_NEAR(fast.value().devices[0].comm_ms, 0, 1e-6);
+}
+
+TEST(CostModel, EmulatedSpeedScalesKernels) {
+  const parallel::Work w = parallel::gemm("g", 100, 100, 100);
+  EXPECT_NEAR(work_ms(w, device(10, 0.25)), 4 * work_ms(w, device(10)), 1e-12);
+}
+
+TEST(CostModel, EveryStrategyLinesUpOnOneToFourDevices) {
+  const model::ModelConfig c = bert_like();
+  for (const parallel::Strategy* s : parallel::strategies())
+    for (int k = 1; k <= 4; ++k) {
+      parallel::Plan plan;
+      plan.strategy = s->name();
+      plan.world = k;
+      if (!parallel::complete_plan(plan, c).ok()) continue;  // e.g. single on k > 1
+      const auto sched = parallel::estimate(plan, c, 64);
+      ASSERT_TRUE(sched.ok());
+      const auto p = predict(sched.value(), cluster(std::vector<DeviceProfile>(static_cast<size_t>(k), device(10)), 1, 100));
+      ASSERT_TRUE(p.ok()) << s->name() << " " << k << ": " << p.status().message();
+      EXPECT_GT(p.value().latency_ms, 0) << s->name();
+      for (const auto& d : p.value().devices) EXPECT_GE(d.wait_ms, -1e-9);
+    }
+}
+
+TEST(Algorithm1, SharesFollowCapacityWithoutBudgets) {
+  const double inf = INFINITY;
+  const auto r = balance_units(12, {2, 1, 1}, {0, 0, 0}, {1, 1, 1}, {inf, inf, inf});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value(), (std::vector<int64_t>{6, 3, 3}));
+}
+
+TEST(Algorithm1, ExcessMovesToDevicesWithRoomByCapacity) {
+  // Device 0 is twice as fast but holds only 2 units: its excess of 4 goes
+  // to devices 1 and 2 in the ratio of their capacities (3:1).
+  const auto r = balance_units(12, {2, 3, 1}, {0, 0, 0}, {1, 1, 1}, {2, 100, 100});
+  ASSERT_TRUE(r.ok());
+  // Proportional: 4, 6, 2. Device 0 keeps 2; 2 move 3:1 (rounded: 2, 0).
+  EXPECT_EQ(r.value()[0], 2);
+  EXPECT_EQ(r.value()[0] + r.value()[1] + r.value()[2], 12);
+  EXPECT_GE(r.value()[1], 7);
+}
+
+TEST(Algorithm1, CascadesWhenAReceiverOverflows) {
+  // Device 1 receives device 0's excess and then overflows itself; the
+  // rest lands on device 2.
+  const auto r = balance_units(9, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, {1, 4, 100});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value()[0], 1);
+  EXPECT_LE(r.value()[1], 4);
+  EXPECT_EQ(r.value()[0] + r.value()[1] + r.value()[2], 9);
+}
+
+TEST(Algorithm1, FailsWhenTheBudgetsCannotHoldTheBlock) {
+  const auto r = balance_units(10, {1, 1}, {0, 0}, {1, 1}, {4, 4});
+  EXPECT_FALSE(r.ok());
+  const auto fixed_over = balance_units(10, {1, 1}, {5, 0}, {1, 1}, {4, 100});
+  EXPECT_FALSE(fixed_over.ok());
+}
+
+TEST(Planner, EqualDevicesSplitRowsEqually) {
+  const model::ModelConfig c = bert_like();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.1, 1000);
+  PlannerOptions o;
+  o.rows = 64;
+  const auto cand = plan_strategy(*parallel::find_strategy("sp"), c, p, {0, 1}, o);
+  ASSERT_TRUE(cand.ok());
+  const auto rows = parallel::range_sizes(parallel::split_by_ratio(64, cand.value().plan.ratios));
+  EXPECT_LE(std::abs(rows[0] - rows[1]), 2);
+}
+
+TEST(Planner, SlowDeviceGetsRowsInProportionToSpeed) {
+  // Device 1 at half speed; links nearly free: rows balance the kernels,
+  // 2:1, so device 1 takes about a third.
+  const model::ModelConfig c = bert_like();
+  const ClusterProfile p = cluster({device(10), device(10, 0.5)}, 0.001, 1e6);
+  PlannerOptions o;
+  o.rows = 96;
+  const auto cand = plan_strategy(*parallel::find_strategy("sp"), c, p, {0, 1}, o);
+  ASSERT_TRUE(cand.ok());
+  const auto rows = parallel::range_sizes(parallel::split_by_ratio(96, cand.value().plan.ratios));
+  EXPECT_NEAR(static_cast<double>(rows[1]), 32.0, 4.0);
+  // And the planned partition beats the equal one.
+  parallel::Plan equal;
+  equal.strategy = "sp";
+  equal.world = 2;
+  ASSERT_TRUE(parallel::complete_plan(equal, c).ok());
+  const auto eq = predict(parallel::estimate(equal, c, 96).value(), p);
+  ASSERT_TRUE(eq.ok());
+  EXPECT_LT(cand.value().prediction.latency_ms, eq.value().latency_ms);
+}
+
+TEST(Planner, SlowLinkLeavesTheOtherDeviceOut) {
+  // 1 Mbit/s and 50 ms: any exchange costs more than the whole model on the
+  // terminal, so every strategy keeps to device 0 and says why.
+  const model::ModelConfig c = bert_like();
+  const ClusterProfile p = cluster({device(10), device(10)}, 50, 1);
+  PlannerOptions o;
+  o.rows = 64;
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  const Candidate& ch = t.value().rows[static_cast<size_t>(t.value().chosen)];
+  EXPECT_EQ(ch.members, std::vector<int>{0});
+  const Candidate& sp = row_of(t.value(), "sp");
+  EXPECT_EQ(sp.members, std::vector<int>{0});
+  ASSERT_FALSE(sp.notes.empty());
+  EXPECT_NE(sp.notes.back().find("device 1 left out"), std::string::npos) << sp.notes.back();
+}
+
+TEST(Planner, FastLinkUsesBothEqualDevicesAndBeatsOne) {
+  const model::ModelConfig c = bert_like(12);
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.01, 1e5);
+  PlannerOptions o;
+  o.rows = 128;
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok());
+  const Candidate& ch = t.value().rows[static_cast<size_t>(t.value().chosen)];
+  EXPECT_EQ(ch.members.size(), 2u);
+  EXPECT_TRUE(ch.exact);
+  const Candidate& single = row_of(t.value(), "single");
+  EXPECT_LT(ch.prediction.latency_ms, single.prediction.latency_ms);
+}
+
+TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
+  const model::ModelConfig c = bert_like();
+  for (double mbps : {1.0, 10.0, 100.0, 1000.0}) {
+    const ClusterProfile p = cluster({device(10), device(10, 0.5), device(10, 0.25)}, 1, mbps);
+    PlannerOptions o;
+    o.rows = 64;
+    const auto t = plan_all(c, p, o);
+    ASSERT_TRUE(t.ok());
+    const Candidate& ch = t.value().rows[static_cast<size_t>(t.value().chosen)];
+    EXPECT_LE(ch.prediction.latency_ms, row_of(t.value(), "single").prediction.latency_ms + 1e-9) << mbps;
+    if (ch.members.size() == 1) EXPECT_EQ(ch.plan.strategy, "single");
+  }
+}
+
+TEST(Planner, TightBudgetMovesHeadsAndColumnsOffTheSmallDevice) {
+  // Device 1's budget holds a quarter of the layers' weights; an equal split
+  // of heads and columns needs half.
+  const model::ModelConfig c = bert_like();
+  const int64_t layer_bytes = parallel::layer_weight_bytes(c, c.hidden, c.intermediate);
+  const int64_t budget = c.layers * layer_bytes * 3 / 10;
+  ClusterProfile p = cluster({device(10), device(10, 1.0, budget)}, 0.01, 1e5);
+  PlannerOptions o;
+  o.rows = 64;
+  for (const char* name : {"tp", "galaxy"}) {
+    parallel::Plan equal;
+    equal.strategy = name;
+    equal.world = 2;
+    ASSERT_TRUE(parallel::complete_plan(equal, c).ok());
+    const auto eq = predict(parallel::estimate(equal, c, 64).value(), p);
+    ASSERT_TRUE(eq.ok());
+    EXPECT_FALSE(eq.value().fits) << name;
+    EXPECT_NE(eq.value().why_not.find("device 1"), std::string::npos);
+
+    const auto cand = plan_strategy(*parallel::find_strategy(name), c, p, {0, 1}, o);
+    ASSERT_TRUE(cand.ok());
+    EXPECT_TRUE(cand.value().feasible) << name << ": " << cand.value().why_not;
+    EXPECT_LE(cand.value().prediction.devices[1].memory_bytes, budget);
+    // Algorithm 1 balances the MLP block first: the FFN columns move.
+    const auto cols = parallel::split_by_ratio(c.intermediate, cand.value().plan.options.at("ffn_ratios").get<std::vector<double>>());
+    EXPECT_LT(cols[1].size(), c.intermediate / 2) << name;
+  }
+}
+
+TEST(Planner, ReasonsNameDevicesAsTheProfileNumbersThem) {
+  // Device 1 cannot hold any layer; device 2 can: a row strategy runs on
+  // {0, 2}, and the note on device 1 names device 1, not the subset's index.
+  const model::ModelConfig c = bert_like();
+  const ClusterProfile p = cluster({device(10), device(10, 1.0, 1000), device(10)}, 0.01, 1e5);
+  PlannerOptions o;
+  o.rows = 64;
+  const auto cand = plan_strategy_any_subset(*parallel::find_strategy("sp"), c, p, o);
+  ASSERT_TRUE(cand.ok());
+  EXPECT_EQ(cand.value().members, (std::vector<int>{0, 2}));
+  ASSERT_FALSE(cand.value().notes.empty());
+  EXPECT_NE(cand.value().notes.back().find("device 1 left out: with it the plan is not feasible (device 1 needs"),
+            std::string::npos)
+      << cand.value().notes.back();
+}
+
+TEST(Planner, PipelineMapRespectsTheTerminalsBudget) {
+  // The terminal, twice as fast, holds its embeddings and only one layer:
+  // the dynamic programme puts the other three on device 1, contiguous.
+  const model::ModelConfig c = bert_like();
+  const int64_t layer_bytes = parallel::layer_weight_bytes(c, c.hidden, c.intermediate);
+  const int64_t budget = parallel::terminal_weight_bytes(c) + layer_bytes * 3 / 2 + 8 * (64 * (7 * 256 + 1024) + 64 * 64 * 4);
+  const ClusterProfile p = cluster({device(10, 1.0, budget), device(10, 0.5)}, 0.01, 1e5);
+  PlannerOptions o;
+  o.rows = 64;
+  const auto cand = plan_strategy(*parallel::find_strategy("pipeline"), c, p, {0, 1}, o);
+  ASSERT_TRUE(cand.ok());
+  EXPECT_TRUE(cand.value().feasible) << cand.value().why_not;
+  const auto map = cand.value().plan.options.at("layer_map").get<std::vector<int>>();
+  EXPECT_EQ(map, (std::vector<int>{0, 1, 1, 1}));
+}
+
+TEST(Profile, RoundTripsThroughJson) {
+  ClusterProfile p = cluster({device(10, 0.5, 1000000), device(20)}, 1.5, 250);
+  p.links[0][1].bandwidth_mbps = 125;
+  const auto back = ClusterProfile::from_json(p.to_json());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back.value().to_json(), p.to_json());
+  EXPECT_DOUBLE_EQ(back.value().link(0, 1).bandwidth_mbps, 125);
+  EXPECT_DOUBLE_EQ(back.value().devices[0].speed, 0.5);
+  EXPECT_FALSE(ClusterProfile::from_json(nlohmann::json::object()).ok());
+}
+
+TEST(Profile, ParsesSizes) {
+  EXPECT_EQ(parse_bytes("512MB").value(), 512000000);
+  EXPECT_EQ(parse_bytes("1GiB").value(), 1073741824);
+  EXPECT_EQ(parse_bytes("1.5GB").value(), 1500000000);
+  EXPECT_FALSE(parse_bytes("12XB").ok());
+  EXPECT_FALSE(parse_bytes("-1MB").ok());
+}
+
+}  // namespace
+}  // namespace tessera::planner
