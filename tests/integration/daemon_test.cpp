@@ -347,6 +347,9 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          core::Tensor t = core::Tensor::zeros(core::DType::kU8, {static_cast<int64_t>(stop.size())});
          std::memcpy(t.raw(), stop.data(), stop.size());
          ASSERT_TRUE((*g)->send(1, 2, t, milliseconds(60000)).ok());
+         // Stay until the worker leaves (it says goodbye after "stop"):
+         // closing first could cut frames still on their way.
+         EXPECT_EQ((*g)->recv(1, 3, milliseconds(120000)).status().code(), core::ErrorCode::kNetwork);
        }},
   };
   for (const auto& c : cases) {
