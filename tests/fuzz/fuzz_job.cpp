@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto job = tessera::runtime::JobSpec::from_json(input);
   if (job.ok()) {
     if (job->rank < 0 || job->rank >= static_cast<int>(job->endpoints.size()) || job->timeout_ms < 1) __builtin_trap();
-    if (config.ok()) (void)job->plan(config.value());
+    if (config.ok()) (void)job->completed_plan(config.value());
+    (void)tessera::runtime::job_links(job->link, static_cast<int>(job->endpoints.size()));
     (void)tessera::runtime::JobSpec::from_json(job->to_json().dump());
   }
   (void)tessera::comm::LinkMatrix::from_json(input, 1 + static_cast<int>(size % 4));
