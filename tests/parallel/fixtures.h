@@ -10,6 +10,8 @@
 
 #include "model/safetensors.h"
 #include "model/transformer.h"
+#include "parallel/strategy.h"
+#include "runtime/in_process.h"
 
 namespace tessera::parallel::testing {
 
@@ -37,6 +39,36 @@ inline model::ModelInput fixture_input(const std::string& family, const std::str
     in.token_types.assign(tt.i64(), tt.i64() + tt.numel());
   }
   return in;
+}
+
+// A plan of `strategy` on `world` devices with the given shares and options.
+inline Plan make_plan(const std::string& strategy, int world, std::vector<double> ratios = {},
+                      nlohmann::json options = nlohmann::json::object()) {
+  Plan p;
+  p.strategy = strategy;
+  p.world = world;
+  p.ratios = std::move(ratios);
+  p.options = std::move(options);
+  return p;
+}
+
+struct RunOut {
+  core::Tensor hidden;  // as HF's last hidden state
+  std::vector<SyncStats> stats;
+};
+
+// `plan` completed and run with every rank a thread (run_in_process).
+inline RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
+  auto cfg = model::load_config(dir);
+  EXPECT_TRUE(cfg.ok());
+  const auto st = complete_plan(plan, *cfg);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  auto models = runtime::load_rank_models(dir, plan);
+  EXPECT_TRUE(models.ok()) << models.status().to_string();
+  auto got = runtime::run_in_process(plan, *models, in);
+  EXPECT_TRUE(got.ok()) << got.status().to_string();
+  if (!got.ok()) return {};
+  return {got->output.hidden.back(), got->stats};
 }
 
 }  // namespace tessera::parallel::testing

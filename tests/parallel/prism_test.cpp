@@ -24,24 +24,8 @@ namespace {
 using testing::fixture_input;
 using testing::kData;
 using testing::max_diff;
-
-struct RunOut {
-  core::Tensor hidden;  // as HF's last hidden state
-  std::vector<SyncStats> stats;
-};
-
-RunOut run_threads(const std::string& dir, Plan plan, const model::ModelInput& in) {
-  auto cfg = model::load_config(dir);
-  EXPECT_TRUE(cfg.ok());
-  const auto st = complete_plan(plan, *cfg);
-  EXPECT_TRUE(st.ok()) << st.to_string();
-  auto models = runtime::load_rank_models(dir, plan);
-  EXPECT_TRUE(models.ok()) << models.status().to_string();
-  auto got = runtime::run_in_process(plan, *models, in);
-  EXPECT_TRUE(got.ok()) << got.status().to_string();
-  if (!got.ok()) return {};
-  return {got->output.hidden.back(), got->stats};
-}
+using testing::run_threads;
+using testing::RunOut;
 
 struct Case {
   const char* family;

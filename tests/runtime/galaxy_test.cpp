@@ -28,6 +28,7 @@ using runtime::CommSynchronizer;
 using testing::fixture_input;
 using testing::kData;
 using testing::max_diff;
+using testing::make_plan;
 
 // Runs fn(rank, synchronizer) on k threads, each a rank of one inproc group.
 std::vector<core::Status> run_ranks(int k, const std::function<core::Status(int, CommSynchronizer&)>& fn) {
@@ -176,16 +177,6 @@ CommRun run_comm_threads(const std::string& dir, Plan plan, const model::ModelIn
     return core::ok_status();
   }));
   return out;
-}
-
-Plan make_plan(const std::string& strategy, int world, std::vector<double> ratios = {},
-               nlohmann::json options = nlohmann::json::object()) {
-  Plan p;
-  p.strategy = strategy;
-  p.world = world;
-  p.ratios = std::move(ratios);
-  p.options = std::move(options);
-  return p;
 }
 
 TEST(GalaxyTest, EqualsSingleDeviceWithAndWithoutOverlap) {
