@@ -23,27 +23,16 @@
 #include "comm/control.h"
 #include "runtime/job.h"
 
+#include "cli_util.h"
+
 namespace tessera {
 namespace {
 
-const std::string kData = TESSERA_TEST_DATA;
-const std::string kBin = TESSERA_BIN;
-
-std::string tmp(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
-}
-
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
-
-CmdResult run(const std::string& args) {
-  const std::string out = tmp("out.txt"), err = tmp("err.txt");
-  const int status = std::system((kBin + " " + args + " >" + out + " 2>" + err).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, core::read_file(out).value(), core::read_file(err).value()};
-}
+using testing::CmdResult;
+using testing::kBin;
+using testing::kData;
+using testing::run;
+using testing::tmp;
 
 float max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
   auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();

@@ -15,32 +15,18 @@
 #include "parallel/strategy.h"
 #include "planner/profile.h"
 
+#include "cli_util.h"
+
 namespace tessera {
 namespace {
 
-const std::string kData = TESSERA_TEST_DATA;
-const std::string kBin = TESSERA_BIN;
-
-std::string tmp(const std::string& name) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return ::testing::TempDir() + "/" + info->name() + "-" + std::to_string(::getpid()) + "-" + name;
-}
-
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
+using testing::CmdResult;
+using testing::kBin;
+using testing::kData;
+using testing::tmp;
 
 // Runs the binary with its profile cache in a folder of the test's own.
-CmdResult run(const std::string& args) {
-  const std::string out = tmp("out.txt"), err = tmp("err.txt"), cache = tmp("cache");
-  const int status = std::system(("XDG_CACHE_HOME=" + cache + " " + kBin + " " + args + " >" + out + " 2>" + err).c_str());
-  CmdResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = core::read_file(out).value();
-  r.err = core::read_file(err).value();
-  return r;
-}
+CmdResult run(const std::string& args) { return testing::run(args, "XDG_CACHE_HOME=" + tmp("cache")); }
 
 std::string ids(int n) {
   std::string s;
@@ -83,13 +69,16 @@ TEST(PlanCli, TableHasEveryStrategyAndASlowLinkKeepsTheTerminalAlone) {
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["rows"].size(), parallel::strategies().size());
   const auto& chosen = j["rows"][j["chosen"].get<size_t>()];
+  // The terminal alone. On one device every exact strategy runs the same
+  // products, so which of them wins is profile noise: the property is the
+  // device set, not the name.
   EXPECT_EQ(chosen["members"], nlohmann::json::array({0}));
-  EXPECT_EQ(chosen["strategy"], "single");
+  EXPECT_TRUE(parallel::find_strategy(chosen["strategy"].get<std::string>())->exact()) << chosen.dump();
   EXPECT_TRUE(chosen["feasible"].get<bool>());
 
   const CmdResult human = run("plan --model " + kData + "/bert-tiny --profile " + prof + " --seq 16");
   ASSERT_EQ(human.code, 0) << human.err;
-  EXPECT_NE(human.out.find("chosen: single on 1 device(s)"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find(" on 1 device(s)"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("device 1 left out"), std::string::npos) << human.out;
 }
 
