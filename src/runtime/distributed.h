@@ -92,6 +92,9 @@ struct DistributedOptions {
   // input, as the planner predicts them); empty: no limit. Checked before
   // any device loads.
   std::vector<int64_t> memory_limits;
+  // Emulated speed of each device in (0, 1] (--device-speed,
+  // core/device_speed.h); empty: all at full speed.
+  std::vector<double> device_speeds;
 };
 
 // A local worker process: `tessera worker-job --job JSON --key-fd N`, the key
@@ -116,6 +119,9 @@ class Session {
  private:
   Session() = default;
   core::Status stop_workers();
+  double device_speed_of(int rank) const {
+    return opts_.device_speeds.empty() ? 1.0 : opts_.device_speeds[static_cast<size_t>(rank)];
+  }
 
   core::Status check_options();
   core::Status plan_job(const model::ModelConfig& cfg);
