@@ -100,6 +100,7 @@ int run_distributed(RunFlags& f) {
     auto cluster = runtime::load_cluster_file(f.dist.cluster_file);
     if (!cluster.ok()) return fail(cluster.status().to_string());
     world = 1 + static_cast<int>(cluster->workers.size());
+    f.dist.memory_limits = cluster->memory_limits();  // --memory-limit, when given, overrides the file's
   }
   if (!f.memory_limit.empty()) {
     auto limits = parse_memory_limits(f.memory_limit, world);

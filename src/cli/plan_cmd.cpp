@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include "cli/commands.h"
@@ -190,10 +191,18 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
     TESSERA_ASSIGN_OR_RETURN(const auto v, parse_device_speeds(r.device_speed, K));
     for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].speed = v[static_cast<size_t>(d)];
   }
+  std::vector<int64_t> budgets;
   if (!r.memory_limit.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(const auto v, parse_memory_limits(r.memory_limit, K));
-    for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].memory_bytes = v[static_cast<size_t>(d)];
+    TESSERA_ASSIGN_OR_RETURN(budgets, parse_memory_limits(r.memory_limit, K));
+  } else if (!r.cluster_file.empty()) {  // the cluster file's [[worker]] memory entries
+    TESSERA_ASSIGN_OR_RETURN(const runtime::ClusterFile cf, runtime::load_cluster_file(r.cluster_file));
+    if (1 + static_cast<int>(cf.workers.size()) != K)
+      return core::invalid_argument("the profile has " + std::to_string(K) + " devices, the cluster file " +
+                                    std::to_string(1 + cf.workers.size()));
+    budgets = cf.memory_limits();
   }
+  for (size_t d = 0; d < budgets.size(); ++d)  // a device without a budget keeps what it has
+    if (budgets[d] != std::numeric_limits<int64_t>::max()) p.devices[d].memory_bytes = budgets[d];
   return p;
 }
 
