@@ -112,12 +112,13 @@ int run_distributed(RunFlags& f) {
     if (!speeds.ok()) return fail(speeds.status().to_string());
     f.dist.device_speeds = *speeds;
   }
+  auto c = model::load_config(f.req.model_dir);
+  if (!c.ok()) return fail(c.status().to_string());
+  auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
+  if (!rows.ok()) return fail(rows.status().to_string());
+  f.dist.budget_rows = *rows;  // budgets are checked for this request, as the planner plans it
   std::optional<AutoChoice> chosen;
   if (f.plan->strategy == "auto") {
-    auto c = model::load_config(f.req.model_dir);
-    if (!c.ok()) return fail(c.status().to_string());
-    auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
-    if (!rows.ok()) return fail(rows.status().to_string());
     const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, f.device_speed, f.memory_limit,
                             f.profile, false};
     auto a = choose_plan(pr, *c, *rows);

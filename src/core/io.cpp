@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <fstream>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -69,6 +70,27 @@ uint64_t available_memory_bytes() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return 0;
+}
+
+namespace {
+int64_t status_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string k(key);
+  while (std::getline(in, line))
+    if (line.rfind(k, 0) == 0) return std::strtoll(line.c_str() + k.size(), nullptr, 10);
+  return 0;
+}
+}  // namespace
+
+int64_t resident_bytes() { return status_kib("VmRSS:") * 1024; }
+int64_t peak_resident_bytes() { return status_kib("VmHWM:") * 1024; }
+
+bool reset_peak_resident() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return static_cast<bool>(out);
 }
 
 }  // namespace tessera::core

@@ -19,6 +19,14 @@ Status write_file(const std::string& path, const std::string& bytes);
 bool file_exists(const std::string& path);
 // MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
 uint64_t available_memory_bytes();
+// This process's resident memory now (VmRSS) and its peak (VmHWM), bytes;
+// 0 where /proc does not say.
+int64_t resident_bytes();
+int64_t peak_resident_bytes();
+// Starts the peak over from the current resident memory (Linux's
+// clear_refs "5"), so a device's memory is measured from just before it
+// loads; false where the kernel does not allow it.
+bool reset_peak_resident();
 
 // Monotonic stopwatch in milliseconds.
 class Timer {

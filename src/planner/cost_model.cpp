@@ -128,7 +128,7 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     const auto u = static_cast<size_t>(d);
     DevicePrediction& dp = out.devices[u];
     dp.end_ms = t[u];
-    dp.memory_bytes = s.devices[u].weight_bytes + s.devices[u].activation_bytes;
+    dp.memory_bytes = s.devices[u].weight_bytes + s.devices[u].activation_bytes + p.devices[u].runtime_bytes;
     dp.budget_bytes = p.devices[u].memory_bytes;
     if (dp.budget_bytes > 0 && dp.memory_bytes > dp.budget_bytes && out.fits) {
       out.fits = false;

@@ -70,9 +70,11 @@ double mem_of(const parallel::Schedule& s, int d) {
   return static_cast<double>(x.weight_bytes + x.activation_bytes);
 }
 
+// What a plan's weights and activations may use: the budget less what the
+// kernels' libraries keep (the profile's runtime_bytes).
 double budget_of(const ClusterProfile& p, int d) {
-  const int64_t b = p.devices[static_cast<size_t>(d)].memory_bytes;
-  return b > 0 ? static_cast<double>(b) : kInf;
+  const auto& dev = p.devices[static_cast<size_t>(d)];
+  return dev.memory_bytes > 0 ? static_cast<double>(dev.memory_bytes - dev.runtime_bytes) : kInf;
 }
 
 struct Best {

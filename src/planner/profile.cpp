@@ -16,6 +16,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/packed_linear.h"
 
 namespace tessera::planner {
 
@@ -65,7 +66,8 @@ json DeviceProfile::to_json() const {
   for (const GemmSample& s : gemm) g.push_back({s.m, s.k, s.n, s.gflops});
   return {{"name", name},     {"threads", threads},       {"gemm", g},
           {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
-          {"stream_gbps", stream_gbps}, {"memory_bytes", memory_bytes}, {"speed", speed}};
+          {"stream_gbps", stream_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
+          {"speed", speed}};
 }
 
 Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
@@ -85,6 +87,7 @@ Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
   TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.stream_gbps, positive(j, "stream_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.memory_bytes, core::json_field_int(j, "memory_bytes", 0, INT64_MAX));
+  TESSERA_ASSIGN_OR_RETURN(d.runtime_bytes, core::json_field_int(j, "runtime_bytes", 0, INT64_MAX, 0));
   TESSERA_ASSIGN_OR_RETURN(d.speed, core::json_field_number(j, "speed", 1e-3, 1e3, 1.0));
   return d;
 }
@@ -169,13 +172,19 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   // strategies' shards have the same k or n with fewer columns.
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{F, 3 * F}, {F, F}, {F, I}, {I, F}};
   const std::vector<int64_t> rows = profile_row_counts(n, max_devices);
+  // Resident memory that outlives the GEMM and attention sections' own
+  // buffers is the libraries' (libxsmm's JIT code, OpenBLAS's packing
+  // buffers): every device running the model pays it.
+  const int64_t resident_before = core::resident_bytes();
   for (auto [k, cols] : shapes) {
     core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
     for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.01f * static_cast<float>(i % 13);
+    // Packed once, as the model's layers are at load.
+    const kernels::PackedLinear packed = kernels::PackedLinear::pack(w);
     for (int64_t m : rows) {
       core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
       const double s = time_median(5, [&] {
-        kernels::linear_rows_f32(pool, x.f32(), m, w, b, kernels::Activation::kNone, nullptr, y.f32());
+        kernels::linear_rows_f32(pool, x.f32(), m, packed, b, kernels::Activation::kNone, nullptr, y.f32());
       });
       d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
     }
@@ -193,6 +202,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     const double s = time_median(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
     d.attention_gflops = 4.0 * static_cast<double>(n * n * F) / s / 1e9;
   }
+  d.runtime_bytes = std::max<int64_t>(0, core::resident_bytes() - resident_before);
   {
     core::Tensor x = core::Tensor::zeros_f32({n, F}), y = core::Tensor::zeros_f32({n, F});
     core::Tensor g = core::Tensor::zeros_f32({F}), b = core::Tensor::zeros_f32({F});
@@ -221,7 +231,8 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   const std::string base = xdg != nullptr && *xdg != 0 ? std::string(xdg) : std::string(home != nullptr ? home : "/tmp") + "/.cache";
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
-  return base + "/tessera/profile-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
+  return base + "/tessera/profile2-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 

@@ -30,6 +30,9 @@ struct DeviceProfile {
   double elementwise_gbps = 0;  // bytes read + written per second by layer norm, in GB/s
   double stream_gbps = 0;       // a streaming read
   int64_t memory_bytes = 0;     // the memory available to Tessera (its budget)
+  // What the kernels' libraries keep resident once used (JIT code, scratch
+  // pools), on top of a plan's weights and activations.
+  int64_t runtime_bytes = 0;
   // Emulated speed (--device-speed): a kernel that took t lasts t / speed.
   double speed = 1.0;
 

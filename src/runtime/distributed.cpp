@@ -21,6 +21,7 @@
 #include "comm/link.h"
 #include "core/duration.h"
 #include "core/io.h"
+#include "kernels/packed_linear.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
 #include "parallel/strategy.h"
@@ -75,14 +76,6 @@ Status check_rank_stats(const json& j, int rank) {
   return core::ok_status();
 }
 
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
-
 Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key) {
   comm::GroupOptions o;
   o.rank = job.rank;
@@ -100,7 +93,19 @@ Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional
   return o;
 }
 
-json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double total_ms, int64_t weight_bytes) {
+// The resident memory a device's figure starts from, just before it loads:
+// the GEMM library is initialised first (process start-up, like the binary's
+// own code), and the peak starts over from here.
+int64_t memory_baseline() {
+  (void)kernels::gemm_path();
+  core::reset_peak_resident();
+  return core::resident_bytes();
+}
+
+// memory_bytes is the device's memory as the planner predicts it: peak
+// resident memory less what was resident just before the model loaded.
+json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double total_ms, int64_t weight_bytes,
+                int64_t rss_before_load) {
   const auto cs = g.stats();
   json by_kind = json::object(), elems = json::object();
   for (int k = 0; k < comm::kOpKindCount; ++k) {
@@ -117,7 +122,8 @@ json rank_stats(const parallel::Synchronizer& sync, const comm::Group& g, double
           {"bytes_sent_by_kind", by_kind},
           {"elements_sent_by_kind", elems},
           {"weight_bytes", weight_bytes},
-          {"peak_rss_bytes", peak_rss_bytes()},
+          {"peak_rss_bytes", core::peak_resident_bytes()},
+          {"memory_bytes", core::peak_resident_bytes() - rss_before_load},
           {"unmatched_bytes_peak", cs.unmatched_bytes_peak},
           {"unmatched_frames_dropped", cs.unmatched_frames_dropped}};
 }
@@ -202,6 +208,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(model_dir));
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.completed_plan(cfg));
   core::Timer load;
+  const int64_t rss_before_load = memory_baseline();
   auto model = model::Transformer::load(model_dir, parallel::load_options(plan, cfg, job.rank));
   const comm::Millis timeout(job.timeout_ms);
   if (!model.ok()) {
@@ -235,7 +242,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
     auto y = parallel::run_layers(*model, plan, sync, Tensor(), n, &pool);
     if (!y.ok()) return y.status();
     core::settle_device_speed();
-    json done = rank_stats(sync, *group, t.ms(), weight_bytes);
+    json done = rank_stats(sync, *group, t.ms(), weight_bytes, rss_before_load);
     done["op"] = "done";
     TESSERA_RETURN_IF_ERROR(group->send(0, kToTerminalTag, json_tensor(done), timeout));
   }
@@ -290,7 +297,8 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
   plan_ = opts_.plan;
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan_, cfg));
   if (!opts_.memory_limits.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule sched, parallel::estimate(plan_, cfg, cfg.max_rows()));
+    const int64_t rows = opts_.budget_rows > 0 ? std::min(opts_.budget_rows, cfg.max_rows()) : cfg.max_rows();
+    TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
   JobSpec& job = job_;
@@ -402,6 +410,7 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
   go.bind_endpoint = bind_;
   TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
   start_heartbeats();  // workers that load faster than the terminal must not give up on it
+  rss_before_load_ = memory_baseline();
   TESSERA_ASSIGN_OR_RETURN(model::Transformer m,
                            model::Transformer::load(opts_.model_dir, parallel::load_options(plan_, cfg, 0)));
   model_ = std::make_unique<model::Transformer>(std::move(m));
@@ -460,6 +469,10 @@ Result<RunResult> Session::run(const RunRequest& req) {
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
+  if (const int64_t rows = input_rows(model_->config(), in);
+      !opts_.memory_limits.empty() && opts_.budget_rows > 0 && rows > opts_.budget_rows)
+    return core::resource_exhausted("a request of " + std::to_string(rows) + " rows; the memory budgets were checked for " +
+                                    std::to_string(opts_.budget_rows));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
   RunResult out;
   out.config = model_->config();
@@ -482,7 +495,8 @@ Result<RunResult> Session::run(const RunRequest& req) {
   }
   out.latency_ms = t.ms();
   json ranks = json::array();
-  ranks.push_back(rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes())));
+  ranks.push_back(
+      rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
   for (int w = 1; w < group_->size(); ++w) {
     TESSERA_ASSIGN_OR_RETURN(json done, recv_json(*group_, w, kToTerminalTag, timeout));
     if (done["op"] != "done") return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");

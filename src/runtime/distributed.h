@@ -101,6 +101,9 @@ struct DistributedOptions {
   // input, as the planner predicts them); empty: no limit. Checked before
   // any device loads.
   std::vector<int64_t> memory_limits;
+  // The input rows those budgets are checked at (0: the model's longest
+  // input); a longer request is then refused rather than run over budget.
+  int64_t budget_rows = 0;
   // Emulated speed of each device in (0, 1] (--device-speed,
   // core/device_speed.h); empty: all at full speed.
   std::vector<double> device_speeds;
@@ -155,6 +158,7 @@ class Session {
   std::vector<nlohmann::json> ready_;  // what each worker reported after loading
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
+  int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
   std::mutex run_mu_;  // held by a run, and by the heartbeat thread between its pings
   std::condition_variable heartbeat_cv_;
   bool stopping_ = false;

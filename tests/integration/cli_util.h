@@ -6,10 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
 #include "core/io.h"
+#include "model/safetensors.h"
 
 namespace tessera::testing {
 
@@ -32,6 +35,16 @@ inline CmdResult run(const std::string& args, const std::string& env = "") {
   const std::string out = tmp("out.txt"), err = tmp("err.txt");
   const int status = std::system((env + (env.empty() ? "" : " ") + kBin + " " + args + " >" + out + " 2>" + err).c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, core::read_file(out).value(), core::read_file(err).value()};
+}
+
+// The largest difference between tensor `name` of two --dump files.
+inline float dump_max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
+  auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();
+  auto b = model::SafeTensorsFile::open(b_path).value().get(name).value();
+  EXPECT_EQ(a.shape(), b.shape());
+  float m = 0;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
+  return m;
 }
 
 }  // namespace tessera::testing

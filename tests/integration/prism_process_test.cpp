@@ -25,15 +25,7 @@ using testing::kBin;
 using testing::kData;
 using testing::run;
 using testing::tmp;
-
-float max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
-  auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();
-  auto b = model::SafeTensorsFile::open(b_path).value().get(name).value();
-  EXPECT_EQ(a.shape(), b.shape());
-  float m = 0;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
-  return m;
-}
+const auto max_diff = testing::dump_max_diff;
 
 struct Input {
   const char* model;
