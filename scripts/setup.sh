@@ -31,17 +31,20 @@ models=build/models
 mkdir -p "$models"
 [ -f "$models/bert-demo/model.safetensors" ] || $bin gen-model --preset bert-base --layers 4 --out "$models/bert-demo"
 [ -f "$models/gpt2-demo/model.safetensors" ] || $bin gen-model --preset gpt2 --layers 4 --out "$models/gpt2-demo"
+ids=$(seq -s, 1000 1127)  # 128 tokens
 echo
-echo "== BERT classification on 3 local devices (Voltage, position-wise), 4-layer bert-base shape, random weights"
+echo "== The planner: this machine's kernels measured, every strategy priced for 2 devices of 1 thread behind emulated 1 Gbit/s links (4-layer bert-base shape, 128 tokens)"
+$bin plan --model "$models/bert-demo" --devices 2 --threads-per-device 1 --link 1gbit --seq 128
+echo
+echo "== Its choice (--strategy auto), run on 2 local devices of 1 thread each and measured"
+$bin run --model "$models/bert-demo" --ids "$ids" --strategy auto --devices 2 --threads-per-device 1 --link 1gbit --warmup 1 --reps 3
+echo
+echo "== One device of 1 thread, for comparison (median of 3 runs)"
+$bin bench-local --model "$models/bert-demo" --seq 128 --threads 1 --reps 3
+echo
+echo "== BERT classification on 2 devices with Voltage (position-wise), text input"
 $bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
-  --strategy voltage --devices 3 --link 500mbit,1ms
-echo
-echo "== The same with Galaxy (TP on heads and FFN columns, SP in between, ring overlap) on 2 devices"
-$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \
-  --strategy galaxy --devices 2 --link 500mbit,1ms
-echo
-echo "== The same on one device"
-$bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices."
+  --strategy voltage --devices 2 --link 500mbit,1ms
 echo
 echo "== Per-device figures of a tensor-parallel run (JSON)"
 $bin run --model "$models/bert-demo" --text "Tessera splits one transformer across edge devices." \

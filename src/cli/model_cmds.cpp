@@ -162,7 +162,12 @@ int run_distributed(RunFlags& f) {
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
   } else {
+    if (chosen)
+      std::cout << "plan: " << chosen->plan.strategy << " on " << chosen->plan.world << " device(s), predicted "
+                << chosen->candidate.prediction.latency_ms << " ms\n";
+    r->latency_ms = core::median(latencies);
     std::cout << runtime::format_human(*r);
+    if (f.reps > 1) std::cout << "(median of " << f.reps << " runs)\n";
   }
   return 0;
 }

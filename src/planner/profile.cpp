@@ -31,16 +31,18 @@ double log_gap(int64_t a, int64_t b) {
 
 // Median seconds of `reps` calls of fn after one warm-up call.
 template <typename Fn>
-double time_median(int reps, Fn&& fn) {
+// The fastest of `reps` runs after a warm-up: other work on the machine only
+// ever slows a run, so the minimum is the device's own speed (a median taken
+// while something else runs would price every later plan at that load).
+double time_best(int reps, Fn&& fn) {
   fn();
-  std::vector<double> s;
+  double best = 1e300;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
+  return best;
 }
 
 Result<double> positive(const json& j, const char* key) {
@@ -183,7 +185,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     const kernels::PackedLinear packed = kernels::PackedLinear::pack(w);
     for (int64_t m : rows) {
       core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
-      const double s = time_median(5, [&] {
+      const double s = time_best(5, [&] {
         kernels::linear_rows_f32(pool, x.f32(), m, packed, b, kernels::Activation::kNone, nullptr, y.f32());
       });
       d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
@@ -199,21 +201,21 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     a.out = out.f32(); a.ldo = F;
     a.n_q = a.n_kv = n; a.heads = c.heads; a.head_dim = c.head_dim();
     a.scale = 0.125f;
-    const double s = time_median(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
+    const double s = time_best(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
     d.attention_gflops = 4.0 * static_cast<double>(n * n * F) / s / 1e9;
   }
   d.runtime_bytes = std::max<int64_t>(0, core::resident_bytes() - resident_before);
   {
     core::Tensor x = core::Tensor::zeros_f32({n, F}), y = core::Tensor::zeros_f32({n, F});
     core::Tensor g = core::Tensor::zeros_f32({F}), b = core::Tensor::zeros_f32({F});
-    const double s = time_median(9, [&] { kernels::layernorm_f32_mt(pool, x.f32(), y.f32(), n, F, g.f32(), b.f32(), c.eps); });
+    const double s = time_best(9, [&] { kernels::layernorm_f32_mt(pool, x.f32(), y.f32(), n, F, g.f32(), b.f32(), c.eps); });
     d.elementwise_gbps = 2.0 * static_cast<double>(n * F * 4) / s / 1e9;
   }
   {
     const int64_t floats = 16 << 20;  // 64 MB: larger than the caches
     std::vector<float> buf(static_cast<size_t>(floats), 1.0f);
     volatile float sink = 0;
-    const double s = time_median(3, [&] {
+    const double s = time_best(3, [&] {
       float acc = 0;
       for (int64_t i = 0; i < floats; i += 4) acc += buf[static_cast<size_t>(i)] + buf[static_cast<size_t>(i + 1)] +
                                                      buf[static_cast<size_t>(i + 2)] + buf[static_cast<size_t>(i + 3)];
@@ -232,7 +234,7 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  return base + "/tessera/profile2-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  return base + "/tessera/profile3-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 
