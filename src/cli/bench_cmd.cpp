@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/bench_util.h"
 #include "cli/commands.h"
 #include "comm/link.h"
 #include "core/io.h"
@@ -52,6 +53,9 @@ struct BenchSweepFlags {
   bool secure = false;
   bool insecure = false;
   int64_t timeout_s = 60;
+  bool planner = false;  // --planner: the planner's grid (bench_planner.cpp)
+  std::vector<std::string> speed_mixes = {"1,1", "1,0.5", "1,0.25"};
+  std::string memory_limit;
   // The strategies' own flags (--cr, --no-overlap, ...), applied to each
   // strategy that takes them; --strategies entries may add "name:key=value".
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
@@ -335,20 +339,6 @@ std::string bandwidth_plot(const PlotData& d, std::string& blocks) {
   return s + plot_command(clauses, single_line(d));
 }
 
-// Runs gnuplot on a script file; a missing gnuplot is one clear error.
-core::Status run_gnuplot(const std::string& script_path) {
-  const char* argv[] = {"gnuplot", script_path.c_str(), nullptr};
-  pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, const_cast<char* const*>(argv), environ);
-  if (rc == ENOENT) return core::not_found("gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
-  if (rc != 0) return core::internal_error("cannot start gnuplot: " + std::string(std::strerror(rc)));
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return core::internal_error("gnuplot failed on " + script_path + " (its messages are above)");
-  return core::ok_status();
-}
-
 // Draws <out>-devices and <out>-bandwidth as SVG and PNG from the CSV: the
 // configuration of `config` (or the CSV's last row when empty).
 core::Status plot_csv(const std::string& csv, std::string config) {
@@ -401,6 +391,22 @@ core::Status plot_csv(const std::string& csv, std::string config) {
 // --- the sweep ---------------------------------------------------------------
 
 int bench(BenchSweepFlags& f) {
+  if (f.planner) {
+    PlannerGridFlags g;
+    g.model = f.model;
+    g.links = f.links;
+    g.latency = f.latency;
+    g.seq = f.seq;
+    g.reps = f.reps;
+    g.warmup = f.warmup;
+    g.threads = f.threads;
+    g.speed_mixes = f.speed_mixes;
+    g.memory_limit = f.memory_limit;
+    g.out = f.out;
+    g.plot = f.plot;
+    g.timeout_s = f.timeout_s;
+    return bench_planner(g);
+  }
   if (f.plot_only) {
     const auto st = plot_csv(f.out, "");
     return st.ok() ? 0 : fail(st.message());
@@ -433,26 +439,9 @@ int bench(BenchSweepFlags& f) {
     return fail("--seq must be in [1, " + std::to_string(cfg->max_positions) + "]");
   const int64_t rows = vit ? cfg->max_rows() : f.seq;
 
-  // Deterministic input: ids 1000+i (mod vocab), or a fixed pixel pattern.
-  runtime::RunRequest req;
-  req.threads = f.threads;
-  std::string pixels;
-  if (vit) {
-    core::Tensor px = core::Tensor::zeros_f32({1, cfg->channels, cfg->image_size, cfg->image_size});
-    for (int64_t i = 0; i < px.numel(); ++i) px.f32()[i] = static_cast<float>((i * 37) % 255) / 127.5f - 1.0f;
-    pixels = "/tmp/tessera-bench-pixels-" + std::to_string(::getpid()) + ".safetensors";
-    const auto st = model::write_safetensors(pixels, {{"pixel_values", px}});
-    if (!st.ok()) return fail(st.to_string());
-    req.pixels_path = pixels;
-  } else {
-    for (int64_t i = 0; i < f.seq; ++i) req.ids.push_back((1000 + i) % cfg->vocab);
-  }
-  struct Unlink {
-    std::string path;
-    ~Unlink() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } unlink_pixels{pixels};
+  auto input = bench_input(*cfg, rows, f.threads);
+  if (!input.ok()) return fail(input.status().to_string());
+  const runtime::RunRequest& req = input->request;
 
   // Resume: keep finished and skipped rows, retry failed ones.
   auto existing = read_csv(f.out);
@@ -549,6 +538,35 @@ int bench(BenchSweepFlags& f) {
 
 }  // namespace
 
+core::Status run_gnuplot(const std::string& script_path) {
+  const char* argv[] = {"gnuplot", script_path.c_str(), nullptr};
+  pid_t pid = 0;
+  const int rc = ::posix_spawnp(&pid, "gnuplot", nullptr, nullptr, const_cast<char* const*>(argv), environ);
+  if (rc == ENOENT) return core::not_found("gnuplot is not installed (Debian: apt-get install gnuplot-nox)");
+  if (rc != 0) return core::internal_error("cannot start gnuplot: " + std::string(std::strerror(rc)));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return core::internal_error("gnuplot failed on " + script_path + " (its messages are above)");
+  return core::ok_status();
+}
+
+core::Result<BenchInput> bench_input(const model::ModelConfig& cfg, int64_t rows, int threads) {
+  BenchInput in;
+  in.request.threads = threads;
+  if (cfg.family == model::Family::kVit) {
+    core::Tensor px = core::Tensor::zeros_f32({1, cfg.channels, cfg.image_size, cfg.image_size});
+    for (int64_t i = 0; i < px.numel(); ++i) px.f32()[i] = static_cast<float>((i * 37) % 255) / 127.5f - 1.0f;
+    auto path = std::make_shared<std::string>("/tmp/tessera-bench-pixels-" + std::to_string(::getpid()) + ".safetensors");
+    TESSERA_RETURN_IF_ERROR(model::write_safetensors(*path, {{"pixel_values", px}}));
+    in.request.pixels_path = *path;
+    in.pixels_file = std::shared_ptr<void>(nullptr, [path](void*) { ::unlink(path->c_str()); });
+  } else {
+    for (int64_t i = 0; i < rows; ++i) in.request.ids.push_back((1000 + i) % cfg.vocab);
+  }
+  return in;
+}
+
 void add_bench_command(CLI::App& app) {
   auto f = std::make_shared<BenchSweepFlags>();
   CLI::App* cmd = app.add_subcommand(
@@ -574,6 +592,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--out", f->out, "CSV file; rows already there are kept and not rerun")->capture_default_str();
   cmd->add_flag("--plot", f->plot, "draw <out>-devices and <out>-bandwidth (.svg, .png) with gnuplot after the sweep");
   cmd->add_flag("--plot-only", f->plot_only, "only draw the plots from an existing --out CSV");
+  cmd->add_flag("--planner", f->planner,
+                "the planner against measurement: every feasible row of the plan table per link x --device-speeds mix, "
+                "predicted and measured latency and auto's choice to --out (CSV); --plot draws the scatter");
+  cmd->add_option("--device-speeds", f->speed_mixes, "--planner: speed mixes, e.g. '1,1' '1,0.5' (K = entries)")
+      ->capture_default_str();
+  cmd->add_option("--memory-limit", f->memory_limit, "--planner: every device's budget, e.g. 1GB,512MB");
   auto* secure = cmd->add_flag("--secure", f->secure, "CURVE-encrypt the links (default: off, to measure the strategies)");
   cmd->add_flag("--insecure", f->insecure, "no CURVE encryption (the default here)")->excludes(secure);
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
