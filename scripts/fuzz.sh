@@ -31,11 +31,7 @@ fi
 for t in "${run[@]}"; do
   mkdir -p "$dir/corpus/$t" "$dir/artifacts/$t"
   echo "== $t: ${seconds}s"
-  # stb_image's inflate may ask for 2 GiB on a tiny PNG and never touch it
-  # (open, docs/reliability.md): that target gets a higher malloc limit; the
-  # RSS limit still catches memory really used.
   limits=(-rss_limit_mb=2048)
-  [ "$t" = fuzz_image ] && limits+=(-malloc_limit_mb=4096)
   # Leaks are reported by the ASan suite; here they would only stop the run.
   ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 "${limits[@]}" -print_final_stats=1 \

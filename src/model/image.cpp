@@ -196,6 +196,30 @@ core::Result<core::Tensor> preprocess_rgb(const uint8_t* rgb, int width, int hei
   return out;
 }
 
+namespace {
+// Every PNG chunk must fit in the file: stb_image grows its IDAT buffer to a
+// chunk's declared length before reading it, so a 3x3 PNG declaring a 700 MB
+// chunk made it allocate 2 GiB (found by fuzz_image).
+core::Status check_png_chunks(const std::string& bytes, const std::string& name) {
+  auto be32 = [&](size_t at) {
+    return (static_cast<uint32_t>(static_cast<uint8_t>(bytes[at])) << 24) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + 1])) << 16) |
+           (static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + 2])) << 8) | static_cast<uint32_t>(static_cast<uint8_t>(bytes[at + 3]));
+  };
+  size_t at = 8;  // after the signature
+  while (at + 8 <= bytes.size()) {
+    const uint64_t len = be32(at);
+    if (at + 12 + len > bytes.size())
+      return core::invalid_argument("cannot decode image '" + name + "': a PNG chunk at byte " + std::to_string(at) +
+                                    " declares " + std::to_string(len) + " bytes, the file has " +
+                                    std::to_string(bytes.size() - at - std::min<size_t>(12, bytes.size() - at)) + " left");
+    if (bytes.compare(at + 4, 4, "IEND") == 0) break;
+    at += 12 + len;
+  }
+  return core::ok_status();
+}
+}  // namespace
+
 core::Result<core::Tensor> decode_image(const std::string& bytes, const ImagePreprocess& pp, const std::string& name) {
   if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
     return core::invalid_argument("'" + name + "' is too large to decode");
@@ -206,6 +230,7 @@ core::Result<core::Tensor> decode_image(const std::string& bytes, const ImagePre
   const bool png = bytes.rfind("\x89PNG\r\n\x1a\n", 0) == 0;
   const bool jpeg = bytes.rfind("\xff\xd8\xff", 0) == 0;
   if (!png && !jpeg) return core::invalid_argument("cannot decode image '" + name + "': neither a PNG nor a JPEG");
+  if (png) TESSERA_RETURN_IF_ERROR(check_png_chunks(bytes, name));
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int len = static_cast<int>(bytes.size());
   int w = 0, h = 0, channels = 0;

@@ -142,6 +142,18 @@ TEST(ImageHardeningTest, DimensionsAreCheckedFromTheHeaderFirst) {
   EXPECT_NE(pgm.status().message().find("neither a PNG nor a JPEG"), std::string::npos) << pgm.status().to_string();
 }
 
+// Found by fuzz_image: a 3x3 PNG whose second IDAT chunk declares 1.6 GB made
+// stb_image's PNG reader grow its buffer to 2 GiB before reading the chunk.
+// Chunks are now checked against the file's size before stb sees them.
+TEST(ImageHardeningTest, PngChunksLongerThanTheFileAreRefusedBeforeDecoding) {
+  ImagePreprocess pp;
+  pp.image_size = 2;
+  auto r = decode_image(core::read_file(kData + "/../fuzz/corpus/fuzz_image/crash-png-chunk-2GiB").value(), pp, "x.png");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("PNG chunk at byte 92 declares 1627389999 bytes"), std::string::npos) << r.status().to_string();
+  ASSERT_TRUE(decode_image(png_claiming(2, 2), pp, "ok.png").ok());  // a well-formed PNG still decodes
+}
+
 TEST(GenerateHardeningTest, NonsenseOptionsAreRejected) {
   GenerateOptions ok;
   EXPECT_TRUE(validate_generate_options(ok).ok());
