@@ -12,6 +12,7 @@
 #include "parallel/strategy.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
+#include "planner/variants.h"
 
 namespace tessera::cli {
 
@@ -46,6 +47,11 @@ struct AutoChoice {
 // The rows of a request: its ids, its text's tokens, or a ViT's patches + CLS.
 [[nodiscard]] core::Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c,
                                                  const std::string& text, size_t ids);
+
+// A plan's open choices (Strategy::variants: bp's --bp-plan auto) decided on
+// the cluster's profile; the plan as it is (completed) when it has none.
+[[nodiscard]] core::Result<planner::VariantChoice> decide_variants(const ProfileRequest& r, const model::ModelConfig& c,
+                                                                  const parallel::Plan& plan, int64_t rows);
 
 // "1GB,512MB" for k devices -> bytes.
 [[nodiscard]] core::Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k);
