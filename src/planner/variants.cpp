@@ -40,7 +40,10 @@ Result<VariantChoice> choose_variant(const parallel::Plan& plan, const model::Mo
   for (const nlohmann::json& patch : patches) {
     VariantSum v;
     v.options = patch;
-    for (const auto& [k, val] : patch.items()) v.label += (v.label.empty() ? "" : ",") + (val.is_string() ? val.get<std::string>() : val.dump());
+    for (const auto& [k, val] : patch.items()) {
+      if (!v.label.empty()) v.label += ",";
+      v.label += val.is_string() ? val.get<std::string>() : val.dump();
+    }
     parallel::Plan cand = out.plan;
     cand.options.update(patch);
     TESSERA_RETURN_IF_ERROR(parallel::complete_plan(cand, c));

@@ -87,7 +87,10 @@ TEST(BpProcessTest, GenerateReproducesTheReferenceAndBpGenerationIsRefused) {
                std::to_string(want.numel() - prompt.numel()));
   ASSERT_EQ(r.code, 0) << r.err;
   std::string tail;
-  for (int64_t i = prompt.numel(); i < want.numel(); ++i) tail += (i > prompt.numel() ? "," : "") + std::to_string(want.i64()[i]);
+  for (int64_t i = prompt.numel(); i < want.numel(); ++i) {
+    if (!tail.empty()) tail += ",";
+    tail += std::to_string(want.i64()[i]);
+  }
   EXPECT_EQ(r.out, tail + "\n");
   r = run("run --model " + dir + " --ids 1,2,3 --strategy bp --devices 2 --generate 2 --greedy");
   EXPECT_NE(r.code, 0);
@@ -100,9 +103,12 @@ TEST(BpProcessTest, GenModelWritesDecoupledModels) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string ref = tmp("ref.safetensors"), got = tmp("got.safetensors");
   ASSERT_EQ(run("run --model " + dir + " --ids 1,2,3,4,5 --dump " + ref).code, 0);
-  r = run("run --model " + dir + " --ids 1,2,3,4,5 --strategy bp --bp-plan sp --devices 3 --dump " + got);
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_LT(max_diff(dumped(ref, "hidden.4"), dumped(got, "hidden.4")), 1e-4f);
+  for (const char* plan : {"tp", "sp", "allgather"}) {  // N = 4 over 3 devices: 2, 1, 1 sub-blocks
+    r = run("run --model " + dir + " --ids 1,2,3,4,5 --strategy bp --bp-plan " + plan + " --devices 3 --dump " + got);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_LT(max_diff(dumped(ref, "hidden.4"), dumped(got, "hidden.4")), 1e-4f) << plan;
+    EXPECT_LT(max_diff(dumped(ref, "logits"), dumped(got, "logits")), 1e-4f) << plan;
+  }
   // One-line errors: N must divide h; original layers must exist; bp on an ordinary strategy.
   r = run("gen-model --preset gpt2 --layers 4 --hidden 64 --heads 4 --vocab 512 --bp-div 5 --out " + tmp("bad1"));
   EXPECT_NE(r.code, 0);

@@ -29,7 +29,10 @@ const char* const kPlans[] = {"tp", "sp", "allgather", "auto"};
 // A tiny decoupled model written by gen-model (h = 64, 4 heads, FFN 128).
 std::string decoupled_model(const std::string& preset, int64_t div, std::vector<int64_t> original) {
   std::string name = preset + "-bp" + std::to_string(div);
-  for (int64_t l : original) name += "-" + std::to_string(l);
+  for (int64_t l : original) {
+    name += '-';
+    name += std::to_string(l);
+  }
   // Per process: ctest runs the tests of this file side by side.
   const std::string dir = ::testing::TempDir() + "/" + std::to_string(::getpid()) + "-" + name;
   model::GenModelOptions o;
@@ -64,17 +67,18 @@ TEST(BpTest, EveryPlanEqualsTheSingleDevice) {
       decoupled_model("bert-base", 4, {}),            // no original layer
   };
   const std::vector<std::vector<double>> partitions[] = {{{1}}, {{1, 1}, {3, 1}}, {{1, 1, 1}, {1, 0, 2}}, {{1, 1, 1, 1}, {4, 1, 2, 1}}};
-  for (const auto& dir : dirs) {
-    const auto in = ids(11);
-    const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
-    for (const char* p : kPlans)
-      for (int k = 1; k <= 4; ++k)
-        for (const auto& ratios : partitions[k - 1]) {
-          const auto got = run_threads(dir, make_plan("bp", k, ratios, {{"plan", p}}), in);
-          EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
-              << dir << " plan " << p << " K=" << k << " ratios[0]=" << ratios[0];
-        }
-  }
+  for (const auto& dir : dirs)
+    for (int64_t n : {11, 2}) {  // 2 rows: SP leaves devices without rows
+      const auto in = ids(n);
+      const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+      for (const char* p : kPlans)
+        for (int k = 1; k <= 4; ++k)
+          for (const auto& ratios : partitions[k - 1]) {
+            const auto got = run_threads(dir, make_plan("bp", k, ratios, {{"plan", p}}), in);
+            EXPECT_LT(max_diff(got.hidden, single.hidden.back()), 1e-4f)
+                << dir << " n=" << n << " plan " << p << " K=" << k << " ratios[0]=" << ratios[0];
+          }
+    }
 }
 
 TEST(BpTest, OrdinaryModelsRunEveryLayerAsOriginal) {
