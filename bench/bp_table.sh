@@ -8,6 +8,9 @@
 # (N_div = 4, N_b = 4, original layers 2,5,8,11), TP, SP and Voltage on the
 # ordinary BERT-base, and one device (ordinary BERT-base, 1 thread).
 # Fig. 8: BP+auto at 500 Mbit/s against N_b in {1,2,3,4,6}.
+# Each measurement: 1 warm-up and 5 timed runs; the tables give the median over the
+# rounds of each measurement's median, then of its fastest run (the machine's load comes
+# in bursts that can triple one run).
 #   bench/bp_table.sh [ROUNDS] [MODELS_DIR]
 # Benchmark runs unset OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (docs/performance.md).
 set -euo pipefail
@@ -25,19 +28,22 @@ for nb in "${!originals[@]}"; do
   [ -f "$d/model.safetensors" ] || $bin gen-model --preset bert-base --bp-div 4 --bp-original "${originals[$nb]}" --out "$d" >/dev/null
 done
 bp=$models/bert-base-bp4-nb4
+# Auto prices its plans on the cached device profile: measure it afresh, so a
+# profile taken on a busier machine does not decide (it is the cache `run` reads).
+$bin profile --model "$bp" --threads-per-device 1 --reprofile --out "$(mktemp)" >/dev/null
 ids=$(seq -s, 1000 1127)
 links=(125mbit 250mbit 500mbit 1gbit)
 out=$(mktemp)
-# ROW LINK -> "ms plan"
+# MODEL LINK ARGS -> "median_ms min_ms plan auto_sums"
 dist() {
   local model=$1 link=$2; shift 2
   $bin run --model "$model" --ids "$ids" --devices 2 --threads-per-device 1 --link "$link" --insecure --stats \
-    --warmup 1 --reps 3 "$@" |
-    python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['latency_median_ms'],1), d['plan']['options'].get('plan','-'), json.dumps(d['plan']['options'].get('auto_ms',{}),separators=(',',':')))"
+    --warmup 1 --reps 5 "$@" |
+    python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['latency_median_ms'],1), round(d['latency_min_ms'],1), d['plan']['options'].get('plan','-'), json.dumps({k: round(v or 0) for k, v in d['plan']['options'].get('auto_ms',{}).items()},separators=(',',':')))"
 }
 for r in $(seq "$rounds"); do
-  s=$($bin bench-local --model "$base" --seq 128 --threads 1 --reps 3 --warmup 1 --json |
-      python3 -c "import json,sys; print(round(json.load(sys.stdin)['median_ms'],1))")
+  s=$($bin bench-local --model "$base" --seq 128 --threads 1 --reps 5 --warmup 1 --json |
+      python3 -c "import json,sys; d=json.load(sys.stdin); print(round(d['median_ms'],1), round(d['min_ms'],1))")
   echo "$r|single|-|$s - {}" | tee -a "$out" >&2
   for link in "${links[@]}"; do
     echo "$r|bp-auto|$link|$(dist "$bp" "$link" --strategy bp)" | tee -a "$out" >&2
@@ -50,27 +56,31 @@ for r in $(seq "$rounds"); do
 done
 python3 - "$out" <<'PY'
 import collections, statistics, sys
-ms = collections.defaultdict(list); plans = collections.defaultdict(list); sums = {}
+runs = collections.defaultdict(list); plans = collections.defaultdict(list); sums = {}
 for line in open(sys.argv[1]):
     r, row, link, rest = line.rstrip('\n').split('|', 3)
-    t, plan, auto = rest.split(' ', 2)
-    ms[(row, link)].append(float(t)); plans[(row, link)].append(plan); sums[(row, link)] = auto
-med = {k: statistics.median(v) for k, v in ms.items()}
-single = med[('single', '-')]
+    med, best, plan, auto = rest.split(' ', 3)
+    runs[(row, link)].append((float(med), float(best))); plans[(row, link)].append(plan); sums[(row, link)] = auto
 links = ['125mbit', '250mbit', '500mbit', '1gbit']
-print("Table IV (median ms over %d rounds; K = 2 x 1 thread, seq 128)\n" % len(ms[('single', '-')]))
-print("| link | BP+auto | BP+TP | TP | SP | Voltage | one device | BP+auto vs TP | vs SP | vs one device | auto picked | auto sums (ms, predicted) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for l in links:
-    a = med[('bp-auto', l)]
-    picked = collections.Counter(plans[('bp-auto', l)]).most_common(1)[0][0]
-    print(f"| {l} | {a:.0f} | {med[('bp-tp', l)]:.0f} | {med[('tp', l)]:.0f} | {med[('sp', l)]:.0f} | {med[('voltage', l)]:.0f} | "
-          f"{single:.0f} | {med[('tp', l)] / a:.2f}x | {med[('sp', l)] / a:.2f}x | {single / a:.2f}x | {picked} | {sums[('bp-auto', l)]} |")
-print("\nFig. 8: BP+auto at 500 Mbit/s against the number of original layers N_b\n")
-print("| N_b | median ms | vs one device | auto picked |")
-print("|---|---|---|---|")
-for nb in [1, 2, 3, 4, 6]:
-    k = (f'nb{nb}', '500mbit')
-    print(f"| {nb} | {med[k]:.0f} | {single / med[k]:.2f}x | {collections.Counter(plans[k]).most_common(1)[0][0]} |")
+for which, name in ((0, 'median of each measurement'), (1, 'fastest run of each measurement')):
+    m = {k: statistics.median(x[which] for x in v) for k, v in runs.items()}
+    single = m[('single', '-')]
+    print(f"Table IV, {name} (median over {len(runs[('single', '-')])} rounds, ms; K = 2 x 1 thread, seq 128)\n")
+    print("| link | BP+auto | BP+TP | TP | SP | Voltage | one device | BP+auto vs TP | vs SP | vs one device | auto picked |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for l in links:
+        a = m[('bp-auto', l)]
+        picked = '/'.join(sorted(set(plans[('bp-auto', l)])))
+        print(f"| {l} | {a:.0f} | {m[('bp-tp', l)]:.0f} | {m[('tp', l)]:.0f} | {m[('sp', l)]:.0f} | {m[('voltage', l)]:.0f} | "
+              f"{single:.0f} | {m[('tp', l)] / a:.2f}x | {m[('sp', l)] / a:.2f}x | {single / a:.2f}x | {picked} |")
+    print(f"\nFig. 8, {name}: BP+auto at 500 Mbit/s against the number of original layers N_b\n")
+    print("| N_b | ms | one device / BP+auto | auto picked |")
+    print("|---|---|---|---|")
+    for nb in [1, 2, 3, 4, 6]:
+        k = (f'nb{nb}', '500mbit')
+        print(f"| {nb} | {m[k]:.0f} | {single / m[k]:.2f}x | {'/'.join(sorted(set(plans[k])))} |")
+    print()
+print("Auto's linear sums (ms, predicted; allgather / sp / tp): " +
+      ", ".join(f"{l}: {sums[('bp-auto', l)]}" for l in links))
 PY
 rm -f "$out"
