@@ -81,6 +81,19 @@ TEST(BpTest, EveryPlanEqualsTheSingleDevice) {
     }
 }
 
+// ViT comes for free (pre-LN like GPT-2, not causal); no reference fixture, so
+// against the single device only.
+TEST(BpTest, DecoupledVitEqualsTheSingleDevice) {
+  const std::string dir = decoupled_model("vit-base", 2, {1});
+  const auto cfg = model::load_config(dir).value();
+  model::ModelInput in;
+  in.pixels = core::Tensor::zeros_f32({1, cfg.channels, cfg.image_size, cfg.image_size});
+  for (int64_t i = 0; i < in.pixels.numel(); ++i) in.pixels.f32()[i] = static_cast<float>((i * 37) % 255) / 127.5f - 1.0f;
+  const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
+  for (const char* p : kPlans)
+    EXPECT_LT(max_diff(run_threads(dir, make_plan("bp", 3, {}, {{"plan", p}}), in).hidden, single.hidden.back()), 1e-4f) << p;
+}
+
 TEST(BpTest, OrdinaryModelsRunEveryLayerAsOriginal) {
   const std::string dir = kData + "/bert-tiny";
   const auto in = testing::fixture_input("bert-tiny", "s33");
