@@ -21,6 +21,7 @@
 
 #include "cli/bench_util.h"
 #include "cli/commands.h"
+#include "cli/plan_cmd.h"
 #include "comm/link.h"
 #include "core/io.h"
 #include "model/safetensors.h"
@@ -508,6 +509,16 @@ int bench(BenchSweepFlags& f) {
           if (plan.ok()) {
             parallel::Plan checked = *plan;  // the plan validation Session::start would do
             st = parallel::complete_plan(checked, *cfg);
+            if (st.ok() && !parallel::find_strategy(plan->strategy)->variants(checked).empty()) {
+              // Open choices (bp's --bp-plan auto) priced on a profile at this link.
+              const ProfileRequest pr{f.model, k, "", row["link"] == "none" ? "" : row["link"], f.threads, rows, "", "", "", false};
+              auto v = decide_variants(pr, *cfg, checked, rows);
+              st = v.status();
+              if (v.ok()) {
+                *plan = v->plan;
+                std::fprintf(stderr, "(%s: options %s) ", strategy.c_str(), v->plan.options.dump().c_str());
+              }
+            }
           }
           if (!st.ok()) {
             row["status"] = "skipped: " + st.message();

@@ -132,6 +132,13 @@ int run_distributed(RunFlags& f) {
     auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
     if (!plan.ok()) return fail(plan.status().to_string());
     f.dist.plan = *plan;
+    if (!parallel::find_strategy(plan->strategy)->variants(*plan).empty()) {  // e.g. --bp-plan auto: priced on the profile
+      const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows,
+                              f.device_speed, f.memory_limit, f.profile, false};
+      auto v = decide_variants(pr, *c, *plan, *rows);
+      if (!v.ok()) return fail(v.status().to_string());
+      f.dist.plan = v->plan;
+    }
   }
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
@@ -213,7 +220,7 @@ void add_run(CLI::App& app) {
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
   cmd->add_option("--device-speed", f->device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
-  cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");
+  cmd->add_option("--profile", f->profile, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
@@ -374,6 +381,8 @@ void add_gen_model(CLI::App& app) {
   cmd->add_option("--intermediate", o->intermediate, "override the FFN size (default 4 x hidden)");
   cmd->add_option("--labels", o->labels, "override the number of classes");
   cmd->add_option("--seed", o->seed, "weight seed")->capture_default_str();
+  cmd->add_option("--bp-div", o->bp_div, "a decoupled model (DeTransformer): N sub-blocks per decoupled layer");
+  cmd->add_option("--bp-original", o->bp_original, "with --bp-div: the original layers, e.g. 2,5,8,11")->delimiter(',');
   cmd->callback([o] {
     const auto st = model::gen_model(*o);
     if (!st.ok()) throw CLI::RuntimeError(fail(st.to_string()));

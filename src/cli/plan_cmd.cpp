@@ -224,6 +224,14 @@ Result<AutoChoice> choose_plan(const ProfileRequest& r, const model::ModelConfig
   return a;
 }
 
+Result<planner::VariantChoice> decide_variants(const ProfileRequest& r, const model::ModelConfig& c,
+                                               const parallel::Plan& plan, int64_t rows) {
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* s, parallel::strategy_for(plan.strategy));
+  if (s->variants(plan).empty()) return planner::choose_variant(plan, c, {}, rows);
+  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster_profile(r, c));
+  return planner::choose_variant(plan, c, p, rows);
+}
+
 Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c, const std::string& text, size_t ids) {
   if (c.family == model::Family::kVit) return c.max_rows();
   if (ids > 0) return static_cast<int64_t>(ids);

@@ -12,6 +12,7 @@
 #include "parallel/strategy.h"
 #include "planner/planner.h"
 #include "planner/profile.h"
+#include "planner/variants.h"
 
 namespace tessera::cli {
 
@@ -49,6 +50,11 @@ struct AutoChoice {
 
 // "1,0.5" for k devices -> speeds in (0, 1].
 [[nodiscard]] core::Result<std::vector<double>> parse_device_speeds(const std::string& text, int k);
+// A plan's open choices (Strategy::variants: bp's --bp-plan auto) decided on
+// the cluster's profile; the plan as it is (completed) when it has none.
+[[nodiscard]] core::Result<planner::VariantChoice> decide_variants(const ProfileRequest& r, const model::ModelConfig& c,
+                                                                  const parallel::Plan& plan, int64_t rows);
+
 // "1GB,512MB" for k devices -> bytes.
 [[nodiscard]] core::Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k);
 

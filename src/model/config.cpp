@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "core/io.h"
@@ -25,6 +26,10 @@ int64_t ModelConfig::max_rows() const {
     return side * side + 1;
   }
   return max_positions;
+}
+
+bool ModelConfig::decoupled(int64_t l) const {
+  return bp_div > 0 && !std::binary_search(bp_original.begin(), bp_original.end(), l);
 }
 
 namespace {
@@ -129,6 +134,33 @@ Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
   return c;
 }
 
+// "block_parallel": {"n_div": N, "original_layers": [...]}.
+core::Status parse_block_parallel(const json& j, ModelConfig& c) {
+  if (!j.contains("block_parallel") || j["block_parallel"].is_null()) return core::ok_status();
+  const json& bp = j["block_parallel"];
+  if (!bp.is_object()) return core::parse_error("config.json: 'block_parallel' is not an object");
+  TESSERA_ASSIGN_OR_RETURN(c.bp_div, get_int(bp, "n_div", 1, 1 << 16));
+  if (c.hidden % c.bp_div != 0)
+    return core::invalid_argument("config.json: block_parallel n_div " + std::to_string(c.bp_div) +
+                                  " does not divide the hidden size " + std::to_string(c.hidden));
+  if (bp.contains("original_layers")) {
+    const json& ol = bp["original_layers"];
+    if (!ol.is_array() || ol.size() > 4096) return core::parse_error("config.json: block_parallel 'original_layers' is not a list");
+    for (const json& v : ol) {
+      if (!v.is_number_integer()) return core::parse_error("config.json: block_parallel 'original_layers' holds a non-integer");
+      const int64_t l = v.get<int64_t>();
+      if (l < 0 || l >= c.layers)
+        return core::out_of_range("config.json: block_parallel original layer " + std::to_string(l) + " outside the model's " +
+                                  std::to_string(c.layers) + " layers");
+      c.bp_original.push_back(l);
+    }
+  }
+  std::sort(c.bp_original.begin(), c.bp_original.end());
+  if (std::adjacent_find(c.bp_original.begin(), c.bp_original.end()) != c.bp_original.end())
+    return core::invalid_argument("config.json: block_parallel 'original_layers' lists a layer twice");
+  return core::ok_status();
+}
+
 }  // namespace
 
 Result<ModelConfig> parse_config(const std::string& text) {
@@ -153,6 +185,7 @@ Result<ModelConfig> parse_config(const std::string& text) {
                                     std::to_string(c.heads) + " heads");
     if (!(c.eps > 0.0f) || c.eps > 1.0f) return core::out_of_range("config.json: layer norm epsilon out of range");
     TESSERA_ASSIGN_OR_RETURN(c.labels, parse_labels(j));
+    TESSERA_RETURN_IF_ERROR(parse_block_parallel(j, c));
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
         j["architectures"][0].is_string()) {
       c.architecture = j["architectures"][0].get<std::string>();

@@ -36,6 +36,11 @@ struct ModelConfig {
   int64_t eos_token_id = -1;
   bool scale_attn_weights = true;
   bool scale_attn_by_inverse_layer_idx = false;
+  // DeTransformer decoupled model ("block_parallel" in config.json): every
+  // layer not in bp_original is bp_div sub-blocks, sub-block i reading and
+  // writing residual features [i*h/N, (i+1)*h/N). bp_div = 0: ordinary model.
+  int64_t bp_div = 0;
+  std::vector<int64_t> bp_original;  // sorted, distinct
 
   int64_t head_dim() const { return hidden / heads; }
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
@@ -43,6 +48,8 @@ struct ModelConfig {
   int64_t max_rows() const;
   bool causal() const { return family == Family::kGpt2; }
   bool pre_layernorm() const { return family != Family::kBert; }
+  bool decoupled(int64_t l) const;          // layer l is sub-blocks
+  int64_t block_width() const { return bp_div > 0 ? hidden / bp_div : hidden; }  // h/N
 };
 
 core::Result<ModelConfig> parse_config(const std::string& json_text);

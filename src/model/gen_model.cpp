@@ -186,6 +186,8 @@ Result<json> gen_model_config(const GenModelOptions& o) {
          {"patch_size", 16}, {"num_channels", 3}, {"qkv_bias", true}, {"hidden_act", "gelu"}, {"layer_norm_eps", 1e-12},
          {"id2label", labels_json(o.labels ? o.labels : 1000)}};
   }
+  if (o.bp_div > 0) c["block_parallel"] = {{"n_div", o.bp_div}, {"original_layers", o.bp_original}};
+  else if (!o.bp_original.empty()) return core::invalid_argument("original layers given without a sub-block count (--bp-div)");
   auto parsed = parse_config(c.dump());
   if (!parsed.ok()) return parsed.status().with_context("preset '" + o.preset + "' with these overrides");
   return c;

@@ -19,6 +19,10 @@ struct GenModelOptions {
   // Overrides (0: keep the preset's value).
   int64_t layers = 0, hidden = 0, heads = 0, vocab = 0, intermediate = 0, labels = 0;
   uint64_t seed = 0;
+  // A DeTransformer decoupled model: N sub-blocks per layer except the
+  // original layers (0: an ordinary model).
+  int64_t bp_div = 0;
+  std::vector<int64_t> bp_original;
 };
 
 std::vector<std::string> gen_model_presets();

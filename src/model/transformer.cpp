@@ -139,8 +139,10 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
                               std::to_string(config_.max_positions) + ")");
   // Checked before allocating: the request decides the size, and a failed
   // allocation must be an answer, not an abort.
-  const double need = 2.0 * static_cast<double>(config_.layers) * static_cast<double>(positions) *
-                      static_cast<double>(config_.hidden) * sizeof(float);
+  auto width = [&](int64_t l) { return config_.decoupled(l) ? config_.bp_div * config_.hidden : config_.hidden; };
+  double need = 0;
+  for (int64_t l = 0; l < config_.layers; ++l)
+    need += 2.0 * static_cast<double>(positions) * static_cast<double>(width(l)) * sizeof(float);
   const uint64_t avail = core::available_memory_bytes();
   if (avail > 0 && need > static_cast<double>(avail))
     return core::resource_exhausted("the KV cache for " + std::to_string(positions) + " positions needs " +
@@ -148,8 +150,8 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
                                     std::to_string(avail >> 20) + " MiB available");
   KvCache cache;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, config_.hidden}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, config_.hidden}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, width(l)}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, width(l)}));
     cache.k.push_back(std::move(k));
     cache.v.push_back(std::move(v));
   }
@@ -206,6 +208,7 @@ void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_
 }
 
 void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {
+  if (config_.decoupled(l)) return decoupled_layer(l, x, pos0, cache, ws, pool);
   TESSERA_CHECK_MSG(!weights_.layers[static_cast<size_t>(l)].qkv_w.empty(), "layer " << l << " is not loaded on this device");
   const int64_t n = x.dim(0);
   TESSERA_CHECK(x.rank() == 2 && x.dim(1) == config_.hidden);

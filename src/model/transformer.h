@@ -24,10 +24,12 @@ struct ModelInput {
 // Scratch buffers for one layer over n rows attending to n_kv rows.
 struct Workspace {
   core::Tensor qkv, ctx, h, a, ffn, scores;
+  core::Tensor slice;  // a decoupled layer's sub-block rows [n, h/N]
   void ensure(const ModelConfig& c, int64_t n, int64_t n_kv);
 };
 
-// Keys and values of past positions, one [positions, F] pair per layer.
+// Keys and values of past positions, one [positions, F] pair per layer
+// ([positions, N*F] for a decoupled layer: sub-block i at columns i*F).
 struct KvCache {
   std::vector<core::Tensor> k, v;
   int64_t length = 0;
@@ -61,6 +63,10 @@ class Transformer {
   // Layer l on rows x [n, F] (updated in place) at positions pos0..pos0+n-1.
   // With a cache, keys/values are appended and attention covers the cache.
   void layer(int64_t l, core::Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const;
+  // Sub-block i of decoupled layer l on its own rows xi [n, h/N] (contiguous,
+  // updated in place): the block parallelism strategy runs these alone.
+  void block(int64_t l, int64_t i, float* xi, int64_t n, int64_t pos0, KvCache* cache, Workspace& ws,
+             core::ThreadPool* pool) const;
   // The pieces of a layer, for strategies that split it across devices:
   // what attention reads (LN1(x) for pre-LN families, x itself for BERT) ...
   void layer_input(int64_t l, const float* x, int64_t n, float* out, core::ThreadPool* pool) const;
@@ -86,6 +92,9 @@ class Transformer {
   float attention_scale(int64_t l) const;
 
  private:
+  // A decoupled layer on one device: each sub-block on its feature slice.
+  void decoupled_layer(int64_t l, core::Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws,
+                       core::ThreadPool* pool) const;
   void attention_block(int64_t l, const core::Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
                        core::ThreadPool* pool) const;
 

@@ -74,18 +74,21 @@ const LayerNames& layer_names(Family f) {
   return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
 }
 
-void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
-  const int64_t F = c.hidden, I = c.intermediate;
+// The tensors of one ordinary layer, or of one sub-block (`sub` =
+// "blocks.{i}.", residual width F = h/N) of a decoupled layer.
+void add_block_entries(const ModelConfig& c, int64_t l, const std::string& sub, int64_t F, const std::string& p,
+                       std::vector<Entry>* out) {
+  const int64_t H = c.hidden, I = c.intermediate;  // attention and FFN widths stay whole
   const LayerNames& n = layer_names(c.family);
-  auto add = [&](const std::string& leaf, Shape s, bool req = true) { out->push_back({p + layer_name(c, l, leaf), s, req}); };
+  auto add = [&](const std::string& leaf, Shape s, bool req = true) { out->push_back({p + layer_name(c, l, sub + leaf), s, req}); };
   auto norms = [&] {
     for (const std::string* ln : {&n.ln1_g, &n.ln1_b, &n.ln2_g, &n.ln2_b}) add(*ln, {F});
   };
   if (n.conv1d) {  // [in, out], in the order Hugging Face writes them
     norms();
-    add(n.qkv_w[0], {F, 3 * F});
-    add(n.qkv_b[0], {3 * F});
-    add(n.attn_out_w, {F, F});
+    add(n.qkv_w[0], {F, 3 * H});
+    add(n.qkv_b[0], {3 * H});
+    add(n.attn_out_w, {H, F});
     add(n.attn_out_b, {F});
     add(n.ffn_in_w, {F, I});
     add(n.ffn_in_b, {I});
@@ -94,16 +97,23 @@ void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, st
     return;
   }
   for (size_t i = 0; i < n.qkv_w.size(); ++i) {  // [out, in]
-    add(n.qkv_w[i], {F, F});
-    add(n.qkv_b[i], {F}, c.family == Family::kBert || c.qkv_bias);
+    add(n.qkv_w[i], {H, F});
+    add(n.qkv_b[i], {H}, c.family == Family::kBert || c.qkv_bias);
   }
-  add(n.attn_out_w, {F, F});
+  add(n.attn_out_w, {F, H});
   add(n.attn_out_b, {F});
   add(n.ffn_in_w, {I, F});
   add(n.ffn_in_b, {I});
   add(n.ffn_out_w, {F, I});
   add(n.ffn_out_b, {F});
   norms();
+}
+
+std::string block_prefix(int64_t i) { return "blocks." + std::to_string(i) + "."; }
+
+void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
+  if (!c.decoupled(l)) return add_block_entries(c, l, "", c.hidden, p, out);
+  for (int64_t i = 0; i < c.bp_div; ++i) add_block_entries(c, l, block_prefix(i), c.block_width(), p, out);
 }
 
 // The tensors around the layers, one table per architecture like
@@ -348,7 +358,8 @@ class Loader {
     return [this](const void* p, size_t bytes) { store_.release_bytes(p, bytes); };
   }
 
-  Result<RawLayer> load_layer(int64_t l);
+  // Layer l, or its sub-block under `sub` (residual width F).
+  Result<RawLayer> load_layer(int64_t l, const std::string& sub = "", int64_t F = -1);
 
  private:
   const TensorStore& store_;
@@ -356,9 +367,10 @@ class Loader {
   std::string p_;
 };
 
-Result<RawLayer> Loader::load_layer(int64_t l) {
+Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F) {
   const LayerNames& n = layer_names(c_.family);
   RawLayer w;
+  auto layer = [&](int64_t li, const std::string& leaf, RawLayer& into) { return this->layer(li, sub + leaf, into); };
   auto matrix = [&](const std::string& leaf) -> Result<RawMatrix> {
     TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, w));
     return n.conv1d ? conv1d_of(t) : linear_of(t);
@@ -375,7 +387,7 @@ Result<RawLayer> Loader::load_layer(int64_t l) {
       bs.push_back(Tensor::zeros_f32({c_.hidden}));  // ViT without Q/K/V biases
     }
   }
-  w.qkv = ws.size() == 1 ? std::move(ws[0]) : stack(ws, c_.hidden);
+  w.qkv = ws.size() == 1 ? std::move(ws[0]) : stack(ws, F < 0 ? c_.hidden : F);
   w.qkv_b = bs.size() == 1 ? bs[0] : concat_rows(bs);
   TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrix(n.attn_out_w));
   TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, n.attn_out_b, w));
@@ -444,6 +456,7 @@ LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_
 
 size_t LayerWeights::bytes() const {
   size_t b = 0;
+  for (const LayerWeights& s : blocks) b += s.bytes();
   for (const Tensor* t : {&qkv_b, &attn_out_b, &ln1_g, &ln1_b, &ffn_in_b, &ffn_out_b, &ln2_g, &ln2_b})
     b += t->empty() ? 0 : t->nbytes();
   for (const kernels::PackedLinear* m : {&qkv_w, &attn_out_w, &ffn_in_w, &ffn_out_w}) b += m->nbytes();
@@ -566,6 +579,20 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   w.layers.resize(static_cast<size_t>(c.layers));
   for (int64_t l : layers) {
     if (l < 0 || l >= c.layers) return core::out_of_range("layer " + std::to_string(l) + " outside the model");
+    if (c.decoupled(l)) {
+      const int64_t b1 = opts.block_end < 0 ? c.bp_div : opts.block_end;
+      if (opts.block_begin < 0 || opts.block_begin > b1 || b1 > c.bp_div)
+        return core::out_of_range("sub-block range outside the model's " + std::to_string(c.bp_div) + " sub-blocks");
+      auto& blocks = w.layers[static_cast<size_t>(l)].blocks;
+      blocks.resize(static_cast<size_t>(c.bp_div));
+      for (int64_t i = opts.block_begin; i < b1; ++i) {
+        auto bw = ld.load_layer(l, block_prefix(i), c.block_width());
+        if (!bw.ok()) return bw.status();
+        blocks[static_cast<size_t>(i)] = finish_layer(*bw, ld.consumed());
+        ld.release(bw->names);
+      }
+      continue;
+    }
     auto lw = ld.load_layer(l);
     if (!lw.ok()) return lw.status();
     // TP shards cut the file's tensors first and pack only their slice.

@@ -29,6 +29,10 @@ struct LayerWeights {
   kernels::PackedLinear ffn_out_w;      // [F, I]
   core::Tensor ffn_out_b;               // [F]
   core::Tensor ln2_g, ln2_b;            // BERT: after FFN; GPT-2/ViT: before it
+  // A decoupled layer (ModelConfig::decoupled) holds no matrices of its own
+  // but N sub-blocks, each a layer whose residual width is h/N (F above reads
+  // h/N; attention and FFN keep their full widths); unloaded ones are empty.
+  std::vector<LayerWeights> blocks;
   size_t bytes() const;
 };
 
@@ -65,6 +69,9 @@ struct LoadOptions {
   // stay whole; they are applied once after the AllReduce.
   int64_t head_begin = 0, head_end = -1;
   int64_t ffn_begin = 0, ffn_end = -1;
+  // Decoupled layers: sub-blocks [block_begin, block_end) (-1: all). The
+  // tensor-parallel shard above applies to the original layers only.
+  int64_t block_begin = 0, block_end = -1;
 };
 
 // The tensor-parallel shard of a whole layer (see LoadOptions).

@@ -2,7 +2,7 @@
 // file defining make_<name>_strategy(), and its name in this list.
 #include "parallel/strategy.h"
 
-#define TESSERA_STRATEGIES(X) X(single) X(tp) X(sp) X(voltage) X(pipeline) X(galaxy) X(prism)
+#define TESSERA_STRATEGIES(X) X(single) X(tp) X(sp) X(voltage) X(pipeline) X(galaxy) X(prism) X(bp)
 
 namespace tessera::parallel {
 

@@ -9,6 +9,7 @@ class Single final : public Strategy {
  public:
   std::string name() const override { return "single"; }
   std::string summary() const override { return "one device, no communication"; }
+  bool runs_decoupled() const override { return true; }
 
   core::Status complete(Plan& plan, const model::ModelConfig&) const override {
     if (plan.world != 1) return core::invalid_argument("strategy 'single' runs on one device");
@@ -27,10 +28,11 @@ class Single final : public Strategy {
     DeviceSchedule d;
     for (int64_t l = 0; l < c.layers; ++l) {
       Phase p{"layer", l, {}, {}, false};
-      add_layer_work(p.work, c, n, n);
+      add_model_layer_work(p.work, c, l, n);
       d.phases.push_back(std::move(p));
+      d.weight_bytes += model_layer_weight_bytes(c, l);
     }
-    d.weight_bytes = terminal_weight_bytes(c) + c.layers * layer_weight_bytes(c, c.hidden, c.intermediate);
+    d.weight_bytes += terminal_weight_bytes(c);
     // Workspace: QKV, context, two [n, F] buffers, FFN and the scores.
     d.activation_bytes = (n * (3 * c.hidden + 3 * c.hidden + c.intermediate) + n * n * c.heads) * 4;
     s.devices.push_back(std::move(d));

@@ -177,6 +177,34 @@ void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t r
   add_tail_work(w, c, rows);
 }
 
+void add_block_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows) {
+  if (rows <= 0) return;
+  const int64_t H = c.hidden, Fr = c.block_width(), I = c.intermediate;
+  w.push_back(elementwise("norm", rows, Fr));
+  w.push_back(gemm("qkv", rows, Fr, 3 * H));
+  w.push_back(attention("attention", rows, rows, H));
+  w.push_back(gemm("attn_out", rows, H, Fr));
+  w.push_back(elementwise("norm", rows, Fr));
+  w.push_back(gemm("ffn_in", rows, Fr, I));
+  w.push_back(gemm("ffn_out", rows, I, Fr));
+  w.push_back(elementwise("norm", rows, Fr));
+}
+
+int64_t block_weight_bytes(const model::ModelConfig& c) {
+  // [3H, Fr] + [3H], [Fr, H] + [Fr], [I, Fr] + [I], [Fr, I] + [Fr], four norms of Fr.
+  const int64_t H = c.hidden, Fr = c.block_width(), I = c.intermediate;
+  return (3 * H * Fr + 3 * H + Fr * H + Fr + 2 * I * Fr + I + Fr + 4 * Fr) * static_cast<int64_t>(sizeof(float));
+}
+
+void add_model_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t l, int64_t rows) {
+  if (!c.decoupled(l)) return add_layer_work(w, c, rows, rows);
+  for (int64_t i = 0; i < c.bp_div; ++i) add_block_work(w, c, rows);
+}
+
+int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l) {
+  return c.decoupled(l) ? c.bp_div * block_weight_bytes(c) : layer_weight_bytes(c, c.hidden, c.intermediate);
+}
+
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios) {
   return split_by_ratio(c.heads, ratios);
 }
@@ -210,6 +238,8 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   if (!(sum > 0)) return core::invalid_argument("partition shares must not all be 0");
   if (plan.options.is_null()) plan.options = json::object();
   if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
+  if (config.bp_div > 0 && !s->runs_decoupled())
+    return core::invalid_argument("strategy '" + plan.strategy + "' cannot run a decoupled model (block_parallel); use bp or single");
   return s->complete(plan, config);
 }
 

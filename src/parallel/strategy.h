@@ -67,11 +67,17 @@ class Strategy {
   virtual std::string summary() const = 0;
   // False for lossy strategies (PRISM): tests then compare fidelity, not bits.
   virtual bool exact() const { return true; }
+  // Whether run() handles a decoupled model's sub-blocks (ModelConfig::bp_div);
+  // complete_plan refuses decoupled models to the others.
+  virtual bool runs_decoupled() const { return false; }
   virtual std::vector<OptionFlag> flags() const { return {}; }
   // The planner's search space (default: nothing to choose) and how a chosen
   // partition goes into the plan (default: shares into plan.ratios).
   virtual ShareKind share_kind() const { return ShareKind::kNone; }
   virtual void apply_partition(Plan& plan, const Partition& p) const;
+  // Choices a completed plan leaves to the planner, each an options patch
+  // (default: none); planner::choose_variant prices them on the profiles.
+  virtual std::vector<nlohmann::json> variants(const Plan&) const { return {}; }
   // Fills defaults into plan.options, checks them against the config and
   // writes them back in canonical form (so the plan round-trips).
   [[nodiscard]] virtual core::Status complete(Plan& plan, const model::ModelConfig& c) const = 0;
@@ -137,6 +143,12 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c);
 // layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);
 void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows);
+// A decoupled model: one sub-block (Transformer::block) on `rows` rows, and its weight bytes.
+void add_block_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);
+int64_t block_weight_bytes(const model::ModelConfig& c);
+// Every layer of the model on one device: add_layer_work, or N sub-blocks.
+void add_model_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t l, int64_t rows);
+int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l);
 // Tensor-parallel shards (tp, and galaxy's MHA and MLP blocks): the heads and
 // FFN columns of each device, and what a device loads.
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios);

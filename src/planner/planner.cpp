@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "planner/variants.h"
 
 namespace tessera::planner {
 
@@ -23,6 +24,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // refuses the plan.
 Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
+  {  // open choices (bp's --bp-plan auto) decided on the same profile
+    TESSERA_ASSIGN_OR_RETURN(VariantChoice v, choose_variant(plan, c, p, n));
+    plan = std::move(v.plan);
+  }
   TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule s, parallel::estimate(plan, c, n));
   return predict(s, p);
 }

@@ -252,7 +252,8 @@ TEST(EstimateTest, BytesEqualCommStatsAndFlopsEqualTheKernels) {
     const char* family;
     const char* input;
   };
-  const Case cases[] = {{"bert-tiny", "s33"}, {"gpt2-tiny", "s13"}, {"vit-tiny", "c0"}};
+  const Case cases[] = {{"bert-tiny", "s33"}, {"gpt2-tiny", "s13"}, {"vit-tiny", "c0"}, {"bert-bp-tiny", "s16"},
+                        {"gpt2-bp-tiny", "s9"}};
   const std::vector<double> partitions[] = {{1}, {3, 1}, {1, 0, 2}, {4, 1, 2, 1}};
   int checked = 0;
   for (const auto& c : cases) {
@@ -262,11 +263,13 @@ TEST(EstimateTest, BytesEqualCommStatsAndFlopsEqualTheKernels) {
     const int64_t n = in.pixels.empty() ? static_cast<int64_t>(in.ids.size()) : cfg.max_rows();
     for (const Strategy* s : strategies()) {
       if (s->name().rfind("test-", 0) == 0) continue;
+      if (cfg.bp_div > 0 && !s->runs_decoupled()) continue;  // decoupled models: bp and single
       std::vector<nlohmann::json> variants = {nlohmann::json::object()};
       if (s->name() == "prism") variants = {{{"rate", 1.0}}, {{"rate", 4.0}}};
       if (s->name() == "voltage")
         variants = {{{"overlap", true}, {"adaptive_order", true}}, {{"overlap", false}, {"adaptive_order", true}},
                     {{"overlap", true}, {"adaptive_order", false}}};
+      if (s->name() == "bp") variants = {{{"plan", "tp"}}, {{"plan", "sp"}}, {{"plan", "allgather"}}};
       if (s->name() == "galaxy") variants = {{{"overlap", true}}, {{"overlap", false}, {"ffn_ratios", "1"}}};
       for (int k = 1; k <= (s->name() == "single" ? 1 : 4); ++k)
         for (nlohmann::json options : variants) {
