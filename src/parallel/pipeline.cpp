@@ -34,6 +34,19 @@ void preload(const model::Transformer& model, Range layers) {
   }
 }
 
+class Pipeline;
+
+struct PipelineDecoder final : Decoder {
+  PipelineDecoder(const Pipeline& p, const model::Transformer& m, const Plan& plan, Synchronizer& sync)
+      : p(p), m(m), plan(plan), sync(sync) {}
+  Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override;
+  const Pipeline& p;
+  const model::Transformer& m;
+  const Plan plan;
+  Synchronizer& sync;
+  model::KvCache cache;  // this device's layers only
+};
+
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
@@ -63,6 +76,29 @@ class Pipeline final : public Strategy {
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                      core::ThreadPool* pool) const override {
+    return run_cached(m, plan, sync, std::move(x), n, 0, nullptr, pool);
+  }
+
+  // Each device keeps the cache of its own layers; a step passes one row through the stages.
+  Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                                                int64_t positions) const override {
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
+    const model::ModelConfig& c = m.config();
+    if (positions < 1 || positions > c.max_positions)
+      return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions");
+    auto d = std::make_unique<PipelineDecoder>(*this, m, plan, sync);
+    d->cache.k.resize(static_cast<size_t>(c.layers));
+    d->cache.v.resize(static_cast<size_t>(c.layers));
+    for (int64_t l : map.layers_on(sync.rank())) {
+      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
+    }
+    return std::unique_ptr<Decoder>(std::move(d));
+  }
+
+  // run() on rows at positions pos0.., with this device's layers' K/V in `cache` when set.
+  Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                            int64_t pos0, model::KvCache* cache, core::ThreadPool* pool) const {
     TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
     const int64_t F = m.config().hidden;
     const int me = sync.rank();
@@ -81,7 +117,7 @@ class Pipeline final : public Strategy {
         holder = stage.device;
       }
       if (me == holder)
-        for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l) m.layer(l, cur, 0, nullptr, ws, pool);
+        for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l) m.layer(l, cur, pos0, cache, ws, pool);
     }
     if (holder != 0) {
       if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(0, floats(cur.f32(), n * F)));
@@ -142,6 +178,10 @@ class Pipeline final : public Strategy {
     return map;
   }
 };
+
+Result<Tensor> PipelineDecoder::forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) {
+  return p.run_cached(m, plan, sync, std::move(x), n, pos0, &cache, pool);
+}
 
 }  // namespace
 
