@@ -204,7 +204,9 @@ int run_command(RunFlags& f) {
   // Checked in seconds, before the conversion to milliseconds.
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
-  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty()) return run_distributed(f);
+  // A memory budget is checked by the session, also for one device.
+  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty() || !f.memory_limit.empty())
+    return run_distributed(f);
   f.req.generate_tokens = f.generate;
   auto r = runtime::run_single(f.req);
   if (!r.ok()) return fail(r.status().to_string());
@@ -265,7 +267,8 @@ void add_generate(CLI::App& app) {
   add_distributed_options(cmd, f);
   cmd->callback([f] {
     int rc = finish_parse(*f);
-    if (rc == 0 && (f->plan->strategy != "single" || f->plan->devices != 1 || !f->dist.cluster_file.empty())) {
+    if (rc == 0 && (f->plan->strategy != "single" || f->plan->devices != 1 || !f->dist.cluster_file.empty() ||
+                    !f->memory_limit.empty())) {
       if (f->timeout_s < 1 || f->timeout_s > 86400) throw CLI::RuntimeError(fail("--timeout must be between 1 and 86400 seconds"));
       f->req.gen.greedy = f->greedy;
       throw CLI::RuntimeError(run_distributed(*f, true));
