@@ -20,18 +20,19 @@ done
 ids=$(python3 -c "print(','.join(str(1000 + 7 * i) for i in range($prompt)))")
 cases=("single" "tp 1gbit,0.2ms" "galaxy 1gbit,0.2ms" "pipeline 1gbit,0.2ms" "tp 1gbit,1ms" "galaxy 1gbit,1ms" "pipeline 1gbit,1ms")
 out=$(mktemp)
-measure() {  # MODEL CASE -> "ms_per_token terminal_wait_share mean_wait_share"
+measure() {  # MODEL CASE -> "ms/token terminal_wait_share mean_wait_share compute_ms/token of rank 0, rank 1"
   local model=build/models/$1; set -- $2
   if [ "$1" = single ]; then
     "$bin" bench-local --model "$model" --seq "$prompt" --generate "$new" --threads 1 --reps 1 --warmup 0 --json |
-      python3 -c "import json,sys; print(json.load(sys.stdin)['decode_ms_per_token'], 0, 0)"
+      python3 -c "import json,sys; t=json.load(sys.stdin)['decode_ms_per_token']; print(t, 0, 0, t, 0)"
   else
     "$bin" run --model "$model" --ids "$ids" --generate "$new" --greedy --strategy "$1" --devices 2 \
       --threads-per-device 1 --link "$2" --insecure --stats |
       python3 -c "
 import json,sys
 d=json.load(sys.stdin); w=[r['comm_ms']/d['decode_ms'] for r in d['ranks']]
-print(d['ms_per_token'], w[0], sum(w)/len(w))"
+c=[r['compute_ms']/d['decode_steps'] for r in d['ranks']]
+print(d['ms_per_token'], w[0], sum(w)/len(w), c[0], c[1])"
   fi
 }
 for ((r = 1; r <= rounds; r++)); do
@@ -43,20 +44,37 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 python3 - "$out" <<'PY'
-import statistics, sys
+# Separate machines, from the measured parts: each device's compute per
+# token (as measured here, where the emulated devices share one memory
+# bus) plus the link as its nominal figures give it. TP and Galaxy's decode
+# (K = 2): the ranks compute side by side, and a token crosses 1 + 2L links
+# (a broadcast, then two one-hop AllReduce per layer) carrying (2L + 1) * F
+# floats; pipeline: the stages compute one after the other and a token
+# crosses 2 links.
+import json, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     m, c, v = line.strip().split('|')
     rows.setdefault((m, c), []).append(tuple(map(float, v.split())))
-print("| model | case | ms/token (median) | x one device | terminal waiting on links | mean device waiting | rounds |")
-print("|---|---|---|---|---|---|---|")
+cfg = {m: json.load(open(f"build/models/{m}/config.json")) for m, _ in rows}
+print("| model | case | ms/token (median) | x one device | terminal waiting on links | mean device waiting | compute ms/token (rank 0, 1) | separate machines: ms/token | x one device |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (m, c), v in rows.items():
-    t = statistics.median(x[0] for x in v)
-    one = statistics.median(x[0] for x in rows[(m, "single")])
-    wait = statistics.median(x[1] for x in v); mean = statistics.median(x[2] for x in v)
-    share = "-" if c == "single" else f"{wait:.0%}"
-    mshare = "-" if c == "single" else f"{mean:.0%}"
-    print(f"| {m} | {c} | {t:.1f} | {t / one:.2f} | {share} | {mshare} | {len(v)} |")
+    med = lambda i: statistics.median(x[i] for x in v)
+    t, one = med(0), statistics.median(x[0] for x in rows[(m, "single")])
+    L, F = cfg[m]["n_layer"], cfg[m]["n_embd"]
+    if c == "single":
+        print(f"| {m} | {c} | {t:.1f} | 1.00 | - | - | {t:.1f} | {t:.1f} | 1.00 |")
+        continue
+    strategy, link = c.split()
+    lat = float(link.split(',')[1].rstrip('ms'))
+    bw = 1e9 / 8 / 1e3  # bytes per ms at 1 Gbit/s
+    c0, c1 = med(3), med(4)
+    if strategy == "pipeline":
+        est = c0 + c1 + 2 * lat + 2 * F * 4 / bw
+    else:
+        est = max(c0, c1) + (1 + 2 * L) * lat + (2 * L + 1) * F * 4 / bw
+    print(f"| {m} | {c} | {t:.1f} | {t / one:.2f} | {med(1):.0%} | {med(2):.0%} | {c0:.1f}, {c1:.1f} | {est:.1f} | {est / one:.2f} |")
 PY
 rm -f "$out"
 echo

@@ -2,6 +2,8 @@
 // cache of each rank's heads (tp, and galaxy's decode steps). Strategies
 // make their own Decoder (Strategy::make_decoder) in their own file.
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -20,6 +22,27 @@ namespace {
 void ensure(Tensor& t, int64_t rows, int64_t cols) {
   cols = std::max<int64_t>(cols, 1);
   if (t.empty() || t.dim(0) < rows || t.dim(1) != cols) t = Tensor::zeros_f32({std::max<int64_t>(rows, 1), cols});
+}
+
+// A decode step's AllReduce in one hop: every rank sends its row to every
+// other and sums all of them in rank order (the same bits on every rank). One
+// row is a few KiB, so the step is bound by latency: the ring's 2(K-1) hops
+// cost more than its smaller share of bytes saves.
+Status exchange_sum(Synchronizer& sync, float* data, int64_t n, std::vector<float>& buf) {
+  const int k = sync.world(), me = sync.rank();
+  if (k == 1) return core::ok_status();
+  for (int p = 0; p < k; ++p)
+    if (p != me) TESSERA_RETURN_IF_ERROR(sync.send(p, std::span<const float>(data, static_cast<size_t>(n))));
+  buf.resize(static_cast<size_t>(k * n));
+  std::memcpy(buf.data() + me * n, data, static_cast<size_t>(n) * sizeof(float));
+  for (int p = 0; p < k; ++p)
+    if (p != me) TESSERA_RETURN_IF_ERROR(sync.recv(p, std::span<float>(buf.data() + p * n, static_cast<size_t>(n))));
+  for (int64_t i = 0; i < n; ++i) {
+    float s = buf[static_cast<size_t>(i)];
+    for (int p = 1; p < k; ++p) s += buf[static_cast<size_t>(p * n + i)];
+    data[i] = s;
+  }
+  return core::ok_status();
 }
 
 class TpDecoder final : public Decoder {
@@ -92,6 +115,9 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
   ensure(f_, n, il);
   const int64_t want = std::max<int64_t>(kernels::attention_scratch_floats(n, n_kv, heads_.size()), 1);
   if (scores_.empty() || scores_.numel() < want) scores_ = Tensor::zeros_f32({want});
+  auto allreduce = [&](float* data) {
+    return cache != nullptr && n == 1 ? exchange_sum(sync, data, F, sum_buf_) : sync.allreduce_sum(floats(data, n * F));
+  };
   for (int64_t l = 0; l < c.layers; ++l) {
     const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     m.layer_input(l, xf, n, a_.f32(), pool);
@@ -111,12 +137,12 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
     }
     // Partial output projections; bias and residual are added once, after the sum.
     kernels::linear_rows_f32(pool, ctx_.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());
-    TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part_.f32(), n * F)));
+    TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
     const float* mlp_in = model::attention_residual(m, l, part_.f32(), xf, true, n, a_.f32(), pool);
     std::swap(h_, part_);  // h: the MLP's residual
     kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f_.f32());
     kernels::linear_rows_f32(pool, f_.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());
-    TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part_.f32(), n * F)));
+    TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
     model::mlp_residual(m, l, part_.f32(), h_.f32(), true, n, xf, pool);
   }
   return core::ok_status();

@@ -163,7 +163,9 @@ model::LoadOptions shard_load_options(Range heads, Range ffn, int rank);
 
 // Tensor-parallel layers with an optional KV cache of this rank's heads (tp's
 // run and decoder, galaxy's decode steps). `full` [n, F] is on every rank
-// and is updated in place; rows are at positions pos0.. .
+// and is updated in place; rows are at positions pos0.. . With a cache, a
+// one-row step sums its partial projections in one hop (point to point)
+// rather than a ring.
 class TpLayers {
  public:
   TpLayers(const model::Transformer& m, Range heads, int64_t ffn_cols) : m_(m), heads_(heads), il_(ffn_cols) {}
@@ -179,6 +181,7 @@ class TpLayers {
   Range heads_;
   int64_t il_;
   core::Tensor a_, qkv_, ctx_, part_, h_, f_, scores_;
+  std::vector<float> sum_buf_;  // a decode step's one-hop AllReduce
 };
 // The TP decoder on `heads`/`ffn_cols` of sync's rank: the terminal
 // broadcasts the rows, then TpLayers with the cache.

@@ -247,7 +247,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
   std::unique_ptr<parallel::Decoder> dec;  // during a generation
   int64_t positions = 0;
-  core::Timer gen_t;
+  double decode_ms = 0;
   for (;;) {
     auto req = recv_json(*group, 0, kToWorkerTag, silence);
     if (!req.ok() && req.status().code() == core::ErrorCode::kTimeout)
@@ -256,14 +256,17 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
     if ((*req)["op"] == "ping") continue;
     if ((*req)["op"] == "stop") return core::ok_status();
     if ((*req)["op"] == "generate" || (*req)["op"] == "decode" || (*req)["op"] == "end") {
+      core::Timer step_t;
       TESSERA_RETURN_IF_ERROR(worker_generation_step(*req, *strategy, *model, plan, sync, &pool, cfg, dec, positions));
       if ((*req)["op"] == "decode" && (*req)["pos"] == 0) {  // figures cover the decode steps
         sync.reset_stats();
         group->reset_stats();
-        gen_t = core::Timer();
+        decode_ms = 0;
+      } else if ((*req)["op"] == "decode") {
+        decode_ms += step_t.ms();  // time in steps: idle time between them is neither compute nor waiting
       }
       if ((*req)["op"] == "end") {
-        json done = rank_stats(sync, *group, gen_t.ms(), weight_bytes);
+        json done = rank_stats(sync, *group, decode_ms, weight_bytes);
         done["op"] = "done";
         TESSERA_RETURN_IF_ERROR(group->send(0, kToTerminalTag, json_tensor(done), timeout));
       }
