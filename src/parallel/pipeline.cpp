@@ -45,6 +45,7 @@ struct PipelineDecoder final : Decoder {
   const Plan plan;
   Synchronizer& sync;
   model::KvCache cache;  // this device's layers only
+  model::Workspace ws;
 };
 
 class Pipeline final : public Strategy {
@@ -76,7 +77,8 @@ class Pipeline final : public Strategy {
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                      core::ThreadPool* pool) const override {
-    return run_cached(m, plan, sync, std::move(x), n, 0, nullptr, pool);
+    model::Workspace ws;
+    return run_cached(m, plan, sync, std::move(x), n, 0, nullptr, ws, pool);
   }
 
   // Each device keeps the cache of its own layers; a step passes one row through the stages.
@@ -96,22 +98,24 @@ class Pipeline final : public Strategy {
     return std::unique_ptr<Decoder>(std::move(d));
   }
 
-  // run() on rows at positions pos0.., with this device's layers' K/V in `cache` when set.
+  // run() on rows at positions pos0.., with this device's layers' K/V in
+  // `cache` when set. Decode steps skip the pre-loading: the prefill paged
+  // the weights in, and touching every page per token would cost more than a step.
   Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                            int64_t pos0, model::KvCache* cache, core::ThreadPool* pool) const {
+                            int64_t pos0, model::KvCache* cache, model::Workspace& ws, core::ThreadPool* pool) const {
     TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
     const int64_t F = m.config().hidden;
     const int me = sync.rank();
     int holder = 0;  // the device that holds the activations now
     Tensor cur = me == 0 ? x : Tensor::zeros_f32({n, F});
-    model::Workspace ws;
     for (const auto& stage : map.stages()) {
       if (stage.device != holder) {
         if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(stage.device, floats(cur.f32(), n * F)));
         if (me == stage.device) {
-          std::thread pre([&] { preload(m, stage.layers); });
+          std::thread pre;
+          if (pos0 == 0) pre = std::thread([&] { preload(m, stage.layers); });
           const core::Status st = sync.recv(holder, floats(cur.f32(), n * F));
-          pre.join();
+          if (pre.joinable()) pre.join();
           TESSERA_RETURN_IF_ERROR(st);
         }
         holder = stage.device;
@@ -180,7 +184,7 @@ class Pipeline final : public Strategy {
 };
 
 Result<Tensor> PipelineDecoder::forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) {
-  return p.run_cached(m, plan, sync, std::move(x), n, pos0, &cache, pool);
+  return p.run_cached(m, plan, sync, std::move(x), n, pos0, &cache, ws, pool);
 }
 
 }  // namespace
