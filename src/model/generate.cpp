@@ -75,6 +75,11 @@ int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& op
   return order[0];
 }
 
+uint64_t resume_seed(uint64_t seed, int64_t tokens) {
+  for (int64_t i = 0; i < tokens; ++i) seed = std::mt19937_64(seed)();  // as pick_token advances it
+  return seed;
+}
+
 int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts) {
   return std::min<int64_t>(c.max_positions, prompt_len + std::clamp<int64_t>(opts.max_new_tokens, 1, c.max_positions));
 }

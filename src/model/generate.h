@@ -47,6 +47,12 @@ core::Result<std::vector<int64_t>> generate_with(const Transformer& model, const
                                                  const GenerateOptions& opts, core::ThreadPool* pool,
                                                  const ChunkLayers& layers);
 
+// The seed that continues a sampled generation after `tokens` new tokens:
+// generate(prompt + those tokens, seed = resume_seed(seed, tokens)) picks
+// what the unbroken generation would have picked next (the sampler's state
+// advances once per token, whatever the logits). Failover re-prefills this way.
+uint64_t resume_seed(uint64_t seed, int64_t tokens);
+
 // Returns prompt + generated ids (stops after EOS, which is kept, or after
 // max_new_tokens, or at the model's maximum length).
 core::Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,

@@ -97,6 +97,29 @@ TEST(GenerateTest, SeededSamplingEqualsSingleDevice) {
   }
 }
 
+// What failover does: re-prefill the prompt plus the tokens so far (on
+// another plan) and go on; with resume_seed the stream is the unbroken one.
+TEST(GenerateTest, ResumedSamplingContinuesTheSameStream) {
+  const std::string dir = gpt2_12l();
+  model::GenerateOptions o;
+  o.greedy = false;
+  o.seed = 77;
+  o.top_k = 40;
+  o.max_new_tokens = 12;
+  o.eos_token_id = -1;
+  const std::vector<int64_t> prompt = {4, 8, 15, 16};
+  auto m = model::Transformer::load(dir).value();
+  const auto whole = model::generate(m, prompt, o, nullptr).value();
+  const int64_t done = 5;
+  const std::vector<int64_t> prefix(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(prompt.size() + done));
+  model::GenerateOptions rest = o;
+  rest.max_new_tokens = o.max_new_tokens - done;
+  rest.seed = model::resume_seed(o.seed, done);
+  EXPECT_EQ(generate_threads(dir, make_plan("tp", 2), prefix, rest), whole);
+  rest.seed = o.seed;  // without it the stream changes
+  EXPECT_NE(model::generate(m, prefix, rest, nullptr).value(), whole);
+}
+
 TEST(GenerateTest, UnevenSharesAndLayerMapsEqualSingleDevice) {
   const Case c = make_case(gpt2_12l(), {8, 6, 4, 2, 100}, 12);
   for (const Plan& p : {make_plan("tp", 3, {1, 2, 1}), make_plan("galaxy", 2, {3, 1}),
