@@ -584,13 +584,15 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   if (dec) {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
     const double decode_ms = decode_t.ms();
-    TESSERA_RETURN_IF_ERROR(tell_workers({{"op", "end"}}));
-    const Status st = collect_stats(decode_ms, {{"rows", 1},
-                                                {"prompt_tokens", prompt.size()},
-                                                {"decode_steps", steps},
-                                                {"prefill_ms", prefill_ms},
-                                                {"decode_ms", decode_ms},
-                                                {"ms_per_token", steps > 0 ? decode_ms / static_cast<double>(steps) : 0.0}});
+    // The workers end the generation even when it failed; its own error comes first.
+    Status st = tell_workers({{"op", "end"}});
+    if (st.ok())
+      st = collect_stats(decode_ms, {{"rows", 1},
+                                     {"prompt_tokens", prompt.size()},
+                                     {"decode_steps", steps},
+                                     {"prefill_ms", prefill_ms},
+                                     {"decode_ms", decode_ms},
+                                     {"ms_per_token", steps > 0 ? decode_ms / static_cast<double>(steps) : 0.0}});
     TESSERA_RETURN_IF_ERROR(seq.status());
     TESSERA_RETURN_IF_ERROR(st);
   }

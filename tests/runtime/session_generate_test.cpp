@@ -5,7 +5,13 @@
 // between, and heartbeats go on while the caller holds a token.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -100,6 +106,43 @@ TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
   o.on_token = nullptr;
   EXPECT_EQ(got->size(), 6u);
   EXPECT_EQ(*got, model::generate(m, {1, 2, 3}, o, nullptr).value());
+}
+
+// This process's worker children (`worker-job` in their command line).
+std::vector<pid_t> worker_children() {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (!(rest >> state >> ppid) || ppid != ::getpid()) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    const std::string args((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (args.find("worker-job") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(SessionGenerateTest, AWorkerKilledMidGenerationIsAnErrorNotAHang) {
+  auto session = start(gpt2_12l(), "pipeline", 2);
+  ASSERT_NE(session, nullptr);
+  const auto workers = worker_children();
+  ASSERT_EQ(workers.size(), 1u);
+  model::GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.eos_token_id = -1;
+  int seen = 0;
+  o.on_token = [&](int64_t) {
+    if (++seen == 3) ::kill(workers[0], SIGKILL);
+  };
+  auto got = session->generate({1, 2, 3}, o);
+  EXPECT_FALSE(got.ok());
+  EXPECT_EQ(seen, 3);
 }
 
 TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
