@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
 #include "model/generate.h"
+#include "model/tokenizer.h"
 #include "parallel/strategy.h"
 #include "runtime/distributed.h"
 #include "runtime/single_device.h"
@@ -90,8 +91,52 @@ std::vector<T> keep_members(const std::vector<T>& all, const std::vector<int>& m
   return kept;
 }
 
-int run_distributed(RunFlags& f) {
-  if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
+// Generation on a session: the median run by ms per token is reported
+// (--stats), the ids (`ids_only`, as `tessera generate` prints them) or the
+// run's usual output.
+int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only) {
+  auto in = runtime::build_input(s.model(), f.req);
+  if (!in.ok()) return fail(in.status().to_string());
+  model::GenerateOptions g = f.req.gen;
+  g.max_new_tokens = f.generate;
+  for (int i = 0; i < f.warmup; ++i)
+    if (auto w = s.generate(in->ids, g); !w.ok()) return fail(w.status().to_string());
+  std::vector<double> per_token;
+  std::vector<nlohmann::json> figures;
+  core::Result<std::vector<int64_t>> seq = core::internal_error("no run");
+  core::Timer timer;
+  for (int i = 0; i < f.reps; ++i) {
+    timer.reset();
+    seq = s.generate(in->ids, g);
+    if (!seq.ok()) return fail(seq.status().to_string());
+    figures.push_back(s.last_stats());
+    per_token.push_back(figures.back().value("ms_per_token", 0.0));
+  }
+  runtime::RunResult r;
+  r.config = s.model().config();
+  r.input_ids = in->ids;
+  r.generated.assign(seq->begin() + static_cast<std::ptrdiff_t>(in->ids.size()), seq->end());
+  r.latency_ms = timer.ms();
+  if (auto tok = model::load_tokenizer(f.req.model_dir); tok.ok())
+    if (auto text = (*tok)->decode(r.generated, true); text.ok()) r.generated_text = *text;
+  if (f.stats) {
+    nlohmann::json j = figures.empty() ? nlohmann::json::object() : figures[core::median_index(per_token)];
+    j["reps"] = f.reps;
+    j["ms_per_token_median"] = core::median(per_token);
+    j["generated_ids"] = r.generated;
+    std::cout << j.dump() << '\n';
+  } else if (ids_only) {
+    for (size_t i = 0; i < r.generated.size(); ++i) std::cout << (i ? "," : "") << r.generated[i];
+    std::cout << '\n';
+  } else if (f.json) {
+    std::cout << runtime::to_json(r).dump() << '\n';
+  } else {
+    std::cout << runtime::format_human(r);
+  }
+  return 0;
+}
+
+int run_distributed(RunFlags& f, bool ids_only = false) {
   if (f.reps < 1 || f.warmup < 0) return fail("--reps must be >= 1 and --warmup >= 0");
   f.dist.model_dir = f.req.model_dir;
   f.dist.timeout_ms = int64_t{f.timeout_s} * 1000;
@@ -142,6 +187,7 @@ int run_distributed(RunFlags& f) {
   }
   auto session = runtime::Session::start(f.dist);
   if (!session.ok()) return fail(session.status().to_string());
+  if (f.generate > 0) return generate_distributed(**session, f, ids_only);
   for (int i = 0; i < f.warmup; ++i)
     if (auto w = (*session)->run(f.req); !w.ok()) return fail(w.status().to_string());
   // Timed runs: the figures reported are those of the median-latency run.
@@ -183,10 +229,12 @@ int run_command(RunFlags& f) {
   if (int rc = finish_parse(f)) return rc;
   // Checked in seconds, before the conversion to milliseconds.
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
-  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty() || !f.device_speed.empty())
+  f.req.gen.greedy = f.greedy || f.req.gen.greedy;
+  // A memory budget is checked by the session, also for one device.
+  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty() || !f.memory_limit.empty() ||
+      !f.device_speed.empty())
     return run_distributed(f);
   f.req.generate_tokens = f.generate;
-  f.req.gen.greedy = f.greedy || f.req.gen.greedy;
   auto r = runtime::run_single(f.req);
   if (!r.ok()) return fail(r.status().to_string());
   if (f.json) {
@@ -196,6 +244,8 @@ int run_command(RunFlags& f) {
   }
   return 0;
 }
+
+void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f);
 
 void add_run(CLI::App& app) {
   auto f = std::make_shared<RunFlags>();
@@ -210,6 +260,11 @@ void add_run(CLI::App& app) {
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
   f->req.gen.greedy = false;
+  add_distributed_options(cmd, f);
+  cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
+}
+
+void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) {
   add_plan_flags(cmd, f->plan);
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--cpus-per-device", f->dist.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
@@ -225,7 +280,6 @@ void add_run(CLI::App& app) {
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "distributed: untimed runs first")->capture_default_str();
-  cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
 }
 
 void add_generate(CLI::App& app) {
@@ -238,8 +292,15 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
+  add_distributed_options(cmd, f);
   cmd->callback([f] {
     int rc = finish_parse(*f);
+    if (rc == 0 && (f->plan->strategy != "single" || f->plan->devices != 1 || !f->dist.cluster_file.empty() ||
+                    !f->memory_limit.empty())) {
+      if (f->timeout_s < 1 || f->timeout_s > 86400) throw CLI::RuntimeError(fail("--timeout must be between 1 and 86400 seconds"));
+      f->req.gen.greedy = f->greedy;
+      throw CLI::RuntimeError(run_distributed(*f, true));
+    }
     if (rc == 0) {
       f->req.generate_tokens = f->generate;
       f->req.gen.greedy = f->greedy;

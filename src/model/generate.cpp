@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "kernels/elementwise.h"
@@ -74,8 +75,17 @@ int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& op
   return order[0];
 }
 
-Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,
-                                      const GenerateOptions& opts, core::ThreadPool* pool) {
+uint64_t resume_seed(uint64_t seed, int64_t tokens) {
+  for (int64_t i = 0; i < tokens; ++i) seed = std::mt19937_64(seed)();  // as pick_token advances it
+  return seed;
+}
+
+int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts) {
+  return std::min<int64_t>(c.max_positions, prompt_len + std::clamp<int64_t>(opts.max_new_tokens, 1, c.max_positions));
+}
+
+Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
+                                           const GenerateOptions& opts, core::ThreadPool* pool, const ChunkLayers& layers) {
   const ModelConfig& c = model.config();
   if (c.family != Family::kGpt2 || c.head != HeadKind::kLmHead)
     return core::invalid_argument("generation needs a GPT-2 model with an LM head (GPT2LMHeadModel)");
@@ -84,19 +94,13 @@ Result<std::vector<int64_t>> generate(const Transformer& model, const std::vecto
   TESSERA_RETURN_IF_ERROR(model.validate_input(in));
   const int64_t eos = opts.eos_token_id == -2 ? c.eos_token_id : opts.eos_token_id;
   std::vector<int64_t> seq = prompt;
-  // Sized by this request, not by the model's maximum length.
-  const int64_t positions =
-      std::min<int64_t>(c.max_positions, static_cast<int64_t>(prompt.size()) +
-                                             std::clamp<int64_t>(opts.max_new_tokens, 1, c.max_positions));
-  TESSERA_ASSIGN_OR_RETURN(KvCache cache, model.make_cache(positions));
-  Workspace ws;
   uint64_t rng_state = opts.seed;
   int64_t pos = 0;
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
     if (static_cast<int64_t>(seq.size()) >= c.max_positions) break;
     ModelInput chunk{{seq.begin() + pos, seq.end()}, {}, {}};
     TESSERA_ASSIGN_OR_RETURN(Tensor x, model.embed(chunk, pos));
-    for (int64_t l = 0; l < c.layers; ++l) model.layer(l, x, pos, &cache, ws, pool);
+    TESSERA_ASSIGN_OR_RETURN(x, layers(std::move(x), pos));
     model.finish_hidden(x, pool);
     ForwardOutput out;
     TESSERA_RETURN_IF_ERROR(model.head(x, true, &out, pool));
@@ -108,6 +112,21 @@ Result<std::vector<int64_t>> generate(const Transformer& model, const std::vecto
     if (next == eos) break;
   }
   return seq;
+}
+
+Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,
+                                      const GenerateOptions& opts, core::ThreadPool* pool) {
+  std::optional<KvCache> cache;
+  Workspace ws;
+  const int64_t positions = generation_positions(model.config(), static_cast<int64_t>(prompt.size()), opts);
+  return generate_with(model, prompt, opts, pool, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    if (!cache) {
+      TESSERA_ASSIGN_OR_RETURN(KvCache c, model.make_cache(positions));
+      cache = std::move(c);
+    }
+    for (int64_t l = 0; l < model.config().layers; ++l) model.layer(l, x, pos0, &*cache, ws, pool);
+    return x;
+  });
 }
 
 }  // namespace tessera::model

@@ -33,6 +33,26 @@ core::Status validate_generate_options(const GenerateOptions& opts);
 // -1 when every logit is NaN.
 int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& opts, uint64_t* rng_state);
 
+// The cache positions a request needs: sized by it, not by the model's maximum.
+int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts);
+
+// The layers of one chunk: embedded rows x [n, F] at positions pos0..,
+// their K/V cached; returns the last layer's output (before ln_f).
+using ChunkLayers = std::function<core::Result<core::Tensor>(core::Tensor x, int64_t pos0)>;
+
+// generate()'s loop (checks, embedding, ln_f, head, sampling, stopping) with
+// the layers run by `layers`: on one device, or across devices by a
+// strategy's decoders, with the same tokens for the same seed.
+core::Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
+                                                 const GenerateOptions& opts, core::ThreadPool* pool,
+                                                 const ChunkLayers& layers);
+
+// The seed that continues a sampled generation after `tokens` new tokens:
+// generate(prompt + those tokens, seed = resume_seed(seed, tokens)) picks
+// what the unbroken generation would have picked next (the sampler's state
+// advances once per token, whatever the logits). Failover re-prefills this way.
+uint64_t resume_seed(uint64_t seed, int64_t tokens);
+
 // Returns prompt + generated ids (stops after EOS, which is kept, or after
 // max_new_tokens, or at the model's maximum length).
 core::Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,

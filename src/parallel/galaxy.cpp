@@ -82,7 +82,14 @@ class Galaxy final : public Strategy {
   }
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                     core::ThreadPool* pool) const override;
+                     core::ThreadPool* pool) const override {
+    return run_cached(m, plan, sync, std::move(x), n, pool, nullptr, nullptr);
+  }
+  Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                                                int64_t positions) const override;
+  // run(), and with `cache` the K/V of this rank's heads kept (positions 0..n-1).
+  Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                            core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const;
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
 
  private:
@@ -95,8 +102,8 @@ class Galaxy final : public Strategy {
   }
 };
 
-Result<Tensor> Galaxy::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                           core::ThreadPool* pool) const {
+Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x,
+                                  int64_t n, core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const {
   const model::ModelConfig& c = m.config();
   const int64_t F = c.hidden, hd = c.head_dim();
   const auto me = static_cast<size_t>(sync.rank());
@@ -130,6 +137,7 @@ Result<Tensor> Galaxy::run(const model::Transformer& m, const Plan& plan, Synchr
     };
     auto attention = [&] {
       if (fl == 0) return;
+      if (cache != nullptr) kv->cache_kv(l, qkv.f32(), n, 0, *cache);
       model::AttentionIo io = model::fused_qkv_io(qkv.f32(), fl, n, ctx.f32());
       io.heads = heads.size();
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
@@ -167,6 +175,41 @@ Result<Tensor> Galaxy::run(const model::Transformer& m, const Plan& plan, Synchr
   TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(xr.f32(), s * F), counts, F,
                                            sync.rank() == 0 ? floats(out.f32(), n * F) : std::span<float>(), 0));
   return out;
+}
+
+// Prefill with Galaxy, decode with TP on the same head and FFN shards: the
+// prefill leaves each device the K/V of exactly the heads its steps need.
+class GalaxyDecoder final : public Decoder {
+ public:
+  GalaxyDecoder(const Galaxy& g, const model::Transformer& m, const Plan& plan, Synchronizer& sync, TpLayers layers,
+                model::KvCache cache)
+      : g_(g), m_(m), plan_(plan), sync_(sync), layers_(std::move(layers)), cache_(std::move(cache)) {}
+
+  Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
+    // Galaxy's sequence split needs a row per device; shorter or later chunks run as TP.
+    if (pos0 == 0 && n >= sync_.world()) return g_.run_cached(m_, plan_, sync_, std::move(x), n, pool, &layers_, &cache_);
+    const int64_t F = m_.config().hidden;
+    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({n, F});
+    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), n * F), 0));
+    TESSERA_RETURN_IF_ERROR(layers_.run(sync_, full.f32(), n, pos0, &cache_, pool));
+    return sync_.rank() == 0 ? full : Tensor();
+  }
+
+ private:
+  const Galaxy& g_;
+  const model::Transformer& m_;
+  const Plan plan_;
+  Synchronizer& sync_;
+  TpLayers layers_;
+  model::KvCache cache_;
+};
+
+Result<std::unique_ptr<Decoder>> Galaxy::make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                                                      int64_t positions) const {
+  const auto r = static_cast<size_t>(sync.rank());
+  TpLayers layers(m, head_ranges(m.config(), plan.ratios)[r], ffn_ranges(m.config(), ffn_ratios(plan))[r].size());
+  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, layers.make_cache(positions));
+  return std::unique_ptr<Decoder>(std::make_unique<GalaxyDecoder>(*this, m, plan, sync, std::move(layers), std::move(cache)));
 }
 
 Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const {

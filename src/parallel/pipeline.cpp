@@ -34,6 +34,20 @@ void preload(const model::Transformer& model, Range layers) {
   }
 }
 
+class Pipeline;
+
+struct PipelineDecoder final : Decoder {
+  PipelineDecoder(const Pipeline& p, const model::Transformer& m, const Plan& plan, Synchronizer& sync)
+      : p(p), m(m), plan(plan), sync(sync) {}
+  Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override;
+  const Pipeline& p;
+  const model::Transformer& m;
+  const Plan plan;
+  Synchronizer& sync;
+  model::KvCache cache;  // this device's layers only
+  model::Workspace ws;
+};
+
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
@@ -63,25 +77,51 @@ class Pipeline final : public Strategy {
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                      core::ThreadPool* pool) const override {
+    model::Workspace ws;
+    return run_cached(m, plan, sync, std::move(x), n, 0, nullptr, ws, pool);
+  }
+
+  // Each device keeps the cache of its own layers; a step passes one row through the stages.
+  Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                                                int64_t positions) const override {
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
+    const model::ModelConfig& c = m.config();
+    if (positions < 1 || positions > c.max_positions)
+      return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions");
+    auto d = std::make_unique<PipelineDecoder>(*this, m, plan, sync);
+    d->cache.k.resize(static_cast<size_t>(c.layers));
+    d->cache.v.resize(static_cast<size_t>(c.layers));
+    for (int64_t l : map.layers_on(sync.rank())) {
+      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
+    }
+    return std::unique_ptr<Decoder>(std::move(d));
+  }
+
+  // run() on rows at positions pos0.., with this device's layers' K/V in
+  // `cache` when set. Decode steps skip the pre-loading: the prefill paged
+  // the weights in, and touching every page per token would cost more than a step.
+  Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                            int64_t pos0, model::KvCache* cache, model::Workspace& ws, core::ThreadPool* pool) const {
     TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
     const int64_t F = m.config().hidden;
     const int me = sync.rank();
     int holder = 0;  // the device that holds the activations now
     Tensor cur = me == 0 ? x : Tensor::zeros_f32({n, F});
-    model::Workspace ws;
     for (const auto& stage : map.stages()) {
       if (stage.device != holder) {
         if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(stage.device, floats(cur.f32(), n * F)));
         if (me == stage.device) {
-          std::thread pre([&] { preload(m, stage.layers); });
+          std::thread pre;
+          if (pos0 == 0) pre = std::thread([&] { preload(m, stage.layers); });
           const core::Status st = sync.recv(holder, floats(cur.f32(), n * F));
-          pre.join();
+          if (pre.joinable()) pre.join();
           TESSERA_RETURN_IF_ERROR(st);
         }
         holder = stage.device;
       }
       if (me == holder)
-        for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l) m.layer(l, cur, 0, nullptr, ws, pool);
+        for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l) m.layer(l, cur, pos0, cache, ws, pool);
     }
     if (holder != 0) {
       if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(0, floats(cur.f32(), n * F)));
@@ -142,6 +182,10 @@ class Pipeline final : public Strategy {
     return map;
   }
 };
+
+Result<Tensor> PipelineDecoder::forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) {
+  return p.run_cached(m, plan, sync, std::move(x), n, pos0, &cache, ws, pool);
+}
 
 }  // namespace
 

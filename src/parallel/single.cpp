@@ -5,6 +5,24 @@ namespace tessera::parallel {
 
 namespace {
 
+using core::Result;
+using core::Tensor;
+
+// model::generate's layers: every layer with the whole cache.
+class SingleDecoder final : public Decoder {
+ public:
+  SingleDecoder(const model::Transformer& m, model::KvCache cache) : m_(m), cache_(std::move(cache)) {}
+  Result<Tensor> forward(Tensor x, int64_t, int64_t pos0, core::ThreadPool* pool) override {
+    for (int64_t l = 0; l < m_.config().layers; ++l) m_.layer(l, x, pos0, &cache_, ws_, pool);
+    return x;
+  }
+
+ private:
+  const model::Transformer& m_;
+  model::KvCache cache_;
+  model::Workspace ws_;
+};
+
 class Single final : public Strategy {
  public:
   std::string name() const override { return "single"; }
@@ -21,6 +39,12 @@ class Single final : public Strategy {
     model::Workspace ws;
     for (int64_t l = 0; l < m.config().layers; ++l) m.layer(l, x, 0, nullptr, ws, pool);
     return x;
+  }
+
+  Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan&, Synchronizer&,
+                                                int64_t positions) const override {
+    TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, m.make_cache(positions));
+    return std::unique_ptr<Decoder>(std::make_unique<SingleDecoder>(m, std::move(cache)));
   }
 
   Schedule estimate(const Plan&, const model::ModelConfig& c, int64_t n) const override {

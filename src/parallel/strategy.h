@@ -60,6 +60,20 @@ struct Partition {
   std::vector<int> layer_map;      // kLayers: the device of each layer
 };
 
+// Generation with a KV cache across devices: the state one rank keeps for
+// one request (the K/V of what it computes), made by the strategy and driven
+// by the runtime the same way on every rank.
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  // The layers on rows at positions pos0..pos0+n-1 (pos0 = the rows cached
+  // so far: 0 for the prefill, then one row per step), their K/V appended
+  // to the cache. Rank 0 passes the embedded rows x [n, F] and gets the last
+  // layer's output; other ranks pass and get an empty tensor.
+  [[nodiscard]] virtual core::Result<core::Tensor> forward(core::Tensor x, int64_t n, int64_t pos0,
+                                                           core::ThreadPool* pool) = 0;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -87,6 +101,10 @@ class Strategy {
   [[nodiscard]] virtual core::Result<core::Tensor> run(const model::Transformer& m, const Plan& plan,
                                                        Synchronizer& sync, core::Tensor x, int64_t n,
                                                        core::ThreadPool* pool) const = 0;
+  // A decoder for one generation of up to `positions` positions on this
+  // rank (sync.rank()); the default: generation is not supported.
+  [[nodiscard]] virtual core::Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan,
+                                                                            Synchronizer& sync, int64_t positions) const;
   // The schedule run() follows for n rows: a pure function, no weights, no
   // network. Weight bytes come from load_options.
   virtual Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const = 0;
@@ -154,5 +172,32 @@ int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l);
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios);
 std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios);
 model::LoadOptions shard_load_options(Range heads, Range ffn, int rank);
+
+// Tensor-parallel layers with an optional KV cache of this rank's heads (tp's
+// run and decoder, galaxy's decode steps). `full` [n, F] is on every rank
+// and is updated in place; rows are at positions pos0.. . With a cache, a
+// one-row step sums its partial projections in one hop (point to point)
+// rather than a ring.
+class TpLayers {
+ public:
+  TpLayers(const model::Transformer& m, Range heads, int64_t ffn_cols) : m_(m), heads_(heads), il_(ffn_cols) {}
+  [[nodiscard]] core::Status run(Synchronizer& sync, float* full, int64_t n, int64_t pos0, model::KvCache* cache,
+                                 core::ThreadPool* pool);
+  // A cache of `positions` rows of this rank's heads for every loaded layer.
+  [[nodiscard]] core::Result<model::KvCache> make_cache(int64_t positions) const;
+  // Appends K/V of rows qkv [n, 3 * width] (this rank's heads) at pos0.
+  void cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, model::KvCache& cache) const;
+
+ private:
+  const model::Transformer& m_;
+  Range heads_;
+  int64_t il_;
+  core::Tensor a_, qkv_, ctx_, part_, h_, f_, scores_;
+  std::vector<float> sum_buf_;  // a decode step's one-hop AllReduce
+};
+// The TP decoder on `heads`/`ffn_cols` of sync's rank: the terminal
+// broadcasts the rows, then TpLayers with the cache.
+[[nodiscard]] core::Result<std::unique_ptr<Decoder>> make_tp_decoder(const model::Transformer& m, Synchronizer& sync,
+                                                                     Range heads, int64_t ffn_cols, int64_t positions);
 
 }  // namespace tessera::parallel

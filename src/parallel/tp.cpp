@@ -1,16 +1,12 @@
 // Megatron tensor parallelism: Q/K/V and FFN-in split by columns (whole
 // heads), attention-out and FFN-out by rows, two AllReduce per layer.
 // plan.ratios shares the heads; option "ffn_ratios" the FFN columns.
-#include "kernels/attention.h"
-#include "kernels/gemm.h"
-#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
 
 using core::Result;
 using core::Tensor;
-using kernels::Activation;
 
 namespace {
 
@@ -41,37 +37,21 @@ class Tp final : public Strategy {
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                      core::ThreadPool* pool) const override {
-    const model::ModelConfig& c = m.config();
-    const int64_t F = c.hidden, hd = c.head_dim();
-    const auto r = static_cast<size_t>(sync.rank());
-    const Range heads = head_ranges(c, plan.ratios)[r];
-    const int64_t fl = heads.size() * hd, il = ffn_ranges(c, ffn_ratios(plan))[r].size();
+    const int64_t F = m.config().hidden;
     Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
     TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
-    Tensor a = Tensor::zeros_f32({n, F}), qkv = Tensor::zeros_f32({n, 3 * fl}), ctx = Tensor::zeros_f32({n, fl});
-    Tensor part = Tensor::zeros_f32({n, F}), h = Tensor::zeros_f32({n, F}), f = Tensor::zeros_f32({n, il});
-    Tensor scores = Tensor::zeros_f32({std::max<int64_t>(n * n * heads.size(), 1)});
-    float* xf = full.f32();
-    for (int64_t l = 0; l < c.layers; ++l) {
-      const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
-      m.layer_input(l, xf, n, a.f32(), pool);
-      if (fl > 0) {
-        kernels::linear_rows_f32(pool, a.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv.f32());
-        model::AttentionIo io = model::fused_qkv_io(qkv.f32(), fl, n, ctx.f32());
-        io.heads = heads.size();
-        kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
-      }
-      // Partial output projections; bias and residual are added once, after the sum.
-      kernels::linear_rows_f32(pool, ctx.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
-      TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part.f32(), n * F)));
-      const float* mlp_in = model::attention_residual(m, l, part.f32(), xf, true, n, a.f32(), pool);
-      std::swap(h, part);  // h: the MLP's residual
-      kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f.f32());
-      kernels::linear_rows_f32(pool, f.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part.f32());
-      TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(floats(part.f32(), n * F)));
-      model::mlp_residual(m, l, part.f32(), h.f32(), true, n, xf, pool);
-    }
+    const auto r = static_cast<size_t>(sync.rank());
+    TpLayers layers(m, head_ranges(m.config(), plan.ratios)[r], ffn_ranges(m.config(), ffn_ratios(plan))[r].size());
+    TESSERA_RETURN_IF_ERROR(layers.run(sync, full.f32(), n, 0, nullptr, pool));
     return sync.rank() == 0 ? full : Tensor();
+  }
+
+  // Each device caches the K/V of its heads; a step is one row through the same layers.
+  Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                                                int64_t positions) const override {
+    const auto r = static_cast<size_t>(sync.rank());
+    return make_tp_decoder(m, sync, head_ranges(m.config(), plan.ratios)[r],
+                           ffn_ranges(m.config(), ffn_ratios(plan))[r].size(), positions);
   }
 
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {

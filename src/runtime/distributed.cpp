@@ -164,6 +164,35 @@ void pin_all_threads(const cpu_set_t& set) {
     (void)::sched_setaffinity(std::atoi(t.path().filename().c_str()), sizeof(set), &set);
 }
 
+// A worker's part of a generation: "generate" makes its decoder, "decode"
+// runs one chunk (n rows at pos), "end" drops the caches.
+Status worker_generation_step(const json& req, const parallel::Strategy& strategy, const model::Transformer& m,
+                              const parallel::Plan& plan, parallel::Synchronizer& sync, core::ThreadPool* pool,
+                              const model::ModelConfig& cfg, std::unique_ptr<parallel::Decoder>& dec, int64_t& positions) {
+  const auto integer = [&](const char* key) -> Result<int64_t> {
+    if (!req.contains(key) || !req[key].is_number_integer()) return core::invalid_argument(std::string("generation request without '") + key + "'");
+    return req[key].get<int64_t>();
+  };
+  const std::string op = req["op"].get<std::string>();
+  if (op == "end") {
+    dec.reset();
+    return core::ok_status();
+  }
+  if (op == "generate") {
+    TESSERA_ASSIGN_OR_RETURN(positions, integer("positions"));
+    if (positions < 1 || positions > cfg.max_positions) return core::out_of_range("a generation of " + std::to_string(positions) + " positions");
+    dec.reset();  // the previous request's caches go first
+    TESSERA_ASSIGN_OR_RETURN(dec, strategy.make_decoder(m, plan, sync, positions));
+    return core::ok_status();
+  }
+  TESSERA_ASSIGN_OR_RETURN(const int64_t n, integer("n"));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t pos, integer("pos"));
+  if (!dec) return core::invalid_argument("a decode step outside a generation");
+  if (n < 1 || pos < 0 || pos + n > positions)
+    return core::out_of_range("decode rows " + std::to_string(pos) + ".." + std::to_string(pos + n - 1) + " outside the cache");
+  return dec->forward(Tensor(), n, pos, pool).status();
+}
+
 }  // namespace
 
 Result<std::string> resolve_model(const std::string& name, const std::vector<std::string>& roots) {
@@ -225,6 +254,10 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   // Liveness is judged by heartbeats, not progress: an idle terminal pings;
   // one that falls silent loses its job within a few intervals.
   const comm::Millis silence(job.heartbeat_ms * JobSpec::kMissedHeartbeats);
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
+  std::unique_ptr<parallel::Decoder> dec;  // during a generation
+  int64_t positions = 0;
+  double decode_ms = 0;
   for (;;) {
     auto req = recv_json(*group, 0, kToWorkerTag, silence);
     if (!req.ok() && req.status().code() == core::ErrorCode::kTimeout)
@@ -232,6 +265,24 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
     if (!req.ok()) return req.status();
     if ((*req)["op"] == "ping") continue;
     if ((*req)["op"] == "stop") return core::ok_status();
+    if ((*req)["op"] == "generate" || (*req)["op"] == "decode" || (*req)["op"] == "end") {
+      core::Timer step_t;
+      TESSERA_RETURN_IF_ERROR(worker_generation_step(*req, *strategy, *model, plan, sync, &pool, cfg, dec, positions));
+      core::settle_device_speed();
+      if ((*req)["op"] == "decode" && (*req)["pos"] == 0) {  // figures cover the decode steps
+        sync.reset_stats();
+        group->reset_stats();
+        decode_ms = 0;
+      } else if ((*req)["op"] == "decode") {
+        decode_ms += step_t.ms();  // time in steps: idle time between them is neither compute nor waiting
+      }
+      if ((*req)["op"] == "end") {
+        json done = rank_stats(sync, *group, decode_ms, weight_bytes, rss_before_load);
+        done["op"] = "done";
+        TESSERA_RETURN_IF_ERROR(group->send(0, kToTerminalTag, json_tensor(done), timeout));
+      }
+      continue;
+    }
     if ((*req)["op"] != "run" || !(*req).contains("n") || !(*req)["n"].is_number_integer())
       return core::invalid_argument("unknown request from the terminal");
     const int64_t n = (*req)["n"].get<int64_t>();
@@ -434,7 +485,7 @@ void Session::start_heartbeats() {
   if (plan_.world < 2) return;
   heartbeat_ = std::thread([this] {
     const auto interval = std::chrono::milliseconds(job_.heartbeat_ms);
-    std::unique_lock<std::mutex> lock(run_mu_);
+    std::unique_lock<std::mutex> lock(wire_mu_);
     while (!stopping_) {
       for (int w = 1; w < group_->size(); ++w)
         if (group_->peer_alive(w)) (void)group_->send(w, kToWorkerTag, json_tensor({{"op", "ping"}}), interval);
@@ -445,7 +496,7 @@ void Session::start_heartbeats() {
 
 void Session::stop_heartbeats() {
   {
-    std::lock_guard<std::mutex> lock(run_mu_);
+    std::lock_guard<std::mutex> lock(wire_mu_);
     stopping_ = true;
   }
   heartbeat_cv_.notify_all();
@@ -465,7 +516,8 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
 }
 
 Result<RunResult> Session::run(const RunRequest& req) {
-  const std::lock_guard<std::mutex> run_lock(run_mu_);  // no pings during a run
+  const std::lock_guard<std::mutex> run_lock(run_mu_);
+  const std::lock_guard<std::mutex> wire_lock(wire_mu_);  // no pings during a run
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
@@ -494,9 +546,16 @@ Result<RunResult> Session::run(const RunRequest& req) {
     TESSERA_ASSIGN_OR_RETURN(out.output, terminal_forward(*model_, plan_, *sync_, in, pool_.get(), tell_workers));
   }
   out.latency_ms = t.ms();
+  TESSERA_RETURN_IF_ERROR(collect_stats(out.latency_ms, {{"rows", n}}));
+  if (!r.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(r.dump_path, out));
+  return out;
+}
+
+// Every worker's "done" after a run or a generation, with the terminal's own figures.
+Status Session::collect_stats(double latency_ms, json extra) {
+  const comm::Millis timeout(opts_.timeout_ms);
   json ranks = json::array();
-  ranks.push_back(
-      rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
+  ranks.push_back(rank_stats(*sync_, *group_, latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
   for (int w = 1; w < group_->size(); ++w) {
     TESSERA_ASSIGN_OR_RETURN(json done, recv_json(*group_, w, kToTerminalTag, timeout));
     if (done["op"] != "done") return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");
@@ -509,12 +568,68 @@ Result<RunResult> Session::run(const RunRequest& req) {
             {"devices", group_->size()},
             {"threads_per_device", opts_.threads_per_device},
             {"link", opts_.link.empty() ? "unpaced" : opts_.link},
-            {"rows", n},
             {"layers", model_->config().layers},
-            {"latency_ms", out.latency_ms},
+            {"latency_ms", latency_ms},
             {"ranks", ranks}};
-  if (!r.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(r.dump_path, out));
-  return out;
+  stats_.update(extra);
+  return core::ok_status();
+}
+
+Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
+  if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
+  const comm::Millis timeout(opts_.timeout_ms);
+  const int64_t positions = model::generation_positions(model_->config(), static_cast<int64_t>(prompt.size()), opts);
+  auto tell_workers = [&](const json& msg) {
+    for (int w = 1; w < group_->size(); ++w)
+      TESSERA_RETURN_IF_ERROR(group_->send(w, kToWorkerTag, json_tensor(msg), timeout));
+    return core::ok_status();
+  };
+  std::unique_ptr<parallel::Decoder> dec;
+  core::Timer t, decode_t;
+  double prefill_ms = 0;
+  int64_t steps = 0;
+  // Pings flow between chunks (while the caller streams a token), not during one.
+  auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    const std::lock_guard<std::mutex> wire_lock(wire_mu_);
+    if (!dec) {
+      TESSERA_ASSIGN_OR_RETURN(dec, strategy->make_decoder(*model_, plan_, *sync_, positions));
+      TESSERA_RETURN_IF_ERROR(tell_workers({{"op", "generate"}, {"positions", positions}}));
+    }
+    const int64_t n = x.dim(0);
+    TESSERA_RETURN_IF_ERROR(tell_workers({{"op", "decode"}, {"n", n}, {"pos", pos0}}));
+    auto y = dec->forward(std::move(x), n, pos0, pool_.get());
+    if (pos0 == 0) {  // the figures cover the decode steps; the prefill is timed apart
+      prefill_ms = t.ms();
+      decode_t = core::Timer();
+      sync_->reset_stats();
+      group_->reset_stats();
+    } else {
+      ++steps;
+    }
+    return y;
+  };
+  auto seq = [&] {
+    const core::ScopedDeviceSpeed speed(device_speed_of(0));
+    return model::generate_with(*model_, prompt, opts, pool_.get(), layers);
+  }();
+  if (dec) {
+    const std::lock_guard<std::mutex> wire_lock(wire_mu_);
+    const double decode_ms = decode_t.ms();
+    // The workers end the generation even when it failed; its own error comes first.
+    Status st = tell_workers({{"op", "end"}});
+    if (st.ok())
+      st = collect_stats(decode_ms, {{"rows", 1},
+                                     {"prompt_tokens", prompt.size()},
+                                     {"decode_steps", steps},
+                                     {"prefill_ms", prefill_ms},
+                                     {"decode_ms", decode_ms},
+                                     {"ms_per_token", steps > 0 ? decode_ms / static_cast<double>(steps) : 0.0}});
+    TESSERA_RETURN_IF_ERROR(seq.status());
+    TESSERA_RETURN_IF_ERROR(st);
+  }
+  return seq;
 }
 
 Status Session::stop_workers() {

@@ -17,6 +17,7 @@
 #include "comm/group.h"
 #include "comm/keys.h"
 #include "core/status.h"
+#include "model/generate.h"
 #include "model/transformer.h"
 #include "runtime/comm_sync.h"
 #include "runtime/job.h"
@@ -122,6 +123,12 @@ class Session {
 
   // One inference; latency excludes loading and process start.
   core::Result<RunResult> run(const RunRequest& req);
+  // GPT-2 generation with a KV cache on every device (the strategy's
+  // Decoder): returns prompt + new ids and calls opts.on_token with each new
+  // one, the same tokens as model::generate for the same options. Caches
+  // live for one call; calls are serialized with run(), and heartbeats go on
+  // between tokens (on_token may take its time).
+  core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts);
   // Per-rank figures of the last run (see docs): latency, compute and
   // communication time, bytes per collective kind, weight bytes.
   const nlohmann::json& last_stats() const { return stats_; }
@@ -159,7 +166,9 @@ class Session {
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
   int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
-  std::mutex run_mu_;  // held by a run, and by the heartbeat thread between its pings
+  core::Status collect_stats(double latency_ms, nlohmann::json extra);
+  std::mutex run_mu_;   // held by a run or a whole generation
+  std::mutex wire_mu_;  // held by a run, a generation's chunk, and by the heartbeat thread between its pings
   std::condition_variable heartbeat_cv_;
   bool stopping_ = false;
   std::thread heartbeat_;

@@ -1,5 +1,9 @@
 #include "runtime/in_process.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "parallel/local_group.h"
@@ -67,6 +71,65 @@ Result<InProcessResult> run_in_process(const parallel::Plan& plan, const std::ve
   for (auto& t : threads) t.join();
   for (const auto& s : status) TESSERA_RETURN_IF_ERROR(s);
   return out;
+}
+
+Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, const std::vector<model::Transformer>& models,
+                                                const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+  if (static_cast<int>(models.size()) != plan.world) return core::invalid_argument("one model per rank is required");
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
+  const int64_t positions = model::generation_positions(models[0].config(), static_cast<int64_t>(prompt.size()), opts);
+  parallel::LocalGroup group(plan.world);
+  // The terminal's chunks (n, pos0) for the other ranks, as a worker hears them.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::deque<std::pair<int64_t, int64_t>>> chunks(static_cast<size_t>(plan.world));
+  bool finished = false;
+  std::vector<Status> status(static_cast<size_t>(plan.world));
+  std::vector<std::thread> threads;
+  for (int r = 1; r < plan.world; ++r) {
+    threads.emplace_back([&, r] {
+      const auto i = static_cast<size_t>(r);
+      auto sync = group.member(r);
+      std::unique_ptr<parallel::Decoder> dec;
+      for (;;) {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return finished || !chunks[i].empty(); });
+        if (chunks[i].empty()) return;
+        const auto [n, pos0] = chunks[i].front();
+        chunks[i].pop_front();
+        lock.unlock();
+        if (!dec) {
+          auto d = strategy->make_decoder(models[i], plan, *sync, positions);
+          if (!d.ok()) { status[i] = d.status(); return; }
+          dec = std::move(d).value();
+        }
+        if (auto y = dec->forward(Tensor(), n, pos0, nullptr); !y.ok()) { status[i] = y.status(); return; }
+      }
+    });
+  }
+  auto sync0 = group.member(0);
+  std::unique_ptr<parallel::Decoder> dec0;
+  auto seq = model::generate_with(models[0], prompt, opts, nullptr, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    if (!dec0) {
+      TESSERA_ASSIGN_OR_RETURN(dec0, strategy->make_decoder(models[0], plan, *sync0, positions));
+    }
+    const int64_t n = x.dim(0);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& q : chunks) q.emplace_back(n, pos0);
+    }
+    cv.notify_all();
+    return dec0->forward(std::move(x), n, pos0, nullptr);
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finished = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  TESSERA_RETURN_IF_ERROR(seq.status());
+  for (const auto& s : status) TESSERA_RETURN_IF_ERROR(s);
+  return seq;
 }
 
 }  // namespace tessera::runtime

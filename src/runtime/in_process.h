@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/generate.h"
 #include "model/transformer.h"
 #include "parallel/strategy.h"
 
@@ -37,5 +38,13 @@ struct InProcessResult {
 [[nodiscard]] core::Result<InProcessResult> run_in_process(const parallel::Plan& plan,
                                                            const std::vector<model::Transformer>& models,
                                                            const model::ModelInput& in);
+
+// One generation with every rank a thread: rank 0 runs model::generate_with
+// over its decoder, the other ranks follow each chunk with theirs. Returns
+// prompt + new ids, as model::generate.
+[[nodiscard]] core::Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan,
+                                                                     const std::vector<model::Transformer>& models,
+                                                                     const std::vector<int64_t>& prompt,
+                                                                     const model::GenerateOptions& opts);
 
 }  // namespace tessera::runtime

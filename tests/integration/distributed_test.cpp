@@ -248,6 +248,53 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
   }
 }
 
+// `tessera generate` across devices prints the fixture's ids (Hugging Face's
+// greedy output), with forked workers and with worker daemons of a cluster.
+TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
+  const std::string dir = kData + "/gpt2-tiny", args = " --ids 218,319,207,49,295 --max-new-tokens 8 --greedy";
+  const std::string want = "295,295,295,295,237,237,237,237\n";  // generate.output after its prompt
+  const auto single = run("generate --model " + dir + args);
+  ASSERT_EQ(single.code, 0) << single.err;
+  EXPECT_EQ(single.out, want);
+  for (const std::string s : {"tp", "galaxy", "pipeline"}) {
+    const auto r = run("generate --model " + dir + args + " --strategy " + s + " --devices 2");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, want) << s;
+  }
+  const auto refused = run("generate --model " + dir + args + " --strategy voltage --devices 2");
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("cannot generate across devices"), std::string::npos) << refused.err;
+
+  const std::string key = tmp("cluster.key"), cluster = tmp("cluster.toml");
+  ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
+  const int base = 7000 + static_cast<int>((::getpid() + 450) % 900) * 10;
+  const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
+                                            "tcp://127.0.0.1:" + std::to_string(base + 2)};
+  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control[0] + "\", \"" +
+                                            control[1] + "\"]\n")
+                  .ok());
+  std::vector<pid_t> daemons;
+  for (const auto& ep : control) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--models", kData.c_str(),
+              "--jobs", "1", nullptr);
+      ::_exit(127);
+    }
+    daemons.push_back(pid);
+  }
+  const auto r = run("generate --model " + dir + args + " --strategy tp --cluster " + cluster + " --key " + key);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, want);
+  for (pid_t pid : daemons) {
+    int status = 0;
+    if (r.code != 0) ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+}
+
 // A key holder that takes a daemon's job and then says nothing loses it
 // within a few heartbeat intervals; the daemon then serves a real terminal.
 TEST(DistributedTest, SilentTerminalLosesItsJobAndTheDaemonServesTheNext) {

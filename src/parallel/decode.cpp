@@ -1,0 +1,157 @@
+// Generation across devices: the shared tensor-parallel layer loop with a KV
+// cache of each rank's heads (tp, and galaxy's decode steps). Strategies
+// make their own Decoder (Strategy::make_decoder) in their own file.
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "model/layer_blocks.h"
+#include "parallel/strategy.h"
+
+namespace tessera::parallel {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+using kernels::Activation;
+
+namespace {
+
+void ensure(Tensor& t, int64_t rows, int64_t cols) {
+  cols = std::max<int64_t>(cols, 1);
+  if (t.empty() || t.dim(0) < rows || t.dim(1) != cols) t = Tensor::zeros_f32({std::max<int64_t>(rows, 1), cols});
+}
+
+// A decode step's AllReduce in one hop: every rank sends its row to every
+// other and sums all of them in rank order (the same bits on every rank). One
+// row is a few KiB, so the step is bound by latency: the ring's 2(K-1) hops
+// cost more than its smaller share of bytes saves.
+Status exchange_sum(Synchronizer& sync, float* data, int64_t n, std::vector<float>& buf) {
+  const int k = sync.world(), me = sync.rank();
+  if (k == 1) return core::ok_status();
+  for (int p = 0; p < k; ++p)
+    if (p != me) TESSERA_RETURN_IF_ERROR(sync.send(p, std::span<const float>(data, static_cast<size_t>(n))));
+  buf.resize(static_cast<size_t>(k * n));
+  std::memcpy(buf.data() + me * n, data, static_cast<size_t>(n) * sizeof(float));
+  for (int p = 0; p < k; ++p)
+    if (p != me) TESSERA_RETURN_IF_ERROR(sync.recv(p, std::span<float>(buf.data() + p * n, static_cast<size_t>(n))));
+  for (int64_t i = 0; i < n; ++i) {
+    float s = buf[static_cast<size_t>(i)];
+    for (int p = 1; p < k; ++p) s += buf[static_cast<size_t>(p * n + i)];
+    data[i] = s;
+  }
+  return core::ok_status();
+}
+
+class TpDecoder final : public Decoder {
+ public:
+  TpDecoder(const model::Transformer& m, Synchronizer& sync, Range heads, int64_t il, model::KvCache cache)
+      : m_(m), sync_(sync), layers_(m, heads, il), cache_(std::move(cache)) {}
+
+  Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
+    const int64_t F = m_.config().hidden;
+    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({n, F});
+    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), n * F), 0));
+    TESSERA_RETURN_IF_ERROR(layers_.run(sync_, full.f32(), n, pos0, &cache_, pool));
+    return sync_.rank() == 0 ? full : Tensor();
+  }
+
+ private:
+  const model::Transformer& m_;
+  Synchronizer& sync_;
+  TpLayers layers_;
+  model::KvCache cache_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer&, const Plan& plan, Synchronizer&,
+                                                        int64_t) const {
+  return core::unimplemented("strategy '" + plan.strategy +
+                             "' cannot generate across devices (use tp, galaxy or pipeline; see docs/generation.md)");
+}
+
+Result<model::KvCache> TpLayers::make_cache(int64_t positions) const {
+  const model::ModelConfig& c = m_.config();
+  if (positions < 1 || positions > c.max_positions)
+    return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions (the model has " +
+                              std::to_string(c.max_positions) + ")");
+  const int64_t width = std::max<int64_t>(heads_.size() * c.head_dim(), 1);
+  model::KvCache cache;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, width}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, width}));
+    cache.k.push_back(std::move(k));
+    cache.v.push_back(std::move(v));
+  }
+  return cache;
+}
+
+void TpLayers::cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, model::KvCache& cache) const {
+  const int64_t fl = heads_.size() * m_.config().head_dim();
+  if (fl == 0) return;
+  float* kc = cache.k[static_cast<size_t>(l)].f32();
+  float* vc = cache.v[static_cast<size_t>(l)].f32();
+  TESSERA_CHECK_MSG(pos0 + n <= cache.k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(kc + (pos0 + i) * fl, qkv + i * 3 * fl + fl, static_cast<size_t>(fl) * sizeof(float));
+    std::memcpy(vc + (pos0 + i) * fl, qkv + i * 3 * fl + 2 * fl, static_cast<size_t>(fl) * sizeof(float));
+  }
+}
+
+Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, model::KvCache* cache,
+                     core::ThreadPool* pool) {
+  const model::Transformer& m = m_;
+  const model::ModelConfig& c = m.config();
+  const int64_t F = c.hidden, fl = heads_.size() * c.head_dim(), il = il_;
+  const int64_t n_kv = cache ? pos0 + n : n;
+  ensure(a_, n, F);
+  ensure(qkv_, n, 3 * fl);
+  ensure(ctx_, n, fl);
+  ensure(part_, n, F);
+  ensure(h_, n, F);
+  ensure(f_, n, il);
+  const int64_t want = std::max<int64_t>(kernels::attention_scratch_floats(n, n_kv, heads_.size()), 1);
+  if (scores_.empty() || scores_.numel() < want) scores_ = Tensor::zeros_f32({want});
+  auto allreduce = [&](float* data) {
+    return cache != nullptr && n == 1 ? exchange_sum(sync, data, F, sum_buf_) : sync.allreduce_sum(floats(data, n * F));
+  };
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+    m.layer_input(l, xf, n, a_.f32(), pool);
+    if (fl > 0) {
+      kernels::linear_rows_f32(pool, a_.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv_.f32());
+      model::AttentionIo io = model::fused_qkv_io(qkv_.f32(), fl, n, ctx_.f32());
+      io.heads = heads_.size();
+      if (cache != nullptr) {
+        cache_kv(l, qkv_.f32(), n, pos0, *cache);
+        io.k = cache->k[static_cast<size_t>(l)].f32();
+        io.v = cache->v[static_cast<size_t>(l)].f32();
+        io.ldk = io.ldv = fl;
+        io.n_kv = n_kv;
+        io.q_pos0 = pos0;
+      }
+      kernels::attention_f32(pool, model::attention_args(m, l, io), scores_.f32(), scores_.numel());
+    }
+    // Partial output projections; bias and residual are added once, after the sum.
+    kernels::linear_rows_f32(pool, ctx_.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());
+    TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
+    const float* mlp_in = model::attention_residual(m, l, part_.f32(), xf, true, n, a_.f32(), pool);
+    std::swap(h_, part_);  // h: the MLP's residual
+    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f_.f32());
+    kernels::linear_rows_f32(pool, f_.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());
+    TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
+    model::mlp_residual(m, l, part_.f32(), h_.f32(), true, n, xf, pool);
+  }
+  return core::ok_status();
+}
+
+Result<std::unique_ptr<Decoder>> make_tp_decoder(const model::Transformer& m, Synchronizer& sync, Range heads,
+                                                 int64_t ffn_cols, int64_t positions) {
+  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, TpLayers(m, heads, ffn_cols).make_cache(positions));
+  return std::unique_ptr<Decoder>(std::make_unique<TpDecoder>(m, sync, heads, ffn_cols, std::move(cache)));
+}
+
+}  // namespace tessera::parallel

@@ -1,0 +1,177 @@
+// Session::generate with worker processes (this binary is its own worker, as
+// in custom_strategy_test): tp, galaxy and pipeline equal the single device
+// token for token (up to a near-tie of the reference), seeded sampling
+// equals, one long-lived session serves several requests and run()s in
+// between, and heartbeats go on while the caller holds a token.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "../parallel/generate_check.h"
+#include "runtime/distributed.h"
+
+namespace tessera {
+namespace {
+
+using parallel::testing::compare;
+using parallel::testing::gpt2_12l;
+using parallel::testing::margins;
+
+std::unique_ptr<runtime::Session> start(const std::string& dir, const std::string& strategy, int k) {
+  runtime::DistributedOptions o;
+  o.model_dir = dir;
+  o.plan.strategy = strategy;
+  o.plan.world = k;
+  o.timeout_ms = 30000;
+  auto s = runtime::Session::start(o);
+  EXPECT_TRUE(s.ok()) << s.status().to_string();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+TEST(SessionGenerateTest, ProcessesEqualTheSingleDeviceOverRepeatedRequests) {
+  const std::string dir = gpt2_12l();
+  auto m = model::Transformer::load(dir).value();
+  model::GenerateOptions greedy;
+  greedy.max_new_tokens = 16;
+  greedy.eos_token_id = -1;
+  model::GenerateOptions sampled = greedy;
+  sampled.greedy = false;
+  sampled.seed = 99;
+  sampled.top_k = 50;
+  sampled.temperature = 0.7f;
+  const std::vector<std::vector<int64_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {42}};
+  int near_ties = 0, runs = 0;
+  for (const std::string s : {"tp", "galaxy", "pipeline"})
+    for (int k = 2; k <= 4; ++k) {
+      auto session = start(dir, s, k);
+      ASSERT_NE(session, nullptr);
+      for (const auto& prompt : prompts) {  // caches reset per request
+        const auto want = model::generate(m, prompt, greedy, nullptr).value();
+        auto got = session->generate(prompt, greedy);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        const auto r = compare(want, *got, margins(m, want, prompt.size()), prompt.size(),
+                               s + " K=" + std::to_string(k));
+        near_ties += r.near_tie ? 1 : 0;
+        ++runs;
+        EXPECT_EQ(session->last_stats()["decode_steps"], static_cast<int64_t>(got->size() - prompt.size()) - 1);
+        EXPECT_EQ(session->last_stats()["ranks"].size(), static_cast<size_t>(k));
+      }
+      const auto want = model::generate(m, prompts[0], sampled, nullptr).value();
+      std::vector<int64_t> streamed;
+      model::GenerateOptions so = sampled;
+      so.on_token = [&](int64_t t) { streamed.push_back(t); };
+      auto got = session->generate(prompts[0], so);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      EXPECT_EQ(*got, want) << s << " K=" << k;
+      EXPECT_EQ(streamed, std::vector<int64_t>(want.begin() + 8, want.end()));
+      // A forward on the same session after generations.
+      runtime::RunRequest req;
+      req.ids = prompts[0];
+      auto fwd = session->run(req);
+      ASSERT_TRUE(fwd.ok()) << fwd.status().to_string();
+      const auto single = m.forward({prompts[0], {}, {}}, {}, nullptr).value();
+      EXPECT_LT(parallel::testing::max_diff(fwd->output.logits, single.logits), 1e-3f);
+    }
+  std::cout << "near-ties (top-2 margin < 1e-4, rest not compared): " << near_ties << " of " << runs << " runs\n";
+}
+
+TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
+  const std::string dir = gpt2_12l();
+  auto session = start(dir, "tp", 2);
+  ASSERT_NE(session, nullptr);
+  model::GenerateOptions o;
+  o.max_new_tokens = 3;
+  o.eos_token_id = -1;
+  bool slept = false;
+  // Longer than a worker waits without hearing from the terminal
+  // (heartbeat_ms * kMissedHeartbeats).
+  const auto pause = std::chrono::milliseconds(runtime::JobSpec{}.heartbeat_ms * runtime::JobSpec::kMissedHeartbeats + 1000);
+  o.on_token = [&](int64_t) {
+    if (!slept) std::this_thread::sleep_for(pause);
+    slept = true;
+  };
+  auto got = session->generate({1, 2, 3}, o);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  auto m = model::Transformer::load(dir).value();
+  o.on_token = nullptr;
+  EXPECT_EQ(got->size(), 6u);
+  EXPECT_EQ(*got, model::generate(m, {1, 2, 3}, o, nullptr).value());
+}
+
+// This process's worker children (`worker-job` in their command line).
+std::vector<pid_t> worker_children() {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (!(rest >> state >> ppid) || ppid != ::getpid()) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    const std::string args((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (args.find("worker-job") != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(SessionGenerateTest, AWorkerKilledMidGenerationIsAnErrorNotAHang) {
+  auto session = start(gpt2_12l(), "pipeline", 2);
+  ASSERT_NE(session, nullptr);
+  const auto workers = worker_children();
+  ASSERT_EQ(workers.size(), 1u);
+  model::GenerateOptions o;
+  o.max_new_tokens = 20;
+  o.eos_token_id = -1;
+  int seen = 0;
+  o.on_token = [&](int64_t) {
+    if (++seen == 3) ::kill(workers[0], SIGKILL);
+  };
+  auto got = session->generate({1, 2, 3}, o);
+  EXPECT_FALSE(got.ok());
+  EXPECT_EQ(seen, 3);
+}
+
+TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
+  auto session = start(parallel::testing::kData + "/gpt2-tiny", "sp", 2);
+  ASSERT_NE(session, nullptr);
+  model::GenerateOptions o;
+  auto got = session->generate({1, 2, 3}, o);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().to_string().find("cannot generate across devices"), std::string::npos);
+  runtime::RunRequest req;  // the session still serves forwards
+  req.ids = {1, 2, 3};
+  EXPECT_TRUE(session->run(req).ok());
+}
+
+}  // namespace
+}  // namespace tessera
+
+int main(int argc, char** argv) {
+  if (argc >= 4 && std::strcmp(argv[1], "worker-job") == 0) {  // a worker process of the tests above
+    auto job = tessera::runtime::JobSpec::from_json(argv[3]);
+    if (!job.ok()) return 2;
+    tessera::runtime::WorkerEnv env;
+    if (argc >= 6 && std::strcmp(argv[4], "--key-fd") == 0) {
+      auto key = tessera::runtime::read_key_from_fd(std::atoi(argv[5]));
+      if (!key.ok()) return 3;
+      env.key = *key;
+    }
+    return tessera::runtime::run_worker(*job, env).ok() ? 0 : 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
