@@ -318,6 +318,7 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
   Cbc_setAllowableFractionGap(m.get(), 0);
   Cbc_setParameter(m.get(), "increment", "0");
   Cbc_setParameter(m.get(), "threads", "1");
+  Cbc_setParameter(m.get(), "timeMode", "elapsed");  // the limit is wall-clock time
   if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) {
     std::vector<int> cols;
     std::vector<double> vals;
