@@ -36,6 +36,7 @@ struct RunFlags {
   bool greedy = false;
   std::string profile;  // --strategy auto: a profile instead of measuring
   std::string memory_limit;  // "1GB,512MB"
+  std::string device_speed;  // "1,0.5"
 };
 
 void add_input_options(CLI::App* cmd, RunFlags& f) {
@@ -81,6 +82,14 @@ nlohmann::json with_work_figures(const runtime::Session& s) {
   return j;
 }
 
+template <typename T>
+std::vector<T> keep_members(const std::vector<T>& all, const std::vector<int>& members) {
+  if (all.empty()) return all;
+  std::vector<T> kept;
+  for (int m : members) kept.push_back(all[static_cast<size_t>(m)]);
+  return kept;
+}
+
 int run_distributed(RunFlags& f) {
   if (f.generate > 0) return fail("generation runs on one device (--strategy single) for now");
   if (f.reps < 1 || f.warmup < 0) return fail("--reps must be >= 1 and --warmup >= 0");
@@ -91,11 +100,17 @@ int run_distributed(RunFlags& f) {
     auto cluster = runtime::load_cluster_file(f.dist.cluster_file);
     if (!cluster.ok()) return fail(cluster.status().to_string());
     world = 1 + static_cast<int>(cluster->workers.size());
+    f.dist.memory_limits = cluster->memory_limits();  // --memory-limit, when given, overrides the file's
   }
   if (!f.memory_limit.empty()) {
     auto limits = parse_memory_limits(f.memory_limit, world);
     if (!limits.ok()) return fail(limits.status().to_string());
     f.dist.memory_limits = *limits;
+  }
+  if (!f.device_speed.empty()) {
+    auto speeds = parse_device_speeds(f.device_speed, world);
+    if (!speeds.ok()) return fail(speeds.status().to_string());
+    f.dist.device_speeds = *speeds;
   }
   std::optional<AutoChoice> chosen;
   if (f.plan->strategy == "auto") {
@@ -103,17 +118,15 @@ int run_distributed(RunFlags& f) {
     if (!c.ok()) return fail(c.status().to_string());
     auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
     if (!rows.ok()) return fail(rows.status().to_string());
-    const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, "", f.memory_limit,
+    const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, f.device_speed, f.memory_limit,
                             f.profile, false};
     auto a = choose_plan(pr, *c, *rows);
     if (!a.ok()) return fail(a.status().to_string());
     chosen = *a;
     f.dist.plan = a->plan;
-    if (!f.dist.memory_limits.empty()) {  // the chosen devices' budgets
-      std::vector<int64_t> kept;
-      for (int m : a->candidate.members) kept.push_back(f.dist.memory_limits[static_cast<size_t>(m)]);
-      f.dist.memory_limits = kept;
-    }
+    // The chosen devices' budgets and speeds (members in order, on the first local devices).
+    f.dist.memory_limits = keep_members(f.dist.memory_limits, a->candidate.members);
+    f.dist.device_speeds = keep_members(f.dist.device_speeds, a->candidate.members);
   } else {
     auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
     if (!plan.ok()) return fail(plan.status().to_string());
@@ -157,7 +170,8 @@ int run_command(RunFlags& f) {
   if (int rc = finish_parse(f)) return rc;
   // Checked in seconds, before the conversion to milliseconds.
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
-  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty()) return run_distributed(f);
+  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty() || !f.device_speed.empty())
+    return run_distributed(f);
   f.req.generate_tokens = f.generate;
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
   auto r = runtime::run_single(f.req);
@@ -192,6 +206,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
+  cmd->add_option("--device-speed", f->device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
   cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <thread>
 
 #include "cli/commands.h"
@@ -138,6 +139,22 @@ Result<std::vector<std::string>> split_list(const std::string& text, int k, cons
 
 }  // namespace
 
+Result<std::vector<double>> parse_device_speeds(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--device-speed"));
+  std::vector<double> out;
+  for (const auto& item : v) {
+    try {
+      size_t used = 0;
+      const double s = std::stod(item, &used);
+      if (used != item.size() || !(s > 0 && s <= 1)) throw std::invalid_argument("range");
+      out.push_back(s);
+    } catch (const std::exception&) {
+      return core::invalid_argument("--device-speed: '" + item + "' is not a speed in (0, 1]");
+    }
+  }
+  return out;
+}
+
 Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k) {
   TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--memory-limit"));
   std::vector<int64_t> out;
@@ -171,21 +188,21 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
     TESSERA_ASSIGN_OR_RETURN(p.links, measure_links(K, r.link));
   }
   if (!r.device_speed.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(r.device_speed, K, "--device-speed"));
-    for (int d = 0; d < K; ++d) {
-      try {
-        const double s = std::stod(v[static_cast<size_t>(d)]);
-        if (!(s > 0 && s <= 1)) throw std::invalid_argument("range");
-        p.devices[static_cast<size_t>(d)].speed = s;
-      } catch (const std::exception&) {
-        return core::invalid_argument("--device-speed: '" + v[static_cast<size_t>(d)] + "' is not a speed in (0, 1]");
-      }
-    }
+    TESSERA_ASSIGN_OR_RETURN(const auto v, parse_device_speeds(r.device_speed, K));
+    for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].speed = v[static_cast<size_t>(d)];
   }
+  std::vector<int64_t> budgets;
   if (!r.memory_limit.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(const auto v, parse_memory_limits(r.memory_limit, K));
-    for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].memory_bytes = v[static_cast<size_t>(d)];
+    TESSERA_ASSIGN_OR_RETURN(budgets, parse_memory_limits(r.memory_limit, K));
+  } else if (!r.cluster_file.empty()) {  // the cluster file's [[worker]] memory entries
+    TESSERA_ASSIGN_OR_RETURN(const runtime::ClusterFile cf, runtime::load_cluster_file(r.cluster_file));
+    if (1 + static_cast<int>(cf.workers.size()) != K)
+      return core::invalid_argument("the profile has " + std::to_string(K) + " devices, the cluster file " +
+                                    std::to_string(1 + cf.workers.size()));
+    budgets = cf.memory_limits();
   }
+  for (size_t d = 0; d < budgets.size(); ++d)  // a device without a budget keeps what it has
+    if (budgets[d] != std::numeric_limits<int64_t>::max()) p.devices[d].memory_bytes = budgets[d];
   return p;
 }
 

@@ -47,6 +47,8 @@ struct AutoChoice {
 [[nodiscard]] core::Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c,
                                                  const std::string& text, size_t ids);
 
+// "1,0.5" for k devices -> speeds in (0, 1].
+[[nodiscard]] core::Result<std::vector<double>> parse_device_speeds(const std::string& text, int k);
 // "1GB,512MB" for k devices -> bytes.
 [[nodiscard]] core::Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k);
 

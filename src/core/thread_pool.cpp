@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include "core/device_speed.h"
+
 #include <algorithm>
 
 namespace tessera::core {
@@ -48,6 +50,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
 }
 
 void ThreadPool::worker_loop(int index) {
+  mark_kernel_helper_thread();  // its chunks are parts of the caller's kernel
   uint64_t seen = 0;
   for (;;) {
     const std::function<void(int64_t, int64_t)>* job;

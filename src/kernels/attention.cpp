@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/device_speed.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "kernels/elementwise.h"
@@ -56,6 +57,7 @@ void attention_head(const AttentionArgs& a, int64_t head, float* scores) {
 }  // namespace
 
 void attention_f32(core::ThreadPool* pool, const AttentionArgs& a, float* scratch, int64_t scratch_floats) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.n_q >= 0 && a.n_kv >= 0 && a.heads > 0 && a.head_dim > 0);
   const int64_t width = a.heads * a.head_dim;
   TESSERA_CHECK(a.ldq >= width && a.ldk >= width && a.ldv >= width && a.ldo >= width);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/device_speed.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "kernels/simd.h"
@@ -10,6 +11,7 @@
 namespace tessera::kernels {
 
 void activation_f32(float* x, int64_t n, Activation act) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(n >= 0 && (x != nullptr || n == 0));
   switch (act) {
     case Activation::kNone: return;
@@ -21,6 +23,7 @@ void activation_f32(float* x, int64_t n, Activation act) {
 
 void bias_act_residual_f32(float* y, int64_t rows, int64_t cols, int64_t ldy, const float* bias,
                            Activation act, const float* residual, int64_t ldr) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(rows >= 0 && cols >= 0 && ldy >= cols);
   TESSERA_CHECK(residual == nullptr || ldr >= cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -37,12 +40,14 @@ void bias_act_residual_f32(float* y, int64_t rows, int64_t cols, int64_t ldy, co
 
 void layernorm_f32(const float* x, float* out, int64_t rows, int64_t cols, const float* gamma,
                    const float* beta, float eps) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(rows >= 0 && cols > 0 && gamma != nullptr && beta != nullptr);
   const MathOps& ops = math_ops();
   for (int64_t r = 0; r < rows; ++r) ops.layernorm_row(x + r * cols, out + r * cols, cols, gamma, beta, eps);
 }
 
 void softmax_rows_f32(float* x, int64_t rows, int64_t cols) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(rows >= 0 && cols > 0);
   const MathOps& ops = math_ops();
   for (int64_t r = 0; r < rows; ++r) ops.softmax_row(x + r * cols, cols);
@@ -58,6 +63,7 @@ int64_t argmax_f32(const float* x, int64_t n) {
 
 void layernorm_f32_mt(core::ThreadPool* pool, const float* x, float* out, int64_t rows, int64_t cols,
                       const float* gamma, const float* beta, float eps) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   if (pool == nullptr) return layernorm_f32(x, out, rows, cols, gamma, beta, eps);
   pool->parallel_for(rows, [&](int64_t b, int64_t e) {
     layernorm_f32(x + b * cols, out + b * cols, e - b, cols, gamma, beta, eps);
@@ -66,6 +72,7 @@ void layernorm_f32_mt(core::ThreadPool* pool, const float* x, float* out, int64_
 
 void bias_act_residual_f32_mt(core::ThreadPool* pool, float* y, int64_t rows, int64_t cols, int64_t ldy,
                               const float* bias, Activation act, const float* residual, int64_t ldr) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   if (pool == nullptr) return bias_act_residual_f32(y, rows, cols, ldy, bias, act, residual, ldr);
   pool->parallel_for(rows, [&](int64_t b, int64_t e) {
     bias_act_residual_f32(y + b * ldy, e - b, cols, ldy, bias, act,

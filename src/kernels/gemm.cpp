@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/device_speed.h"
 #include "core/check.h"
 #include "kernels/flop_count.h"
 
@@ -54,6 +55,7 @@ void reexec_with_better_blas_core(char** argv, int threads) {
 
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(m >= 0 && n >= 0 && k >= 0);
   TESSERA_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n);
   if (m == 0 || n == 0) return;
@@ -108,6 +110,7 @@ bool blas_has_small_kernel() {
 }
 
 void linear_f32(core::ThreadPool* pool, const LinearArgs& a) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   if (a.packed != nullptr) {
     TESSERA_CHECK(a.k == a.packed->cols() && a.packed_row0 >= 0 && a.n >= 0 && a.packed_row0 + a.n <= a.packed->rows());
     const PackedLinear view = a.packed->out_rows(a.packed_row0, a.packed_row0 + a.n);
@@ -150,6 +153,7 @@ namespace tessera::kernels {
 
 void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const core::Tensor& w, const core::Tensor& bias,
                      Activation act, const float* residual, float* y) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(w.rank() == 2);
   LinearArgs a;
   a.x = x;
@@ -170,6 +174,7 @@ void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const co
 
 void linear_rows_f32(core::ThreadPool* pool, const float* x, int64_t n, const PackedLinear& w, const core::Tensor& bias,
                      Activation act, const float* residual, float* y) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(bias.empty() || bias.numel() == w.rows());
   PackedLinearArgs a;
   a.x = x; a.m = n; a.ldx = w.cols(); a.w = &w;

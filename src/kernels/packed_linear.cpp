@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/device_speed.h"
 #include "core/check.h"
 #include "core/thread_pool.h"
 #include "kernels/flop_count.h"
@@ -215,6 +216,7 @@ struct PackedAccess {
 };
 
 void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.w != nullptr && !a.w->empty());
   const PackedLinear& w = *a.w;
   const int64_t m = a.m, n = w.rows(), k = w.cols();

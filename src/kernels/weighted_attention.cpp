@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/device_speed.h"
 #include "core/check.h"
 #include "kernels/fast_math.h"
 #include "kernels/gemm.h"
@@ -69,6 +70,7 @@ void weighted_softmax_rows_f32(float* scores, int64_t rows, int64_t n_kv, const 
 
 void weighted_attention_f32(core::ThreadPool* pool, const WeightedAttentionArgs& a, float* scratch,
                             int64_t scratch_floats) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.n_q >= 0 && a.n_kv >= 0 && a.heads > 0 && a.head_dim > 0);
   const int64_t width = a.heads * a.head_dim;
   TESSERA_CHECK(a.ldq >= width && a.ldk >= width && a.ldv >= width && a.ldo >= width);

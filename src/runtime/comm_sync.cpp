@@ -1,5 +1,7 @@
 #include "runtime/comm_sync.h"
 
+#include "core/device_speed.h"
+
 #include <cstring>
 #include <numeric>
 
@@ -54,6 +56,7 @@ class RingTiles final : public parallel::TileStream {
     return ring_.start(copy_rows(mine, counts_[static_cast<size_t>(sync_.rank())], cols_));
   }
   Result<parallel::Tile> next() override {
+    core::settle_device_speed();  // the emulated device computes until here
     core::Timer t;
     TESSERA_ASSIGN_OR_RETURN(comm::Tile tile, ring_.next_tile());
     sync_.mutable_stats().blocked_ms += t.ms();
@@ -67,6 +70,7 @@ class RingTiles final : public parallel::TileStream {
   bool ready() const override { return ring_.next_ready(); }
   bool done() const override { return ring_.done(); }
   Status finish() override {
+    core::settle_device_speed();  // the emulated device computes until here
     core::Timer t;
     TESSERA_RETURN_IF_ERROR(ring_.finish());
     sync_.mutable_stats().blocked_ms += t.ms();
@@ -106,6 +110,7 @@ class DirectBroadcastTiles final : public parallel::TileStream {
     return core::ok_status();
   }
   Result<parallel::Tile> next() override {
+    core::settle_device_speed();  // the emulated device computes until here
     if (done()) return core::internal_error("no tile left");
     const int q = order_[next_part_++];
     if (sync_.rank() != root_ && rows(q) > 0) {
@@ -121,6 +126,7 @@ class DirectBroadcastTiles final : public parallel::TileStream {
   }
   bool done() const override { return next_part_ >= order_.size(); }
   Status finish() override {
+    core::settle_device_speed();  // the emulated device computes until here
     core::Timer t;
     for (auto& s : sends_) TESSERA_RETURN_IF_ERROR(s.wait(sync_.timeout()));
     sync_.mutable_stats().blocked_ms += t.ms();
@@ -156,12 +162,14 @@ class RingPartials final : public parallel::PartialStream {
       recvs_.push_back(sync.group().irecv_op(comm::OpKind::kReduceScatter, (r + k - 1) % k, kTag));
   }
   Result<parallel::PartialSlot> next() override {
+    core::settle_device_speed();  // the emulated device computes until here
     if (done()) return core::internal_error("no part left");
     const int d = dest(step_);
     sum_ = Tensor::zeros_f32({counts_[static_cast<size_t>(d)], cols_});
     return parallel::PartialSlot{d, floats(sum_.f32(), counts_[static_cast<size_t>(d)] * cols_)};
   }
   Status submit() override {
+    core::settle_device_speed();  // the emulated device computes until here
     const int k = sync_.world(), d = dest(step_);
     const int64_t n = counts_[static_cast<size_t>(d)] * cols_;
     if (step_ > 0) {
@@ -183,6 +191,7 @@ class RingPartials final : public parallel::PartialStream {
   }
   bool done() const override { return step_ >= sync_.world(); }
   Status finish() override {
+    core::settle_device_speed();  // the emulated device computes until here
     if (!done()) return core::internal_error("reduce-scatter finished before its last part");
     core::Timer t;
     for (auto& s : sends_) TESSERA_RETURN_IF_ERROR(s.wait(sync_.timeout()));
@@ -224,6 +233,7 @@ comm::OpKind comm_op_of(CollectiveKind kind) {
 
 Status CommSynchronizer::allgather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
                                         std::span<float> all) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), true));
   core::Timer t;
   stats_.add(CollectiveKind::kAllgather, parallel::ring_allgather_sent(counts, cols, rank()));
@@ -240,6 +250,7 @@ Status CommSynchronizer::allgather_rows(std::span<const float> mine, const std::
 
 Status CommSynchronizer::gather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
                                      std::span<float> all, int root) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank() == root));
   core::Timer t;
   if (rank() != root) stats_.add(CollectiveKind::kGather, counts[static_cast<size_t>(rank())] * cols);
@@ -259,6 +270,7 @@ Status CommSynchronizer::gather_rows(std::span<const float> mine, const std::vec
 
 Status CommSynchronizer::scatter_rows(std::span<const float> all, const std::vector<int64_t>& counts, int64_t cols,
                                       std::span<float> mine, int root) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank() == root));
   core::Timer t;
   const int64_t mine_rows = counts[static_cast<size_t>(rank())];
@@ -286,6 +298,7 @@ Status CommSynchronizer::scatter_rows(std::span<const float> all, const std::vec
 
 Status CommSynchronizer::reduce_scatter_rows(std::span<const float> full, const std::vector<int64_t>& counts,
                                              int64_t cols, std::span<float> mine) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), full.size(), true));
   core::Timer t;
   stats_.add(CollectiveKind::kReduceScatter, parallel::ring_reduce_scatter_sent(counts, cols, rank()));
@@ -303,6 +316,7 @@ Status CommSynchronizer::reduce_scatter_rows(std::span<const float> full, const 
 Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::allgather_tiles(std::span<const float> mine,
                                                                               const std::vector<int64_t>& counts,
                                                                               int64_t cols) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), 0, false));
   stats_.add(CollectiveKind::kAllgather, parallel::ring_allgather_sent(counts, cols, rank()));
   comm::AllgatherOptions o;
@@ -316,6 +330,7 @@ Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::allgather_tiles(
 Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::broadcast_tiles(std::span<float> all,
                                                                               const std::vector<int64_t>& counts,
                                                                               int64_t cols, int root) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, all.size(), all.size(), true));
   if (root < 0 || root >= world()) return core::invalid_argument("broadcast root out of range");
   auto tiles = std::make_unique<DirectBroadcastTiles>(*this, all, counts, cols, root);
@@ -325,12 +340,14 @@ Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::broadcast_tiles(
 
 Result<std::unique_ptr<parallel::PartialStream>> CommSynchronizer::reduce_scatter_parts(const std::vector<int64_t>& counts,
                                                                                       int64_t cols, std::span<float> mine) {
+  core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), 0, false));
   stats_.add(CollectiveKind::kReduceScatter, parallel::ring_reduce_scatter_sent(counts, cols, rank()));
   return std::unique_ptr<parallel::PartialStream>(new RingPartials(*this, counts, cols, mine));
 }
 
 Status CommSynchronizer::allreduce_sum(std::span<float> data) {
+  core::settle_device_speed();  // the emulated device computes until here
   const auto n = static_cast<int64_t>(data.size());
   core::Timer t;
   stats_.add(CollectiveKind::kAllreduce, parallel::ring_allreduce_sent(n, world(), rank()));
@@ -345,6 +362,7 @@ Status CommSynchronizer::allreduce_sum(std::span<float> data) {
 }
 
 Status CommSynchronizer::broadcast(std::span<float> data, int root) {
+  core::settle_device_speed();  // the emulated device computes until here
   const auto n = static_cast<int64_t>(data.size());
   core::Timer t;
   stats_.add(CollectiveKind::kBroadcast, parallel::tree_broadcast_sent(n, world(), rank(), root));
@@ -360,6 +378,7 @@ Status CommSynchronizer::broadcast(std::span<float> data, int root) {
 }
 
 Status CommSynchronizer::send(int peer, std::span<const float> data) {
+  core::settle_device_speed();  // the emulated device computes until here
   const auto n = static_cast<int64_t>(data.size());
   core::Timer t;
   stats_.add(CollectiveKind::kSendRecv, n);
@@ -369,6 +388,7 @@ Status CommSynchronizer::send(int peer, std::span<const float> data) {
 }
 
 Status CommSynchronizer::recv(int peer, std::span<float> data) {
+  core::settle_device_speed();  // the emulated device computes until here
   core::Timer t;
   TESSERA_ASSIGN_OR_RETURN(Tensor got, group_.recv(peer, kPointTag, timeout_));
   TESSERA_RETURN_IF_ERROR(copy_out(got, data, static_cast<int64_t>(data.size())));

@@ -1,9 +1,12 @@
 // The worker daemon and the terminal's cluster file.
 #include <toml++/toml.h>
 
+#include <limits>
+
 #include "comm/control.h"
 #include "core/io.h"
 #include "core/logging.h"
+#include "planner/profile.h"
 #include "runtime/distributed.h"
 
 namespace tessera::runtime {
@@ -48,6 +51,15 @@ Result<std::string> bind_form(const std::string& endpoint) {
   return "tcp://*:" + std::to_string(e.port);
 }
 
+std::vector<int64_t> ClusterFile::memory_limits() const {
+  bool any = false;
+  for (int64_t m : memory) any = any || m > 0;
+  if (!any) return {};
+  std::vector<int64_t> out;
+  for (int64_t m : memory) out.push_back(m > 0 ? m : std::numeric_limits<int64_t>::max());
+  return out;
+}
+
 Result<ClusterFile> load_cluster_file(const std::string& path) {
   // read_file refuses FIFOs and devices, which toml::parse_file would block on.
   TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(path));
@@ -68,18 +80,56 @@ Result<ClusterFile> parse_cluster_file(const std::string& text, const std::strin
     return core::parse_error("cluster file '" + path + "': " + std::string(e.description()));
   }
   ClusterFile c;
-  const auto terminal = t["terminal"].value<std::string>();
-  if (!terminal) return core::parse_error("cluster file '" + path + "': missing terminal = \"tcp://HOST:PORT\"");
-  c.terminal = *terminal;
-  TESSERA_RETURN_IF_ERROR(split_endpoint(c.terminal).status());
-  const toml::array* workers = t["workers"].as_array();
-  if (workers == nullptr || workers->empty()) return core::parse_error("cluster file '" + path + "': missing workers = [...]");
-  for (const auto& w : *workers) {
-    const auto ep = w.value<std::string>();
-    if (!ep) return core::parse_error("cluster file '" + path + "': workers must be endpoint strings");
+  const std::string where = "cluster file '" + path + "': ";
+  // A budget ("512MB"); absent: none (0).
+  auto memory_of = [&](const toml::node_view<toml::node>& n, const std::string& what) -> Result<int64_t> {
+    if (!n) return int64_t{0};
+    const auto text = n.value<std::string>();
+    if (!text) return core::parse_error(where + what + " memory must be a string such as \"512MB\"");
+    auto bytes = planner::parse_bytes(*text);
+    if (!bytes.ok()) return core::parse_error(where + what + " memory: " + bytes.status().message());
+    return *bytes;
+  };
+  auto add_worker = [&](const std::optional<std::string>& ep, int64_t memory) -> Status {
+    if (!ep) return core::parse_error(where + "workers must be endpoint strings");
     TESSERA_RETURN_IF_ERROR(split_endpoint(*ep).status());
     c.workers.push_back(*ep);
+    c.memory.push_back(memory);
+    return core::ok_status();
+  };
+  // terminal = "tcp://HOST:PORT", or a [terminal] table with endpoint and memory.
+  c.memory.push_back(0);
+  if (const toml::table* term = t["terminal"].as_table()) {
+    const auto ep = (*term)["endpoint"].value<std::string>();
+    if (!ep) return core::parse_error(where + "[terminal] needs endpoint = \"tcp://HOST:PORT\"");
+    c.terminal = *ep;
+    TESSERA_ASSIGN_OR_RETURN(c.memory[0], memory_of(t["terminal"]["memory"], "[terminal]"));
+  } else {
+    const auto terminal = t["terminal"].value<std::string>();
+    if (!terminal) return core::parse_error(where + "missing terminal = \"tcp://HOST:PORT\"");
+    c.terminal = *terminal;
   }
+  TESSERA_RETURN_IF_ERROR(split_endpoint(c.terminal).status());
+  // The short form, workers = ["tcp://...", ...], and [[worker]] entries.
+  if (t.contains("workers")) {
+    const toml::array* workers = t["workers"].as_array();
+    if (workers == nullptr) return core::parse_error(where + "workers must be a list of endpoints");
+    for (const auto& w : *workers) TESSERA_RETURN_IF_ERROR(add_worker(w.value<std::string>(), 0));
+  }
+  if (t.contains("worker")) {
+    const toml::array* entries = t["worker"].as_array();
+    if (entries == nullptr) return core::parse_error(where + "worker entries must be [[worker]] tables");
+    for (size_t i = 0; i < entries->size(); ++i) {
+      const toml::table* w = (*entries)[i].as_table();
+      const std::string what = "[[worker]] " + std::to_string(i + 1);
+      if (w == nullptr) return core::parse_error(where + what + " is not a table");
+      const auto ep = (*w)["endpoint"].value<std::string>();
+      if (!ep) return core::parse_error(where + what + " needs endpoint = \"tcp://HOST:PORT\"");
+      TESSERA_ASSIGN_OR_RETURN(const int64_t memory, memory_of(t["worker"][i]["memory"], what));
+      TESSERA_RETURN_IF_ERROR(add_worker(ep, memory));
+    }
+  }
+  if (c.workers.empty()) return core::parse_error(where + "no workers: add [[worker]] entries or workers = [...]");
   if (c.workers.size() > 63) return core::invalid_argument("cluster file: at most 63 workers");
   return c;
 }

@@ -1,6 +1,8 @@
 #include "planner/cost_model.h"
 #include "runtime/distributed.h"
 
+#include "core/device_speed.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -210,6 +212,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_RETURN_IF_ERROR(group->send(
       0, kToTerminalTag, json_tensor({{"op", "ready"}, {"weight_bytes", weight_bytes}, {"load_ms", load.ms()}}), timeout));
   kernels::set_blas_threads(job.threads);
+  core::set_device_speed(job.device_speed);
   core::ThreadPool pool(job.threads);
   CommSynchronizer sync(*group, timeout);
   // Liveness is judged by heartbeats, not progress: an idle terminal pings;
@@ -231,6 +234,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
     core::Timer t;
     auto y = parallel::run_layers(*model, plan, sync, Tensor(), n, &pool);
     if (!y.ok()) return y.status();
+    core::settle_device_speed();
     json done = rank_stats(sync, *group, t.ms(), weight_bytes);
     done["op"] = "done";
     TESSERA_RETURN_IF_ERROR(group->send(0, kToTerminalTag, json_tensor(done), timeout));
@@ -271,6 +275,13 @@ Status Session::check_options() {
                                     std::to_string(world));
   }
   if (opts_.plan.world < 1 || opts_.plan.world > 64) return core::invalid_argument("--devices must be in [1, 64]");
+  if (!opts_.device_speeds.empty()) {
+    if (static_cast<int>(opts_.device_speeds.size()) != opts_.plan.world)
+      return core::invalid_argument("--device-speed names " + std::to_string(opts_.device_speeds.size()) +
+                                    " devices, the plan has " + std::to_string(opts_.plan.world));
+    for (double s : opts_.device_speeds)
+      if (!(s > 0 && s <= 1)) return core::invalid_argument("--device-speed: each speed must be in (0, 1]");
+  }
   return core::ok_status();
 }
 
@@ -319,6 +330,7 @@ Status Session::start_daemon_jobs() {
   for (int r = 1; r < plan_.world; ++r) {
     JobSpec w = job_;
     w.rank = r;
+    w.device_speed = device_speed_of(r);
     // A daemon finds the model by name under its own roots.
     w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().filename().string();
     if (w.model_dir.empty()) w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().parent_path().filename().string();
@@ -340,6 +352,7 @@ Status Session::fork_local_workers() {
   for (int r = 1; r < plan_.world; ++r) {
     JobSpec w = job_;
     w.rank = r;
+    w.device_speed = device_speed_of(r);
     const std::string arg = w.to_json().dump();
     // The key travels over a pipe the child inherits, never through a file or argv.
     int fds[2] = {-1, -1};
@@ -463,7 +476,10 @@ Result<RunResult> Session::run(const RunRequest& req) {
     group_->reset_stats();
     return core::ok_status();
   };
-  TESSERA_ASSIGN_OR_RETURN(out.output, terminal_forward(*model_, plan_, *sync_, in, pool_.get(), tell_workers));
+  {
+    const core::ScopedDeviceSpeed speed(device_speed_of(0));
+    TESSERA_ASSIGN_OR_RETURN(out.output, terminal_forward(*model_, plan_, *sync_, in, pool_.get(), tell_workers));
+  }
   out.latency_ms = t.ms();
   json ranks = json::array();
   ranks.push_back(rank_stats(*sync_, *group_, out.latency_ms, static_cast<int64_t>(model_->weights().bytes())));

@@ -62,12 +62,21 @@ core::Status run_worker_daemon(const DaemonOptions& opts);
 
 // A cluster file (TOML) for the terminal:
 //   terminal = "tcp://192.168.1.10:7100"   # this device's data endpoint
-//   workers = ["tcp://192.168.1.11:7070", "tcp://192.168.1.12:7070"]
-// Worker entries are the daemons' --listen endpoints; their data endpoint is
-// the same host on the next port.
+//   [[worker]]
+//   endpoint = "tcp://192.168.1.11:7070"
+//   memory = "512MB"                       # optional budget
+// or, without budgets, workers = ["tcp://192.168.1.11:7070", ...]. The
+// terminal may be a table too: [terminal] endpoint = "...", memory = "1GB".
+// Worker endpoints are the daemons' --listen endpoints; their data endpoint
+// is the same host on the next port.
 struct ClusterFile {
   std::string terminal;
   std::vector<std::string> workers;
+  // Budgets in bytes, terminal first then the workers in order; 0: none.
+  std::vector<int64_t> memory;
+  // The budgets as --memory-limit gives them (no budget: the largest
+  // value); empty when the file names none.
+  std::vector<int64_t> memory_limits() const;
 };
 core::Result<ClusterFile> load_cluster_file(const std::string& path);
 // The same from the file's text; `path` labels errors.
@@ -92,6 +101,9 @@ struct DistributedOptions {
   // input, as the planner predicts them); empty: no limit. Checked before
   // any device loads.
   std::vector<int64_t> memory_limits;
+  // Emulated speed of each device in (0, 1] (--device-speed,
+  // core/device_speed.h); empty: all at full speed.
+  std::vector<double> device_speeds;
 };
 
 // A local worker process: `tessera worker-job --job JSON --key-fd N`, the key
@@ -116,6 +128,9 @@ class Session {
  private:
   Session() = default;
   core::Status stop_workers();
+  double device_speed_of(int rank) const {
+    return opts_.device_speeds.empty() ? 1.0 : opts_.device_speeds[static_cast<size_t>(rank)];
+  }
 
   core::Status check_options();
   core::Status plan_job(const model::ModelConfig& cfg);

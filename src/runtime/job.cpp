@@ -11,7 +11,7 @@ json JobSpec::to_json() const {
   return {{"rank", rank},         {"endpoints", endpoints},       {"group_id", group_id},
           {"insecure", insecure}, {"link", link},                 {"timeout_ms", timeout_ms},
           {"heartbeat_ms", heartbeat_ms}, {"model", model_dir}, {"threads", threads},
-          {"plan", plan.to_json()}};
+          {"device_speed", device_speed}, {"plan", plan.to_json()}};
 }
 
 namespace {
@@ -64,6 +64,11 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   const int64_t t = threads->get<int64_t>();
   if (t < 1 || t > 256) return core::invalid_argument("job: threads must be in [1, 256]");
   s.threads = static_cast<int>(t);
+  if (auto sp = j.find("device_speed"); sp != j.end()) {  // optional: older jobs run at full speed
+    if (!sp->is_number() || !(sp->get<double>() > 0 && sp->get<double>() <= 1))
+      return core::invalid_argument("job: device_speed must be a number in (0, 1]");
+    s.device_speed = sp->get<double>();
+  }
   TESSERA_ASSIGN_OR_RETURN(s.plan, parallel::Plan::from_json(*plan));
   if (s.plan.world != world) return core::invalid_argument("job: the plan's device count differs from the endpoints");
   return s;

@@ -34,6 +34,8 @@ struct JobSpec {
   // it looks up under the roots its operator allowed (worker --models).
   std::string model_dir;
   int threads = 1;
+  // Emulated speed of this device in (0, 1] (core/device_speed.h); 1: as is.
+  double device_speed = 1.0;
   parallel::Plan plan;  // plan.world == endpoints.size()
 
   nlohmann::json to_json() const;

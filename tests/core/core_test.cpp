@@ -2,10 +2,13 @@
 // and the order statistics every benchmark reports.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 
+#include "core/device_speed.h"
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 #include "core/stats.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -119,6 +122,63 @@ TEST(StatsTest, MedianAndItsIndex) {
   EXPECT_EQ(median_index({5, 1, 3}), 2u);
   EXPECT_EQ(median_index({4, 1, 3, 2}), 3u);  // the lower middle value, 2
   EXPECT_EQ(median_index({}), 0u);
+}
+
+// Busy for `ms` inside one timed kernel; returns how long the kernel's own
+// work took (the clock's t).
+double spin_kernel(double ms) {
+  const auto start = std::chrono::steady_clock::now();
+  core::KernelClock clock;
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < ms) {
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// --device-speed s: a kernel that took t is followed by t(1/s - 1) of idling
+// (sleep never returns early, so the idle is at least that once settled).
+TEST(DeviceSpeedTest, KernelsIdleInProportionAndOnlyOnce) {
+  {
+    const core::ScopedDeviceSpeed full(1.0);
+    const double before = core::device_speed_idle_s();
+    spin_kernel(2);
+    core::settle_device_speed();
+    EXPECT_EQ(core::device_speed_idle_s(), before);  // full speed: no idling
+  }
+  const double before = core::device_speed_idle_s();
+  double work = 0;
+  {
+    const core::ScopedDeviceSpeed quarter(0.25);
+    EXPECT_EQ(core::device_speed(), 0.25);
+    for (int i = 0; i < 3; ++i) work += spin_kernel(1);
+    {  // a kernel inside a kernel is part of the outer one
+      const auto start = std::chrono::steady_clock::now();
+      core::KernelClock outer;
+      spin_kernel(1);
+      work += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }  // leaving the scope pays what is still owed
+  EXPECT_EQ(core::device_speed(), 1.0);
+  const double idle = core::device_speed_idle_s() - before;
+  EXPECT_GE(idle, 3.0 * work * 0.999);
+}
+
+TEST(DeviceSpeedTest, PoolHelpersAndBadSpeedsAreNotTimed) {
+  core::ThreadPool pool(2);
+  const core::ScopedDeviceSpeed half(0.5);
+  double helper_idle = -1;
+  pool.parallel_for(2, [&](int64_t b, int64_t) {
+    if (b == 1) {  // the helper thread's chunk
+      spin_kernel(1);
+      core::settle_device_speed();
+      helper_idle = core::device_speed_idle_s();
+    }
+  });
+  EXPECT_EQ(helper_idle, 0.0);
+  core::set_device_speed(0);  // out of range: full speed
+  EXPECT_EQ(core::device_speed(), 1.0);
+  core::set_device_speed(1.5);
+  EXPECT_EQ(core::device_speed(), 1.0);
+  core::set_device_speed(0.5);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto c = tessera::runtime::parse_cluster_file(rest, "fuzz");
     if (c.ok()) {
       if (c->workers.empty() || c->workers.size() > 63) __builtin_trap();
+      if (c->memory.size() != c->workers.size() + 1) __builtin_trap();  // a budget slot per device
       for (const auto& w : c->workers) (void)tessera::runtime::next_port_endpoint(w);
     }
   }

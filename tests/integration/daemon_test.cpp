@@ -3,6 +3,8 @@
 // they send, never exits because of it, keeps its memory bounded, binds
 // only the interface it was told to, and then serves a legitimate terminal.
 #include <gtest/gtest.h>
+
+#include <limits>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +28,7 @@
 #include "comm/keys.h"
 #include "core/io.h"
 #include "model/safetensors.h"
+#include "planner/profile.h"
 #include "runtime/distributed.h"
 #include "runtime/job.h"
 
@@ -189,6 +192,52 @@ TEST(ClusterFileTest, NonAsciiIsRefusedBeforeTheTomlParserSeesIt) {
   auto ok = runtime::parse_cluster_file("terminal = \"tcp://127.0.0.1:7100\"\nworkers = [\"tcp://127.0.0.1:7070\"]\n", "ok.toml");
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ(ok->workers.size(), 1u);
+}
+
+// The per-worker schema: [[worker]] entries with optional budgets, a
+// [terminal] table with its own, and the old short form beside them.
+TEST(ClusterFileTest, WorkerEntriesCarryBudgets) {
+  auto c = runtime::parse_cluster_file(R"(
+[terminal]
+endpoint = "tcp://127.0.0.1:7100"
+memory = "1GB"
+
+[[worker]]
+endpoint = "tcp://127.0.0.1:7070"
+memory = "512MB"
+
+[[worker]]
+endpoint = "tcp://127.0.0.1:7080"
+)",
+                                       "c.toml");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->terminal, "tcp://127.0.0.1:7100");
+  EXPECT_EQ(c->workers, (std::vector<std::string>{"tcp://127.0.0.1:7070", "tcp://127.0.0.1:7080"}));
+  const int64_t gb = planner::parse_bytes("1GB").value(), mb512 = planner::parse_bytes("512MB").value();
+  EXPECT_EQ(c->memory, (std::vector<int64_t>{gb, mb512, 0}));
+  const auto limits = c->memory_limits();
+  ASSERT_EQ(limits.size(), 3u);
+  EXPECT_EQ(limits[1], mb512);
+  EXPECT_EQ(limits[2], std::numeric_limits<int64_t>::max());  // no budget
+
+  auto old = runtime::parse_cluster_file("terminal = \"tcp://127.0.0.1:7100\"\nworkers = [\"tcp://127.0.0.1:7070\"]\n", "o.toml");
+  ASSERT_TRUE(old.ok()) << old.status().to_string();
+  EXPECT_TRUE(old->memory_limits().empty());
+
+  // Each mistake gets its own one-line error.
+  const std::pair<const char*, const char*> bad[] = {
+      {"terminal = \"tcp://h:1\"\n[[worker]]\nmemory = \"1GB\"\n", "needs endpoint"},
+      {"terminal = \"tcp://h:1\"\n[[worker]]\nendpoint = \"tcp://h:2\"\nmemory = \"lots\"\n", "memory"},
+      {"terminal = \"tcp://h:1\"\n[[worker]]\nendpoint = \"tcp://h:2\"\nmemory = 5\n", "memory must be a string"},
+      {"terminal = \"tcp://h:1\"\n", "no workers"},
+      {"[terminal]\nmemory = \"1GB\"\n[[worker]]\nendpoint = \"tcp://h:2\"\n", "[terminal] needs endpoint"},
+      {"terminal = \"tcp://h:1\"\nworker = 3\n", "[[worker]] tables"},
+  };
+  for (const auto& [text, want] : bad) {
+    auto r = runtime::parse_cluster_file(text, "bad.toml");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().to_string();
+  }
 }
 
 // Audit defect 6: a two-frame request made the daemon exit (EFSM on reply).

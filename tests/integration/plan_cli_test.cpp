@@ -47,10 +47,12 @@ TEST(PlanCli, ProfileMeasuresTheEmulatedLinks) {
   for (auto [a, b] : {std::pair{0, 1}, std::pair{1, 0}}) {
     const planner::LinkProfile& l = p.value().link(a, b);
     // The emulation delays every message by 5 ms and paces at 100 Mbit/s:
-    // a measurement cannot beat either.
+    // a measurement cannot beat the delay. The bandwidth is the bulk time
+    // less the small-message round trip, which a loaded machine inflates, so
+    // the bound only tells paced (about 100) from loopback (thousands).
     EXPECT_GE(l.latency_ms, 4.9);
     EXPECT_GT(l.bandwidth_mbps, 0);
-    EXPECT_LE(l.bandwidth_mbps, 110);
+    EXPECT_LE(l.bandwidth_mbps, 200);
   }
 }
 
