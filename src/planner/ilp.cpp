@@ -194,9 +194,11 @@ const char* ilp_status_name(IlpStatus s) {
 }
 
 std::string IlpResult::summary() const {
-  char buf[240];
-  std::snprintf(buf, sizeof(buf), "ILP %s: T %.3f ms, bound %.3f ms, gap %.3f%%, %.3f s, %d variables, %d constraints",
-                ilp_status_name(status), objective_ms, bound_ms, 100 * gap, solve_s, variables, constraints);
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "ILP %s: T %.3f ms (Tc %.3f + Tx %.3f + Tw %.3f), bound %.3f ms, gap %.3f%%, %.3f s, %d variables, %d constraints",
+                ilp_status_name(status), objective_ms, cost.compute_ms, cost.transfer_ms, cost.load_ms, bound_ms, 100 * gap,
+                solve_s, variables, constraints);
   return buf;
 }
 
@@ -347,7 +349,8 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
         if (best[X(l, d)] > best[X(l, arg)]) arg = d;
       r.device_of_unit[static_cast<size_t>(l)] = arg;
     }
-    r.objective_ms = assignment_cost(pr, r.device_of_unit).total();
+    r.cost = assignment_cost(pr, r.device_of_unit);
+    r.objective_ms = r.cost.total();
     r.bound_ms = std::min(Cbc_getBestPossibleObjValue(m.get()), r.objective_ms);
     r.gap = r.objective_ms > 0 ? std::max(0.0, (r.objective_ms - r.bound_ms) / r.objective_ms) : 0.0;
     r.status = Cbc_isProvenOptimal(m.get()) ? IlpStatus::kOptimal : IlpStatus::kFeasible;
@@ -386,6 +389,7 @@ IlpResult brute_force(const IlpProblem& pr) {
   visit(visit, 0);
   if (!r.device_of_unit.empty()) {
     r.status = IlpStatus::kOptimal;
+    r.cost = assignment_cost(pr, r.device_of_unit);
     r.objective_ms = r.bound_ms = best;
   }
   r.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -72,6 +72,7 @@ struct IlpResult {
   IlpStatus status = IlpStatus::kNoSolution;
   std::vector<int> device_of_unit;  // rounded x
   double objective_ms = 0;          // T recomputed from device_of_unit
+  IlpCost cost;                     // its Tc, Tx and Tw
   double bound_ms = 0;              // CBC's best bound
   double gap = 0;                   // (objective - bound) / objective
   double solve_s = 0;
