@@ -576,7 +576,10 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
         finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw,
                      ld.consumed());
     ld.release(lw->names);
+    // A block alone: the other block's matrices go after packing (the peak
+    // holds one extra block of one layer for a moment).
     const int part = opts.only_parts.empty() ? 3 : opts.only_parts[i];
+    if (part < 1 || part > 3) return core::invalid_argument("only_parts entries are 1, 2 or 3");
     LayerWeights& dst = w.layers[static_cast<size_t>(l)];
     if ((part & 1) == 0) dst.qkv_w = {}, dst.attn_out_w = {};
     if ((part & 2) == 0) dst.ffn_in_w = {}, dst.ffn_out_w = {};

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 
 #include "core/check.h"
 #include "planner/cost_model.h"
@@ -319,7 +320,6 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
   Cbc_setAllowableGap(m.get(), 0);
   Cbc_setAllowableFractionGap(m.get(), 0);
   Cbc_setParameter(m.get(), "increment", "0");
-  Cbc_setParameter(m.get(), "threads", "1");
   Cbc_setParameter(m.get(), "timeMode", "elapsed");  // the limit is wall-clock time
   if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) {
     std::vector<int> cols;
@@ -335,7 +335,13 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
       }
     Cbc_setMIPStartI(m.get(), static_cast<int>(cols.size()), cols.data(), vals.data());
   }
-  Cbc_solve(m.get());
+  {
+    // CBC 2.10's solver driver (CbcMain1, behind Cbc_solve) keeps static
+    // state: one solve at a time in this process.
+    static std::mutex cbc_mutex;
+    std::lock_guard<std::mutex> lock(cbc_mutex);
+    Cbc_solve(m.get());
+  }
 
   IlpResult r;
   r.variables = ncols;
