@@ -17,6 +17,7 @@ unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 [ -f "$M/config.json" ] || "$BIN" gen-model --preset gpt2 --layers 6 --hidden 512 --heads 8 --vocab 8000 --out "$M" >/dev/null
 IDS=$(python3 -c "print(','.join(str(100 + i) for i in range($ROWS)))")
 COMMON=(--threads-per-device 1)
+LT=(--load-time)  # the ILP with Tw, so that the table shows T with and without it
 RUN=(--cpus-per-device 1 --insecure --stats --reps "$REPS" --warmup 1)
 lscpu | grep 'Model name' | sed 's/^/# /'
 echo "# load: $(cut -d' ' -f1-3 /proc/loadavg); model $M, $ROWS rows, $REPS timed runs after 1 warm-up"
@@ -52,7 +53,7 @@ for speeds in $SPEEDS; do
     for budget in none 60%; do
       mem=()
       [ "$budget" = none ] || mem=(--memory-limit "$HALF")
-      read -r K MEMBERS LAYERS UNITS T TC TX TW < <("$BIN" plan --model "$M" --devices 2 --seq "$ROWS" "${COMMON[@]}" \
+      read -r K MEMBERS LAYERS UNITS T TC TX TW < <("$BIN" plan --model "$M" --devices 2 --seq "$ROWS" "${COMMON[@]}" "${LT[@]}" \
         --link "$link,1ms" --device-speed "$speeds" "${mem[@]}" --json | pipeline_row)
       read -r med mn < <("$BIN" run --model "$M" --ids "$IDS" --strategy pipeline --devices "$K" --layers "$LAYERS" --units "$UNITS" \
         --link "$link,1ms" --device-speed "$(pick "$speeds" "$MEMBERS")" "${COMMON[@]}" "${RUN[@]}" | measured)

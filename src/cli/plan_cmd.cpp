@@ -244,7 +244,7 @@ struct PlanCmd {
   std::string units = "layers";
   std::string ilp_lp;
   double ilp_time_limit = 10;
-  bool no_load_time = false;
+  bool load_time = false;
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -302,7 +302,7 @@ int plan_command(const PlanCmd& f) {
   o.units = f.units == "blocks" ? planner::UnitGranularity::kBlocks : planner::UnitGranularity::kLayers;
   o.ilp_lp_file = f.ilp_lp;
   o.ilp_time_limit_s = f.ilp_time_limit;
-  o.ilp_load_time = !f.no_load_time;
+  o.ilp_load_time = f.load_time;
   auto t = planner::plan_all(c.value(), p.value(), o);
   if (!t.ok()) return fail(t.status().to_string());
   if (f.json) {
@@ -352,7 +352,7 @@ void add_plan_commands(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--ilp-lp", f->ilp_lp, "write the pipeline ILP over every device to FILE (LP format)");
     cmd->add_option("--ilp-time-limit", f->ilp_time_limit, "seconds CBC may search")->check(CLI::PositiveNumber)->capture_default_str();
-    cmd->add_flag("--no-load-time", f->no_load_time, "ILP without the weight-loading term Tw");
+    cmd->add_flag("--load-time", f->load_time, "ILP with the paper's weight-loading term Tw (off by default, see docs/planner.md)");
     cmd->callback([f] { throw CLI::RuntimeError(plan_command(*f)); });
   }
 }

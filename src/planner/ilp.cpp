@@ -321,6 +321,11 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
   Cbc_setAllowableFractionGap(m.get(), 0);
   Cbc_setParameter(m.get(), "increment", "0");
   Cbc_setParameter(m.get(), "timeMode", "elapsed");  // the limit is wall-clock time
+  // Without presolve and CBC's root heuristics: with Tw = 0 the LP is very
+  // degenerate, and a root heuristic's LP (Clp primal, which checks no time
+  // limit) ran for minutes at 16 devices; the DP's warm start is the incumbent.
+  Cbc_setParameter(m.get(), "presolve", "off");
+  Cbc_setParameter(m.get(), "heuristicsOnOff", "off");
   if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) {
     std::vector<int> cols;
     std::vector<double> vals;

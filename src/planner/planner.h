@@ -47,7 +47,9 @@ struct PlannerOptions {
   LayerSolver layer_solver = LayerSolver::kIlp;
   UnitGranularity units = UnitGranularity::kLayers;
   double ilp_time_limit_s = 10;
-  bool ilp_load_time = true;   // Tw in the objective (Eq. 10)
+  // Tw in the objective (Eq. 10). Off: its effect on the prediction error
+  // was not reproducible and pre-loading measured no effect (docs/planner.md).
+  bool ilp_load_time = false;
   std::string ilp_lp_file;     // the ILP over all devices, in LP format
 };
 

@@ -309,6 +309,7 @@ TEST(Planner, PipelineMapRespectsTheTerminalsBudget) {
   // The ILP (the default) keeps the terminal to one layer too, and is no
   // slower by the cost model than the DP's contiguous map.
   o.layer_solver = PlannerOptions::LayerSolver::kIlp;
+  o.ilp_load_time = true;  // the paper's objective, with Tw
   const auto exact = plan_strategy(*parallel::find_strategy("pipeline"), c, p, {0, 1}, o);
   ASSERT_TRUE(exact.ok());
   EXPECT_TRUE(exact.value().feasible) << exact.value().why_not;
