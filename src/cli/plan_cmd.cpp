@@ -248,6 +248,11 @@ struct PlanCmd {
   std::string out;
   bool json = false;
   bool lossy = false;
+  std::string pipeline_solver = "ilp";
+  std::string units = "layers";
+  std::string ilp_lp;
+  double ilp_time_limit = 10;
+  bool load_time = false;
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -301,6 +306,11 @@ int plan_command(const PlanCmd& f) {
   planner::PlannerOptions o;
   o.rows = plan_rows(c.value(), req.seq);
   o.lossy_allowed = f.lossy;
+  o.layer_solver = f.pipeline_solver == "dp" ? planner::PlannerOptions::LayerSolver::kDp : planner::PlannerOptions::LayerSolver::kIlp;
+  o.units = f.units == "blocks" ? planner::UnitGranularity::kBlocks : planner::UnitGranularity::kLayers;
+  o.ilp_lp_file = f.ilp_lp;
+  o.ilp_time_limit_s = f.ilp_time_limit;
+  o.ilp_load_time = f.load_time;
   auto t = planner::plan_all(c.value(), p.value(), o);
   if (!t.ok()) return fail(t.status().to_string());
   if (f.json) {
@@ -342,6 +352,15 @@ void add_plan_commands(CLI::App& app) {
     cmd->add_option("--profile", f->req.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
     cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM)");
+    cmd->add_option("--pipeline-solver", f->pipeline_solver, "pipeline layer placement: ilp (exact, CBC) or dp (contiguous)")
+        ->check(CLI::IsMember({"ilp", "dp"}))
+        ->capture_default_str();
+    cmd->add_option("--units", f->units, "ILP units: layers or blocks (attention and MLP apart)")
+        ->check(CLI::IsMember({"layers", "blocks"}))
+        ->capture_default_str();
+    cmd->add_option("--ilp-lp", f->ilp_lp, "write the pipeline ILP over every device to FILE (LP format)");
+    cmd->add_option("--ilp-time-limit", f->ilp_time_limit, "seconds CBC may search")->check(CLI::PositiveNumber)->capture_default_str();
+    cmd->add_flag("--load-time", f->load_time, "ILP with the paper's weight-loading term Tw (off by default, see docs/planner.md)");
     cmd->callback([f] { throw CLI::RuntimeError(plan_command(*f)); });
   }
 }

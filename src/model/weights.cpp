@@ -576,8 +576,11 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
       }
     }
   }
+  if (!opts.only_parts.empty() && opts.only_parts.size() != opts.only_layers.size())
+    return core::invalid_argument("only_parts needs one entry per layer of only_layers");
   w.layers.resize(static_cast<size_t>(c.layers));
-  for (int64_t l : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t l = layers[i];
     if (l < 0 || l >= c.layers) return core::out_of_range("layer " + std::to_string(l) + " outside the model");
     if (c.decoupled(l)) {
       const int64_t b1 = opts.block_end < 0 ? c.bp_div : opts.block_end;
@@ -600,6 +603,13 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
         finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw,
                      ld.consumed());
     ld.release(lw->names);
+    // A block alone: the other block's matrices go after packing (the peak
+    // holds one extra block of one layer for a moment).
+    const int part = opts.only_parts.empty() ? 3 : opts.only_parts[i];
+    if (part < 1 || part > 3) return core::invalid_argument("only_parts entries are 1, 2 or 3");
+    LayerWeights& dst = w.layers[static_cast<size_t>(l)];
+    if ((part & 1) == 0) dst.qkv_w = {}, dst.attn_out_w = {};
+    if ((part & 2) == 0) dst.ffn_in_w = {}, dst.ffn_out_w = {};
   }
   return w;
 }

@@ -62,6 +62,10 @@ struct LoadOptions {
   int64_t layer_begin = 0;
   int64_t layer_end = -1;          // -1: all layers
   std::vector<int64_t> only_layers;  // when set, exactly these layers (pipelines)
+  // With only_layers, per listed layer: 1 = its attention block only, 2 = its
+  // MLP block only, 3 = whole (empty: all whole). A block pipeline places the
+  // two blocks of a layer on different devices; norms and biases stay.
+  std::vector<int> only_parts;
   bool embeddings = true;
   bool head = true;
   // Tensor-parallel shard: heads [head_begin, head_end) and FFN columns

@@ -1,13 +1,20 @@
 // Inter-layer placement: any assignment of layers to devices (also back and
 // forth), activations sent device to device, and weight pre-loading: while
 // a device waits for its next input it pages that stage's weights in.
-// Option "layer_map": the device of each layer ("0-5:0,6-11:1" or an array;
-// default contiguous equal ranges).
+// Option "layer_map": the device of each unit ("0-5:0,6-11:1" or an array;
+// default contiguous equal ranges). Option "units": "layers" (a unit is a
+// layer) or "blocks" (unit 2l is layer l's attention block, 2l+1 its MLP
+// block, so the ILP planner may put them on different devices). Option
+// "preload" (default true): touch the next units' weights while waiting.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <thread>
 
+#include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -17,13 +24,22 @@ using core::Tensor;
 
 namespace {
 
+// Layer l's big matrices that unit `u` uses: the whole layer, or one block.
+std::vector<const kernels::PackedLinear*> unit_matrices(const model::Transformer& model, int64_t u, bool blocks) {
+  const int64_t l = blocks ? u / 2 : u;
+  const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
+  if (!blocks) return {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w};
+  if (u % 2 == 0) return {&w.qkv_w, &w.attn_out_w};
+  return {&w.ffn_in_w, &w.ffn_out_w};
+}
+
 // Asks the kernel to read the stage's weight pages (mmap'd tensors are read
-// lazily) and touches them, so the first GEMM finds them in memory.
-void preload(const model::Transformer& model, Range layers) {
+// lazily) and touches them, so the first GEMM finds them in memory (and
+// the first of them in cache): the paper's weight pre-loading.
+void preload(const model::Transformer& model, Range units, bool blocks) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (int64_t l = layers.begin; l < layers.end; ++l) {
-    const model::LayerWeights& w = model.weights().layers[static_cast<size_t>(l)];
-    for (const kernels::PackedLinear* t : {&w.qkv_w, &w.attn_out_w, &w.ffn_in_w, &w.ffn_out_w}) {
+  for (int64_t u = units.begin; u < units.end; ++u) {
+    for (const kernels::PackedLinear* t : unit_matrices(model, u, blocks)) {
       if (t->empty() || t->nbytes() == 0) continue;
       const auto addr = reinterpret_cast<uintptr_t>(t->raw());
       const uintptr_t start = addr & ~(page - 1);
@@ -48,29 +64,73 @@ struct PipelineDecoder final : Decoder {
   model::Workspace ws;
 };
 
+// Layer l's attention block on x [n, F]: x becomes the output projection
+// plus the residual (before the norm that follows attention), as
+// Transformer::layer computes it.
+void attention_unit(const model::Transformer& m, int64_t l, core::Tensor& x, model::Workspace& ws, core::ThreadPool* pool) {
+  const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  const int64_t n = x.dim(0), F = m.config().hidden;
+  ws.ensure(m.config(), n, n);
+  m.layer_input(l, x.f32(), n, ws.a.f32(), pool);
+  kernels::linear_rows_f32(pool, ws.a.f32(), n, w.qkv_w, w.qkv_b, kernels::Activation::kNone, nullptr, ws.qkv.f32());
+  const kernels::AttentionArgs a = model::attention_args(m, l, model::fused_qkv_io(ws.qkv.f32(), F, n, ws.ctx.f32()));
+  kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
+  kernels::linear_rows_f32(pool, ws.ctx.f32(), n, w.attn_out_w, w.attn_out_b, kernels::Activation::kNone, x.f32(), ws.h.f32());
+  std::memcpy(x.f32(), ws.h.f32(), static_cast<size_t>(n * F) * sizeof(float));
+}
+
+// Layer l's MLP block on the attention block's output h (in place): the
+// norm after attention, the FFN, its residual and norm.
+void mlp_unit(const model::Transformer& m, int64_t l, core::Tensor& h, model::Workspace& ws, core::ThreadPool* pool) {
+  const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  const int64_t n = h.dim(0);
+  ws.ensure(m.config(), n, n);
+  const float* mlp_in = model::attention_residual(m, l, h.f32(), nullptr, false, n, ws.a.f32(), pool);
+  kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, m.config().act, nullptr, ws.ffn.f32());
+  kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, kernels::Activation::kNone, h.f32(), ws.qkv.f32());
+  model::mlp_residual(m, l, ws.qkv.f32(), h.f32(), false, n, h.f32(), pool);
+}
+
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
   ShareKind share_kind() const override { return ShareKind::kLayers; }
   void apply_partition(Plan& plan, const Partition& p) const override {
     if (!p.layer_map.empty()) plan.options["layer_map"] = p.layer_map;
+    if (p.blocks) plan.options["units"] = "blocks";
   }
   std::string summary() const override { return "layers placed on devices (any map), weights pre-loaded while waiting"; }
   std::vector<OptionFlag> flags() const override {
-    return {{"--layers", "layer_map", OptionFlag::Kind::kString, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)"}};
+    return {{"--layers", "layer_map", OptionFlag::Kind::kString, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)"},
+            {"--units", "units", OptionFlag::Kind::kString, "pipeline units: layers (default) or blocks (attention, MLP)"},
+            {"--no-preload", "preload", OptionFlag::Kind::kSetsBool, "pipeline: do not touch the next weights while waiting",
+             false}};
   }
 
   core::Status complete(Plan& plan, const model::ModelConfig& c) const override {
-    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map"}));
-    TESSERA_ASSIGN_OR_RETURN(LayerMap map, layer_map(plan, c));
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map", "units", "preload"}));
+    TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
+    TESSERA_ASSIGN_OR_RETURN(const bool pre, option<bool>(plan, "preload", true));
+    TESSERA_ASSIGN_OR_RETURN(LayerMap map, unit_map(plan, c));
     plan.options["layer_map"] = map.device_of_layer;
+    plan.options["units"] = blocks ? "blocks" : "layers";
+    plan.options["preload"] = pre;
     return core::ok_status();
   }
 
   model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& c, int rank) const override {
     model::LoadOptions o;
     o.embeddings = o.head = rank == 0;
-    o.only_layers = layer_map(plan, c).value().layers_on(rank);
+    const LayerMap map = unit_map(plan, c).value();
+    if (!blocks_option(plan).value()) {
+      o.only_layers = map.layers_on(rank);
+    } else {
+      for (int64_t u : map.layers_on(rank)) {
+        const int part = u % 2 == 0 ? 1 : 2;
+        if (!o.only_layers.empty() && o.only_layers.back() == u / 2) o.only_parts.back() |= part;
+        else o.only_layers.push_back(u / 2), o.only_parts.push_back(part);
+      }
+    }
     if (o.only_layers.empty()) o.layer_end = 0;  // a device with no layer loads none
     return o;
   }
@@ -84,10 +144,12 @@ class Pipeline final : public Strategy {
   // Each device keeps the cache of its own layers; a step passes one row through the stages.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 int64_t positions) const override {
-    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
     const model::ModelConfig& c = m.config();
     if (positions < 1 || positions > c.max_positions)
       return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions");
+    TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
+    if (blocks) return core::unimplemented("pipeline generation places whole layers: use --units layers");
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, unit_map(plan, c));
     auto d = std::make_unique<PipelineDecoder>(*this, m, plan, sync);
     d->cache.k.resize(static_cast<size_t>(c.layers));
     d->cache.v.resize(static_cast<size_t>(c.layers));
@@ -103,7 +165,9 @@ class Pipeline final : public Strategy {
   // the weights in, and touching every page per token would cost more than a step.
   Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                             int64_t pos0, model::KvCache* cache, model::Workspace& ws, core::ThreadPool* pool) const {
-    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, layer_map(plan, m.config()));
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, unit_map(plan, m.config()));
+    TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
+    TESSERA_ASSIGN_OR_RETURN(const bool pre, option<bool>(plan, "preload", true));
     const int64_t F = m.config().hidden;
     const int me = sync.rank();
     int holder = 0;  // the device that holds the activations now
@@ -112,16 +176,20 @@ class Pipeline final : public Strategy {
       if (stage.device != holder) {
         if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(stage.device, floats(cur.f32(), n * F)));
         if (me == stage.device) {
-          std::thread pre;
-          if (pos0 == 0) pre = std::thread([&] { preload(m, stage.layers); });
+          std::thread loader;
+          if (pre && pos0 == 0) loader = std::thread([&] { preload(m, stage.layers, blocks); });
           const core::Status st = sync.recv(holder, floats(cur.f32(), n * F));
-          if (pre.joinable()) pre.join();
+          if (loader.joinable()) loader.join();
           TESSERA_RETURN_IF_ERROR(st);
         }
         holder = stage.device;
       }
-      if (me == holder)
-        for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l) m.layer(l, cur, pos0, cache, ws, pool);
+      if (me != holder) continue;
+      for (int64_t u = stage.layers.begin; u < stage.layers.end; ++u) {
+        if (!blocks) m.layer(u, cur, pos0, cache, ws, pool);
+        else if (u % 2 == 0) attention_unit(m, u / 2, cur, ws, pool);
+        else mlp_unit(m, u / 2, cur, ws, pool);
+      }
     }
     if (holder != 0) {
       if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(0, floats(cur.f32(), n * F)));
@@ -131,7 +199,8 @@ class Pipeline final : public Strategy {
   }
 
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
-    const LayerMap map = layer_map(plan, c).value();
+    const LayerMap map = unit_map(plan, c).value();
+    const bool blocks = blocks_option(plan).value();
     const int64_t F = c.hidden;
     Schedule s;
     s.devices.resize(static_cast<size_t>(plan.world));
@@ -146,32 +215,59 @@ class Pipeline final : public Strategy {
       }
       holder = to;
     };
+    // A layer's kernels; the attention block is the first four (norm, QKV,
+    // attention, output projection), the MLP block the rest.
+    std::vector<Work> layer_work;
+    add_layer_work(layer_work, c, n, n);
     for (const auto& stage : map.stages()) {
       if (stage.device != holder) hand_over(stage.device, "send activations");
-      for (int64_t l = stage.layers.begin; l < stage.layers.end; ++l)
+      for (int64_t u = stage.layers.begin; u < stage.layers.end; ++u)
         for (int r = 0; r < plan.world; ++r) {
-          Phase ph{"layer", l, {}, {}, false};
-          if (r == holder) add_layer_work(ph.work, c, n, n);
+          Phase ph{blocks ? (u % 2 == 0 ? "attention" : "mlp") : "layer", blocks ? u / 2 : u, {}, {}, false};
+          if (r == holder) {
+            const auto mid = layer_work.begin() + 4;
+            if (!blocks) ph.work = layer_work;
+            else if (u % 2 == 0) ph.work.assign(layer_work.begin(), mid);
+            else ph.work.assign(mid, layer_work.end());
+          }
           s.devices[static_cast<size_t>(r)].phases.push_back(std::move(ph));
         }
     }
     if (holder != 0) hand_over(0, "return activations");
+    // Weights as load_options loads them: a block alone drops the other
+    // block's matrices and keeps the layer's norms and biases.
+    const int64_t attn = 4 * F * F * 4, mlp = 2 * c.intermediate * F * 4;
+    const int64_t whole = layer_weight_bytes(c, F, c.intermediate);
     for (int r = 0; r < plan.world; ++r) {
       DeviceSchedule& d = s.devices[static_cast<size_t>(r)];
-      const auto layers = static_cast<int64_t>(map.layers_on(r).size());
-      d.weight_bytes = layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
-      d.activation_bytes = layers > 0 || r == 0 ? (n * (7 * F + c.intermediate) + n * n * c.heads) * 4 : 0;
+      const model::LoadOptions lo = load_options(plan, c, r);
+      int64_t w = 0;
+      for (size_t i = 0; i < lo.only_layers.size(); ++i) {
+        const int part = lo.only_parts.empty() ? 3 : lo.only_parts[i];
+        w += part == 3 ? whole : whole - (part == 1 ? mlp : attn);
+      }
+      d.weight_bytes = w + (r == 0 ? terminal_weight_bytes(c) : 0);
+      d.activation_bytes = !lo.only_layers.empty() || r == 0 ? (n * (7 * F + c.intermediate) + n * n * c.heads) * 4 : 0;
     }
     return s;
   }
 
  private:
-  static Result<LayerMap> layer_map(const Plan& plan, const model::ModelConfig& c) {
-    if (!plan.options.is_object() || !plan.options.contains("layer_map")) return contiguous_layers(c.layers, plan.world);
+  static Result<bool> blocks_option(const Plan& plan) {
+    TESSERA_ASSIGN_OR_RETURN(const std::string u, option<std::string>(plan, "units", "layers"));
+    if (u != "layers" && u != "blocks") return core::invalid_argument("pipeline units must be layers or blocks, not '" + u + "'");
+    return u == "blocks";
+  }
+  // The device of each unit (layers, or 2 blocks per layer).
+  static Result<LayerMap> unit_map(const Plan& plan, const model::ModelConfig& c) {
+    TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
+    const int64_t units = blocks ? 2 * c.layers : c.layers;
+    if (!plan.options.is_object() || !plan.options.contains("layer_map")) return contiguous_layers(units, plan.world);
     const auto& v = plan.options.at("layer_map");
-    if (v.is_string()) return parse_layer_map(v.get<std::string>(), c.layers, plan.world);
-    if (!v.is_array() || static_cast<int64_t>(v.size()) != c.layers)
-      return core::invalid_argument("layer map needs one device per layer (" + std::to_string(c.layers) + ")");
+    if (v.is_string()) return parse_layer_map(v.get<std::string>(), units, plan.world);
+    if (!v.is_array() || static_cast<int64_t>(v.size()) != units)
+      return core::invalid_argument("layer map needs one device per " + std::string(blocks ? "block" : "layer") + " (" +
+                                    std::to_string(units) + ")");
     LayerMap map;
     map.devices = plan.world;
     for (const auto& d : v) {

@@ -58,6 +58,7 @@ struct Partition {
   std::vector<double> shares;      // kRows, kHeads: one per device
   std::vector<double> ffn_shares;  // kHeads: FFN-column share of each device
   std::vector<int> layer_map;      // kLayers: the device of each layer
+  bool blocks = false;             // kLayers: layer_map has two units per layer (attention, MLP)
 };
 
 // Generation with a KV cache across devices: the state one rank keeps for

@@ -216,6 +216,51 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
                                   (why.empty() ? "" : " (" + why + ")"));
 }
 
+// Layers, exactly: the ILP over the unit chain (ilp.h), warm-started from
+// the dynamic programme's map `dp_map` (empty: none fits). Its plan is the
+// row's, whatever the cost model says of the DP's: the ILP's objective also
+// prices the terminal's pseudo layers and weight loading.
+void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
+                       const std::vector<int>& dp_map, Best& best, std::vector<std::string>& notes) {
+  const int K = p.size();
+  const bool blocks = o.units == UnitGranularity::kBlocks;
+  const auto pr = build_unit_chain(s, c, p, o.rows, o.units, o.ilp_load_time);
+  if (!pr.ok()) {
+    notes.push_back("ILP: " + pr.status().message());
+    return;
+  }
+  IlpOptions io;
+  io.time_limit_s = o.ilp_time_limit_s;
+  io.lp_file = o.ilp_lp_file;
+  if (!dp_map.empty()) {
+    std::vector<int> units;
+    for (int d : dp_map) {
+      units.push_back(d);
+      if (blocks) units.push_back(d);
+    }
+    io.warm_start = chain_assignment(pr.value(), units);
+  }
+  const auto r = solve_ilp(pr.value(), io);
+  if (!r.ok()) {
+    notes.push_back("ILP: " + r.status().message());
+    return;
+  }
+  notes.push_back(r.value().summary());
+  if (r.value().device_of_unit.empty()) return;
+  const std::vector<int> map = model_unit_map(pr.value(), r.value().device_of_unit);
+  Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks});
+  const auto pred = evaluate(plan, c, p, o.rows);
+  if (pred.ok()) best.offer(plan, pred.value());
+  std::vector<int64_t> per(static_cast<size_t>(K), 0);
+  int64_t switches = 0;
+  for (size_t i = 0; i < map.size(); ++i) {
+    ++per[static_cast<size_t>(map[i])];
+    switches += i > 0 && map[i] != map[i - 1];
+  }
+  notes.push_back(std::string(blocks ? "blocks" : "layers") + " per device " + join_counts(per) + ", " +
+                  std::to_string(switches) + " hand-over(s) between devices (ILP)");
+}
+
 // Layers: a contiguous map by dynamic programming over (layers done, last
 // device), in the members' order, within each device's budget. Per-layer
 // times, hand-over bytes and memory come from the strategy's estimate().
@@ -286,17 +331,24 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
     const double t = g[static_cast<size_t>(L)][static_cast<size_t>(j)] + hand(j, 0);
     if (t < best_ms) best_ms = t, last = j;
   }
-  if (last < 0) {
-    notes.push_back("no contiguous layer map fits the budgets");
+  std::vector<int> map;
+  if (last >= 0) {
+    map.assign(static_cast<size_t>(L), 0);
+    for (int64_t l = L; l > 0 && last > 0;) {
+      const auto [pl, pj] = from[static_cast<size_t>(l)][static_cast<size_t>(last)];
+      TESSERA_CHECK(pl >= 0);
+      for (int64_t x = pl; x < l; ++x) map[static_cast<size_t>(x)] = last;
+      l = pl;
+      last = pj;
+    }
+  }
+  if (o.layer_solver == PlannerOptions::LayerSolver::kIlp) {
+    search_layers_ilp(s, c, p, o, map, best, notes);
     return;
   }
-  std::vector<int> map(static_cast<size_t>(L), 0);
-  for (int64_t l = L; l > 0 && last > 0;) {
-    const auto [pl, pj] = from[static_cast<size_t>(l)][static_cast<size_t>(last)];
-    TESSERA_CHECK(pl >= 0);
-    for (int64_t x = pl; x < l; ++x) map[static_cast<size_t>(x)] = last;
-    l = pl;
-    last = pj;
+  if (map.empty()) {
+    notes.push_back("no contiguous layer map fits the budgets");
+    return;
   }
   Plan plan = map_plan(map);
   const auto pred = evaluate(plan, c, p, n);
@@ -379,10 +431,12 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
   cand.members = members;
   cand.exact = s.exact();
   Best best;
+  PlannerOptions layer_o = o;
+  if (K != p.size()) layer_o.ilp_lp_file.clear();  // the LP file is the model over every device
   switch (s.share_kind()) {
     case ShareKind::kRows: search_rows(s, c, sub, o, best, cand.notes); break;
     case ShareKind::kHeads: search_heads(s, c, sub, o, best, cand.notes); break;
-    case ShareKind::kLayers: search_layers(s, c, sub, o, best, cand.notes); break;
+    case ShareKind::kLayers: search_layers(s, c, sub, layer_o, best, cand.notes); break;
     case ShareKind::kNone: break;
   }
   if (!best.have) {
@@ -422,6 +476,37 @@ bool better(const Candidate& a, const Candidate& b) {
 
 Result<Candidate> plan_strategy_any_subset(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
                                            const PlannerOptions& o) {
+  // The ILP chooses the devices itself (one with no unit is left out), so
+  // one solve over all of them replaces the subset search.
+  if (s.share_kind() == ShareKind::kLayers && o.layer_solver == PlannerOptions::LayerSolver::kIlp && p.size() > 1) {
+    std::vector<int> all(static_cast<size_t>(p.size()));
+    std::iota(all.begin(), all.end(), 0);
+    TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy(s, c, p, all, o));
+    if (!cand.plan.options.contains("layer_map")) return cand;
+    const auto map = cand.plan.options.at("layer_map").get<std::vector<int>>();
+    std::vector<int> used = {0};
+    for (int d : map)
+      if (std::find(used.begin(), used.end(), d) == used.end()) used.push_back(d);
+    std::sort(used.begin(), used.end());
+    if (static_cast<int>(used.size()) == p.size()) return cand;
+    // The same plan over the devices it uses, renumbered.
+    std::vector<int> sub_map;
+    for (int d : map) sub_map.push_back(static_cast<int>(std::find(used.begin(), used.end(), d) - used.begin()));
+    Plan plan = cand.plan;
+    plan.world = static_cast<int>(used.size());
+    plan.ratios.clear();
+    plan.options["layer_map"] = sub_map;
+    TESSERA_ASSIGN_OR_RETURN(const Prediction pred, evaluate(plan, c, p.subset(used), o.rows));
+    cand.plan = plan;
+    cand.members = used;
+    cand.prediction = pred;
+    cand.feasible = pred.fits;
+    if (!pred.fits) cand.why_not = pred.why_not;
+    for (int d = 1; d < p.size(); ++d)
+      if (std::find(used.begin(), used.end(), d) == used.end())
+        cand.notes.push_back("device " + std::to_string(d) + " left out: the ILP assigns it no unit");
+    return cand;
+  }
   // Greedy: from the terminal alone, add the device that helps most, down
   // to all of them; keep the best set seen.
   std::vector<int> members = {0};

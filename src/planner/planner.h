@@ -14,6 +14,7 @@
 #include "model/config.h"
 #include "parallel/strategy.h"
 #include "planner/cost_model.h"
+#include "planner/ilp.h"
 #include "planner/profile.h"
 
 namespace tessera::planner {
@@ -40,6 +41,16 @@ struct PlannerOptions {
   int64_t rows = 128;          // the request's row count
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
   int refine_steps = 24;       // cost-model refinements of a row partition
+  // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the
+  // dynamic programme) or the contiguous dynamic programme alone.
+  enum class LayerSolver { kIlp, kDp };
+  LayerSolver layer_solver = LayerSolver::kIlp;
+  UnitGranularity units = UnitGranularity::kLayers;
+  double ilp_time_limit_s = 10;
+  // Tw in the objective (Eq. 10). Off: its effect on the prediction error
+  // was not reproducible and pre-loading measured no effect (docs/planner.md).
+  bool ilp_load_time = false;
+  std::string ilp_lp_file;     // the ILP over all devices, in LP format
 };
 
 // Galaxy's Algorithm 1 on `units` work units (heads or FFN columns):

@@ -110,6 +110,37 @@ TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
 }
 
+TEST(PlanCli, PipelineRowIsTheIlpsWithItsLpFileAndTheDpOnRequest) {
+  const std::string prof = tmp("ilp.json"), lp = tmp("ilp_model.lp");
+  const CmdResult measured = run("profile --model " + kData + "/gpt2-tiny --devices 1 --seq 16 --out " + prof);
+  ASSERT_EQ(measured.code, 0) << measured.err;
+  auto p = planner::ClusterProfile::load(prof).value();
+  p.devices.push_back(p.devices[0]);
+  p.links.assign(2, std::vector<planner::LinkProfile>(2));
+  p.links[0][1] = p.links[1][0] = {0.1, 10000.0};
+  ASSERT_TRUE(p.save(prof).ok());
+  auto pipeline_notes = [](const std::string& out) {
+    const auto table = nlohmann::json::parse(out);
+    for (const auto& row : table["rows"])
+      if (row["strategy"] == "pipeline") return row["notes"].dump();
+    return std::string();
+  };
+  const CmdResult ilp = run("plan --model " + kData + "/gpt2-tiny --profile " + prof + " --seq 16 --units blocks --ilp-lp " + lp + " --json");
+  ASSERT_EQ(ilp.code, 0) << ilp.err;
+  EXPECT_NE(pipeline_notes(ilp.out).find("ILP optimal"), std::string::npos) << ilp.out;
+  const auto text = core::read_file(lp);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_NE(text.value().find("x_2_1"), std::string::npos);  // gpt2-tiny: 4 blocks + 4 pseudo layers, 2 devices
+  EXPECT_NE(text.value().find("memory_0"), std::string::npos);
+  const CmdResult dp = run("plan --model " + kData + "/gpt2-tiny --profile " + prof + " --seq 16 --pipeline-solver dp --json");
+  ASSERT_EQ(dp.code, 0) << dp.err;
+  EXPECT_EQ(pipeline_notes(dp.out).find("ILP"), std::string::npos) << dp.out;
+  // A block map the ILP may return runs as worker processes.
+  const CmdResult r = run("run --model " + kData + "/gpt2-tiny --ids " + ids(16) +
+                          " --strategy pipeline --units blocks --layers 0:0,1:1,2:1,3:0 --devices 2 --insecure --no-preload");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST(PlanCli, RunAutoReportsThePredictionAndThePlan) {
   const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +
                           " --strategy auto --devices 2 --link 1gbit,1ms --insecure --stats");

@@ -300,11 +300,25 @@ TEST(Planner, PipelineMapRespectsTheTerminalsBudget) {
   const ClusterProfile p = cluster({device(10, 1.0, budget), device(10, 0.5)}, 0.01, 1e5);
   PlannerOptions o;
   o.rows = 64;
+  o.layer_solver = PlannerOptions::LayerSolver::kDp;
   const auto cand = plan_strategy(*parallel::find_strategy("pipeline"), c, p, {0, 1}, o);
   ASSERT_TRUE(cand.ok());
   EXPECT_TRUE(cand.value().feasible) << cand.value().why_not;
   const auto map = cand.value().plan.options.at("layer_map").get<std::vector<int>>();
   EXPECT_EQ(map, (std::vector<int>{0, 1, 1, 1}));
+  // The ILP (the default) keeps the terminal to one layer too, and is no
+  // slower by the cost model than the DP's contiguous map.
+  o.layer_solver = PlannerOptions::LayerSolver::kIlp;
+  o.ilp_load_time = true;  // the paper's objective, with Tw
+  const auto exact = plan_strategy(*parallel::find_strategy("pipeline"), c, p, {0, 1}, o);
+  ASSERT_TRUE(exact.ok());
+  EXPECT_TRUE(exact.value().feasible) << exact.value().why_not;
+  const auto emap = exact.value().plan.options.at("layer_map").get<std::vector<int>>();
+  EXPECT_LE(std::count(emap.begin(), emap.end(), 0), 1);
+  o.ilp_load_time = false;  // then the ILP's T is the cost model's latency plus the pinned head and embedding
+  const auto no_tw = plan_strategy(*parallel::find_strategy("pipeline"), c, p, {0, 1}, o);
+  ASSERT_TRUE(no_tw.ok());
+  EXPECT_LE(no_tw.value().prediction.latency_ms, cand.value().prediction.latency_ms * (1 + 1e-9));
 }
 
 TEST(Profile, RoundTripsThroughJson) {

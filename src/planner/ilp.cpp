@@ -1,0 +1,426 @@
+#include "planner/ilp.h"
+
+#include <Cbc_C_Interface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+
+#include "core/check.h"
+#include "planner/cost_model.h"
+
+namespace tessera::planner {
+
+using core::Result;
+using parallel::Plan;
+using parallel::Schedule;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double ms_of(const std::vector<parallel::Work>& work, const DeviceProfile& d) {
+  double t = 0;
+  for (const auto& w : work) t += work_ms(w, d);
+  return t;
+}
+
+// The terminal's own kernels, which no strategy estimates: the embedding
+// (a gather and, for BERT, a norm; ViT's patch projection) and the head
+// (GPT-2's final norm and LM head over every row; BERT's pooler and
+// classifier; ViT's norm and classifier on the CLS row), as
+// Transformer::embed and Transformer::head run them.
+std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
+  std::vector<parallel::Work> w;
+  w.push_back(parallel::elementwise("embed", n, c.hidden));
+  if (c.family == model::Family::kBert) w.push_back(parallel::elementwise("norm", n, c.hidden));
+  if (c.family == model::Family::kVit) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
+  return w;
+}
+
+std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
+  std::vector<parallel::Work> w;
+  if (c.family == model::Family::kGpt2) {
+    w.push_back(parallel::elementwise("ln_f", n, c.hidden));
+    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.hidden, c.vocab));
+    return w;
+  }
+  if (c.family == model::Family::kVit) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));
+  if (c.family == model::Family::kBert) w.push_back(parallel::gemm("pooler", 1, c.hidden, c.hidden));
+  if (c.head != model::HeadKind::kNone) w.push_back(parallel::gemm("classifier", 1, c.hidden, c.num_labels()));
+  return w;
+}
+
+int64_t logits_bytes(const model::ModelConfig& c, int64_t n) {
+  if (c.head == model::HeadKind::kNone) return n * c.hidden * 4;
+  return (c.family == model::Family::kGpt2 ? n * c.vocab : c.num_labels()) * 4;
+}
+
+int64_t input_bytes(const model::ModelConfig& c, int64_t n) {
+  if (c.family == model::Family::kVit) return c.channels * c.image_size * c.image_size * 4;
+  return n * 8 * (c.family == model::Family::kBert ? 2 : 1);  // ids (and token types)
+}
+
+}  // namespace
+
+Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
+                                    int64_t rows, UnitGranularity g, bool with_load_time) {
+  if (s.share_kind() != parallel::ShareKind::kLayers)
+    return core::invalid_argument("strategy '" + s.name() + "' does not place layers on devices");
+  const int K = p.size();
+  if (K < 1) return core::invalid_argument("the profile has no device");
+  const bool blocks = g == UnitGranularity::kBlocks;
+  const int64_t U = blocks ? 2 * c.layers : c.layers;
+  // Two-device plans: everything on device 0 but `one` on device 1.
+  auto estimate_with = [&](const std::vector<int>& map) -> Result<Schedule> {
+    Plan plan;
+    plan.strategy = s.name();
+    plan.world = 2;
+    parallel::Partition part;
+    part.layer_map = map;
+    part.blocks = blocks;
+    s.apply_partition(plan, part);
+    TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
+    return parallel::estimate(plan, c, rows);
+  };
+  auto work_of = [](const parallel::DeviceSchedule& d) {
+    std::vector<parallel::Work> w;
+    for (const auto& ph : d.phases) w.insert(w.end(), ph.work.begin(), ph.work.end());
+    return w;
+  };
+  auto sent = [](const parallel::DeviceSchedule& d) { return d.bytes_sent(); };
+
+  IlpProblem pr;
+  pr.devices = K;
+  auto add_unit = [&](std::string name, int pinned, int64_t model_unit, const std::vector<parallel::Work>& work,
+                      int64_t weights, int64_t out) {
+    IlpUnit u;
+    u.name = std::move(name);
+    u.pinned = pinned;
+    u.model_unit = model_unit;
+    u.weight_bytes = weights;
+    u.out_bytes = out;
+    for (const auto& d : p.devices) {
+      u.compute_ms.push_back(ms_of(work, d));
+      // Eq. 2: the weights over the device's memory bandwidth.
+      u.load_ms.push_back(with_load_time ? static_cast<double>(weights) / (std::max(d.stream_gbps, 1e-6) * 1e9) * 1e3 : 0.0);
+    }
+    pr.units.push_back(std::move(u));
+  };
+
+  // With every unit on device 1, device 0 holds the terminal's weights and activations.
+  TESSERA_ASSIGN_OR_RETURN(const Schedule all1, estimate_with(std::vector<int>(static_cast<size_t>(U), 1)));
+  const auto& term = all1.devices[0];
+  double act_other = 0;
+  // Pseudo layers (§III-A): the source, where the input lives, and the
+  // embedding, which only the terminal can run.
+  add_unit("source", 0, -1, {}, 0, input_bytes(c, rows));
+  std::vector<parallel::Work> units_work;
+  for (int64_t u = 0; u < U; ++u) {
+    std::vector<int> map(static_cast<size_t>(U), 0);
+    map[static_cast<size_t>(u)] = 1;
+    TESSERA_ASSIGN_OR_RETURN(const Schedule su, estimate_with(map));
+    const auto& d1 = su.devices[1];
+    if (u == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, sent(su.devices[0]));
+    act_other = std::max(act_other, static_cast<double>(d1.activation_bytes));
+    const std::string name = blocks ? (u % 2 == 0 ? "attention " : "mlp ") + std::to_string(u / 2) : "layer " + std::to_string(u);
+    add_unit(name, -1, u, work_of(d1), d1.weight_bytes, sent(d1));
+  }
+  if (U == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, rows * c.hidden * 4);
+  add_unit("head", 0, -1, head_work(c, rows), 0, logits_bytes(c, rows));
+  add_unit("destination", 0, -1, {}, 0, 0);
+
+  const size_t N = pr.units.size();
+  pr.xfer_ms.assign(N - 1, std::vector<std::vector<double>>(static_cast<size_t>(K), std::vector<double>(static_cast<size_t>(K), 0.0)));
+  for (size_t l = 0; l + 1 < N; ++l)
+    for (int a = 0; a < K; ++a)
+      for (int b = 0; b < K; ++b) {
+        if (a == b) continue;  // the output stays in memory
+        parallel::Transfer t;
+        t.kind = parallel::CollectiveKind::kSendRecv;
+        t.bytes_sent = pr.units[l].out_bytes;
+        t.peers = {b};
+        pr.xfer_ms[l][static_cast<size_t>(a)][static_cast<size_t>(b)] =
+            p.link(a, b).bandwidth_mbps > 0 ? transfer_ms(t, a, p) : kInf;
+      }
+  for (int d = 0; d < K; ++d) {
+    const int64_t m = p.devices[static_cast<size_t>(d)].memory_bytes;
+    const double act = d == 0 ? static_cast<double>(term.activation_bytes) : act_other;
+    pr.budget.push_back(m > 0 ? static_cast<double>(m) - act : kInf);
+  }
+  return pr;
+}
+
+IlpCost assignment_cost(const IlpProblem& pr, const std::vector<int>& a) {
+  IlpCost cost;
+  TESSERA_CHECK(a.size() == pr.units.size());
+  for (size_t l = 0; l < a.size(); ++l) {
+    const auto d = static_cast<size_t>(a[l]);
+    cost.compute_ms += pr.units[l].compute_ms[d];
+    if (l == 0) continue;
+    const auto prev = static_cast<size_t>(a[l - 1]);
+    if (prev == d) cost.load_ms += pr.units[l].load_ms[d];  // z = 1: no idle time to pre-load in
+    else cost.transfer_ms += pr.xfer_ms[l - 1][prev][d];
+  }
+  return cost;
+}
+
+bool assignment_feasible(const IlpProblem& pr, const std::vector<int>& a) {
+  if (a.size() != pr.units.size()) return false;
+  std::vector<double> used(static_cast<size_t>(pr.devices), 0.0);
+  std::vector<bool> runs(static_cast<size_t>(pr.devices), false);
+  for (size_t l = 0; l < a.size(); ++l) {
+    if (a[l] < 0 || a[l] >= pr.devices) return false;
+    if (pr.units[l].pinned >= 0 && pr.units[l].pinned != a[l]) return false;
+    if (l > 0 && !std::isfinite(pr.xfer_ms[l - 1][static_cast<size_t>(a[l - 1])][static_cast<size_t>(a[l])])) return false;
+    used[static_cast<size_t>(a[l])] += static_cast<double>(pr.units[l].weight_bytes);
+    runs[static_cast<size_t>(a[l])] = true;
+  }
+  for (int d = 0; d < pr.devices; ++d)
+    if (runs[static_cast<size_t>(d)] && used[static_cast<size_t>(d)] > pr.budget[static_cast<size_t>(d)]) return false;
+  return true;
+}
+
+const char* ilp_status_name(IlpStatus s) {
+  switch (s) {
+    case IlpStatus::kOptimal: return "optimal";
+    case IlpStatus::kFeasible: return "feasible (limit reached)";
+    case IlpStatus::kInfeasible: return "infeasible";
+    case IlpStatus::kNoSolution: return "no solution found in the limit";
+  }
+  return "?";
+}
+
+std::string IlpResult::summary() const {
+  char buf[320];
+  std::snprintf(buf, sizeof(buf),
+                "ILP %s: T %.3f ms (Tc %.3f + Tx %.3f + Tw %.3f), bound %.3f ms, gap %.3f%%, %.3f s, %d variables, %d constraints",
+                ilp_status_name(status), objective_ms, cost.compute_ms, cost.transfer_ms, cost.load_ms, bound_ms, 100 * gap,
+                solve_s, variables, constraints);
+  return buf;
+}
+
+// Columns: x[l][d] (binary) for every unit and device, then y[l][d][d']
+// (continuous in [0, 1]) for every unit but the last. y is a flow: its
+// rows out of (l, d) sum to x[l][d] and its columns into (l+1, d') to
+// x[l+1][d'], so at integral x it is exactly x[l][d]·x[l+1][d'] (Eq. 6),
+// and its diagonal y[l][d][d] is z[l+1][d] (Eq. 7).
+Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
+  const int D = pr.devices;
+  const int L = static_cast<int>(pr.units.size());
+  if (D < 1 || L < 1) return core::invalid_argument("the ILP needs a device and a unit");
+  if (static_cast<int>(pr.budget.size()) != D || static_cast<int>(pr.xfer_ms.size()) != L - 1)
+    return core::invalid_argument("malformed ILP problem");
+  for (const auto& u : pr.units)
+    if (static_cast<int>(u.compute_ms.size()) != D || static_cast<int>(u.load_ms.size()) != D || u.pinned >= D)
+      return core::invalid_argument("malformed ILP unit '" + u.name + "'");
+  const auto t0 = std::chrono::steady_clock::now();
+  // A device whose pinned units alone exceed its budget: infeasible before
+  // any search (a negative budget has no memory row below).
+  std::vector<double> pinned_bytes(static_cast<size_t>(D), 0.0);
+  std::vector<bool> has_pin(static_cast<size_t>(D), false);
+  for (const auto& u : pr.units)
+    if (u.pinned >= 0) {
+      pinned_bytes[static_cast<size_t>(u.pinned)] += static_cast<double>(u.weight_bytes);
+      has_pin[static_cast<size_t>(u.pinned)] = true;
+    }
+  for (int d = 0; d < D; ++d)
+    if (has_pin[static_cast<size_t>(d)] && pinned_bytes[static_cast<size_t>(d)] > pr.budget[static_cast<size_t>(d)]) {
+      IlpResult r;
+      r.status = IlpStatus::kInfeasible;
+      return r;
+    }
+  auto X = [&](int l, int d) { return l * D + d; };
+  auto Y = [&](int l, int d, int e) { return L * D + (l * D + d) * D + e; };
+  const int ncols = L * D + (L - 1) * D * D;
+  // Rows: Eq. 4 (one per unit), flow out of and into each (l, d), Eq. 5 (devices with a budget).
+  auto row_assign = [&](int l) { return l; };
+  auto row_out = [&](int l, int d) { return L + l * D + d; };
+  auto row_in = [&](int l, int e) { return L + (L - 1) * D + l * D + e; };
+  std::vector<int> mem_row(static_cast<size_t>(D), -1);
+  int nrows = L + 2 * (L - 1) * D;
+  for (int d = 0; d < D; ++d)
+    if (std::isfinite(pr.budget[static_cast<size_t>(d)]) && pr.budget[static_cast<size_t>(d)] >= 0) mem_row[static_cast<size_t>(d)] = nrows++;
+
+  std::vector<int> start, index;
+  std::vector<double> value, collb(static_cast<size_t>(ncols), 0.0), colub(static_cast<size_t>(ncols), 1.0),
+      obj(static_cast<size_t>(ncols), 0.0);
+  start.reserve(static_cast<size_t>(ncols) + 1);
+  for (int l = 0; l < L; ++l)
+    for (int d = 0; d < D; ++d) {
+      const IlpUnit& u = pr.units[static_cast<size_t>(l)];
+      const int col = X(l, d);
+      start.push_back(static_cast<int>(index.size()));
+      index.push_back(row_assign(l)), value.push_back(1);
+      if (l + 1 < L) index.push_back(row_out(l, d)), value.push_back(-1);
+      if (l > 0) index.push_back(row_in(l - 1, d)), value.push_back(-1);
+      if (mem_row[static_cast<size_t>(d)] >= 0 && u.weight_bytes > 0)
+        index.push_back(mem_row[static_cast<size_t>(d)]), value.push_back(static_cast<double>(u.weight_bytes));
+      obj[static_cast<size_t>(col)] = u.compute_ms[static_cast<size_t>(d)];  // Eq. 8
+      const double room = pr.budget[static_cast<size_t>(d)];
+      const bool cannot = room < 0 || static_cast<double>(u.weight_bytes) > room;
+      if (u.pinned >= 0) collb[static_cast<size_t>(col)] = colub[static_cast<size_t>(col)] = u.pinned == d ? 1 : 0;
+      else if (cannot) colub[static_cast<size_t>(col)] = 0;
+    }
+  for (int l = 0; l + 1 < L; ++l)
+    for (int d = 0; d < D; ++d)
+      for (int e = 0; e < D; ++e) {
+        const int col = Y(l, d, e);
+        start.push_back(static_cast<int>(index.size()));
+        index.push_back(row_out(l, d)), value.push_back(1);
+        index.push_back(row_in(l, e)), value.push_back(1);
+        const double t = d == e ? pr.units[static_cast<size_t>(l + 1)].load_ms[static_cast<size_t>(d)]  // Eq. 10
+                                 : pr.xfer_ms[static_cast<size_t>(l)][static_cast<size_t>(d)][static_cast<size_t>(e)];  // Eq. 9
+        if (std::isfinite(t)) obj[static_cast<size_t>(col)] = t;
+        else colub[static_cast<size_t>(col)] = 0;  // no link
+      }
+  start.push_back(static_cast<int>(index.size()));
+  std::vector<double> rowlb(static_cast<size_t>(nrows), 0.0), rowub(static_cast<size_t>(nrows), 0.0);
+  for (int l = 0; l < L; ++l) rowlb[static_cast<size_t>(l)] = rowub[static_cast<size_t>(l)] = 1;  // Eq. 4, with equality
+  for (int d = 0; d < D; ++d)
+    if (mem_row[static_cast<size_t>(d)] >= 0) {
+      rowlb[static_cast<size_t>(mem_row[static_cast<size_t>(d)])] = -1e30;
+      rowub[static_cast<size_t>(mem_row[static_cast<size_t>(d)])] = pr.budget[static_cast<size_t>(d)];  // Eq. 5
+    }
+
+  std::unique_ptr<Cbc_Model, void (*)(Cbc_Model*)> m(Cbc_newModel(), Cbc_deleteModel);
+  Cbc_loadProblem(m.get(), ncols, nrows, start.data(), index.data(), value.data(), collb.data(), colub.data(), obj.data(),
+                  rowlb.data(), rowub.data());
+  for (int l = 0; l < L; ++l)
+    for (int d = 0; d < D; ++d) Cbc_setInteger(m.get(), X(l, d));
+  if (!o.lp_file.empty()) {
+    for (int l = 0; l < L; ++l)
+      for (int d = 0; d < D; ++d) {
+        Cbc_setColName(m.get(), X(l, d), ("x_" + std::to_string(l) + "_" + std::to_string(d)).c_str());
+        for (int e = 0; e < D && l + 1 < L; ++e)
+          Cbc_setColName(m.get(), Y(l, d, e),
+                         ("y_" + std::to_string(l) + "_" + std::to_string(d) + "_" + std::to_string(e)).c_str());
+      }
+    const auto name_row = [&](int row, const std::string& name) { Cbc_setRowName(m.get(), row, name.c_str()); };
+    for (int l = 0; l < L; ++l) {
+      name_row(row_assign(l), "assign_" + std::to_string(l));
+      for (int d = 0; d < D && l + 1 < L; ++d) {
+        name_row(row_out(l, d), "out_" + std::to_string(l) + "_" + std::to_string(d));
+        name_row(row_in(l, d), "in_" + std::to_string(l + 1) + "_" + std::to_string(d));  // flow into (l+1, d)
+      }
+    }
+    for (int d = 0; d < D; ++d)
+      if (mem_row[static_cast<size_t>(d)] >= 0) name_row(mem_row[static_cast<size_t>(d)], "memory_" + std::to_string(d));
+    std::string base = o.lp_file;
+    if (base.size() > 3 && base.compare(base.size() - 3, 3, ".lp") == 0) base.resize(base.size() - 3);
+    Cbc_writeLp(m.get(), base.c_str());  // CBC appends ".lp"
+  }
+  Cbc_setLogLevel(m.get(), 0);
+  Cbc_setMaximumSeconds(m.get(), std::max(o.time_limit_s, 0.01));
+  // Proven optimal means optimal: no gap tolerance, and no cutoff increment
+  // that would prune a solution better by less than it.
+  Cbc_setAllowableGap(m.get(), 0);
+  Cbc_setAllowableFractionGap(m.get(), 0);
+  Cbc_setParameter(m.get(), "increment", "0");
+  Cbc_setParameter(m.get(), "timeMode", "elapsed");  // the limit is wall-clock time
+  // Without presolve and CBC's root heuristics: with Tw = 0 the LP is very
+  // degenerate, and a root heuristic's LP (Clp primal, which checks no time
+  // limit) ran for minutes at 16 devices; the DP's warm start is the incumbent.
+  Cbc_setParameter(m.get(), "presolve", "off");
+  Cbc_setParameter(m.get(), "heuristicsOnOff", "off");
+  if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) {
+    std::vector<int> cols;
+    std::vector<double> vals;
+    for (int l = 0; l < L; ++l)
+      for (int d = 0; d < D; ++d) {
+        cols.push_back(X(l, d));
+        vals.push_back(o.warm_start[static_cast<size_t>(l)] == d ? 1 : 0);
+        for (int e = 0; e < D && l + 1 < L; ++e) {
+          cols.push_back(Y(l, d, e));
+          vals.push_back(o.warm_start[static_cast<size_t>(l)] == d && o.warm_start[static_cast<size_t>(l + 1)] == e ? 1 : 0);
+        }
+      }
+    Cbc_setMIPStartI(m.get(), static_cast<int>(cols.size()), cols.data(), vals.data());
+  }
+  {
+    // CBC 2.10's solver driver (CbcMain1, behind Cbc_solve) keeps static
+    // state: one solve at a time in this process.
+    static std::mutex cbc_mutex;
+    std::lock_guard<std::mutex> lock(cbc_mutex);
+    Cbc_solve(m.get());
+  }
+
+  IlpResult r;
+  r.variables = ncols;
+  r.constraints = nrows;
+  const double* best = Cbc_bestSolution(m.get());
+  if (best != nullptr) {
+    r.device_of_unit.assign(static_cast<size_t>(L), 0);
+    for (int l = 0; l < L; ++l) {
+      int arg = 0;
+      for (int d = 1; d < D; ++d)
+        if (best[X(l, d)] > best[X(l, arg)]) arg = d;
+      r.device_of_unit[static_cast<size_t>(l)] = arg;
+    }
+    r.cost = assignment_cost(pr, r.device_of_unit);
+    r.objective_ms = r.cost.total();
+    r.bound_ms = std::min(Cbc_getBestPossibleObjValue(m.get()), r.objective_ms);
+    r.gap = r.objective_ms > 0 ? std::max(0.0, (r.objective_ms - r.bound_ms) / r.objective_ms) : 0.0;
+    r.status = Cbc_isProvenOptimal(m.get()) ? IlpStatus::kOptimal : IlpStatus::kFeasible;
+    if (r.status == IlpStatus::kOptimal) r.gap = 0, r.bound_ms = r.objective_ms;
+    if (!assignment_feasible(pr, r.device_of_unit))
+      return core::internal_error("CBC returned an assignment that breaks the constraints");
+  } else {
+    r.status = Cbc_isProvenInfeasible(m.get()) ? IlpStatus::kInfeasible : IlpStatus::kNoSolution;
+  }
+  r.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+IlpResult brute_force(const IlpProblem& pr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const size_t L = pr.units.size();
+  IlpResult r;
+  r.status = IlpStatus::kInfeasible;
+  std::vector<int> a(L, 0);
+  double best = kInf;
+  // Depth first over the free units; the cost is recomputed at the leaves
+  // by assignment_cost (the reference is the model, not an increment of it).
+  auto visit = [&](auto&& self, size_t l) -> void {
+    if (l == L) {
+      if (!assignment_feasible(pr, a)) return;
+      const double t = assignment_cost(pr, a).total();
+      if (t < best) best = t, r.device_of_unit = a;
+      return;
+    }
+    const int pin = pr.units[l].pinned;
+    for (int d = pin >= 0 ? pin : 0; d < (pin >= 0 ? pin + 1 : pr.devices); ++d) {
+      a[l] = d;
+      self(self, l + 1);
+    }
+  };
+  visit(visit, 0);
+  if (!r.device_of_unit.empty()) {
+    r.status = IlpStatus::kOptimal;
+    r.cost = assignment_cost(pr, r.device_of_unit);
+    r.objective_ms = r.bound_ms = best;
+  }
+  r.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::vector<int> model_unit_map(const IlpProblem& pr, const std::vector<int>& a) {
+  std::vector<int> map;
+  for (size_t l = 0; l < pr.units.size() && l < a.size(); ++l)
+    if (pr.units[l].model_unit >= 0) map.push_back(a[l]);
+  return map;
+}
+
+std::vector<int> chain_assignment(const IlpProblem& pr, const std::vector<int>& model_map) {
+  std::vector<int> a;
+  for (const auto& u : pr.units) {
+    if (u.model_unit < 0) a.push_back(std::max(u.pinned, 0));
+    else a.push_back(static_cast<size_t>(u.model_unit) < model_map.size() ? model_map[static_cast<size_t>(u.model_unit)] : 0);
+  }
+  return a;
+}
+
+}  // namespace tessera::planner
