@@ -261,8 +261,13 @@ Status Session::check_options() {
   if (opts_.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
   if (opts_.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
   TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.timeout_ms), "--timeout"));
-  if (!opts_.cluster_file.empty()) {
+  if (opts_.run_timeout_ms != 0)
+    TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.run_timeout_ms), "the run timeout"));
+  if (opts_.cluster) cluster_ = opts_.cluster;
+  if (!opts_.cluster && !opts_.cluster_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.cluster_file));
+  }
+  if (cluster_) {
     if (!opts_.insecure && opts_.key_file.empty())
       return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
     const int world = 1 + static_cast<int>(cluster_->workers.size());
@@ -402,7 +407,7 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
     ready_.push_back(ready);
   }
   kernels::set_blas_threads(opts_.threads_per_device);
-  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(opts_.timeout_ms));
+  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(run_timeout_ms()));
   return core::ok_status();
 }
 
@@ -442,16 +447,27 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   return s;
 }
 
+std::vector<int> Session::lost_workers() const {
+  std::vector<int> lost;
+  for (int w = 1; group_ && w < group_->size(); ++w)
+    if (!group_->peer_alive(w)) lost.push_back(w);
+  return lost;
+}
+
 Result<RunResult> Session::run(const RunRequest& req) {
-  const std::lock_guard<std::mutex> run_lock(run_mu_);  // no pings during a run
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
+  return run_input(in, r.dump_path);
+}
+
+Result<RunResult> Session::run_input(const model::ModelInput& in, const std::string& dump_path) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);  // no pings during a run
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
   RunResult out;
   out.config = model_->config();
   out.input_ids = in.ids;
-  const comm::Millis timeout(opts_.timeout_ms);
+  const comm::Millis timeout(run_timeout_ms());
   int64_t n = 0;
   core::Timer t;
   auto tell_workers = [&](int64_t rows) {
@@ -483,7 +499,7 @@ Result<RunResult> Session::run(const RunRequest& req) {
             {"layers", model_->config().layers},
             {"latency_ms", out.latency_ms},
             {"ranks", ranks}};
-  if (!r.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(r.dump_path, out));
+  if (!dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(dump_path, out));
   return out;
 }
 
