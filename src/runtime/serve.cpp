@@ -1,8 +1,10 @@
 #include "runtime/serve.h"
 
 #include <httplib.h>
-#include <pthread.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <future>
@@ -309,6 +312,8 @@ class Engine {
       for (size_t r = 1; r < members.size(); ++r)
         if (!answers[r - 1].get()) lost.push_back(members[r]);
     }
+    std::sort(lost.begin(), lost.end());
+    lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
     if (lost.empty() && members.size() > 1) lost.push_back(members.back());
     std::lock_guard<std::mutex> l(view_mu_);
     std::string names;
@@ -854,6 +859,14 @@ class Server {
   bool stopped_ = false;
 };
 
+// SIGTERM and SIGINT: the handler only writes a byte that a thread waits for
+// (any thread may take the signal: OpenBLAS's exist before main).
+int g_signal_pipe[2] = {-1, -1};
+void on_signal(int) {
+  const char b = 1;
+  (void)!::write(g_signal_pipe[1], &b, 1);
+}
+
 }  // namespace
 
 Status serve(const ServeOptions& opts) {
@@ -862,18 +875,23 @@ Status serve(const ServeOptions& opts) {
   TESSERA_RETURN_IF_ERROR(core::check_duration(std::chrono::milliseconds(opts.deadline_ms), "--deadline"));
   TESSERA_RETURN_IF_ERROR(core::check_duration(std::chrono::milliseconds(opts.failover_ms), "--failover-timeout"));
   if (!opts.plan_for) return core::invalid_argument("serve needs a planner callback");
-  // SIGTERM and SIGINT are taken by one thread (every later thread inherits the mask).
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (g_signal_pipe[0] < 0 && ::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+    return core::internal_error("pipe failed: " + std::string(std::strerror(errno)));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
   Server server(opts);
   std::atomic<bool> done{false};
   std::thread signals([&] {
-    const timespec tick{0, 200 * 1000 * 1000};
     while (!done) {
-      if (sigtimedwait(&set, nullptr, &tick) > 0) {
+      pollfd p{g_signal_pipe[0], POLLIN, 0};
+      if (::poll(&p, 1, 200) > 0) {
+        char b;
+        while (::read(g_signal_pipe[0], &b, 1) > 0) {
+        }
         server.drain();
         return;
       }
