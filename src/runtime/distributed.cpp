@@ -392,6 +392,9 @@ Status Session::fork_local_workers() {
 Status Session::connect_and_load(const model::ModelConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
   go.bind_endpoint = bind_;
+  // With a short run timeout (serve's failover), a silent peer must not hold
+  // the goodbye that frees the others for the next plan.
+  if (opts_.run_timeout_ms > 0) go.close_timeout = std::min(go.close_timeout, comm::Millis(opts_.run_timeout_ms));
   TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
   start_heartbeats();  // workers that load faster than the terminal must not give up on it
   TESSERA_ASSIGN_OR_RETURN(model::Transformer m,

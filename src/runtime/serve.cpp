@@ -40,6 +40,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kMaxFailoversPerRequest = 8;
+constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to be free again
 
 // --- /metrics --------------------------------------------------------------
 
@@ -304,10 +305,16 @@ class Engine {
     const std::vector<int> members = members_;
     reset_session();
     if (cluster_) {
+      // A daemon answers once its side of the old job has ended, which
+      // waits for the terminal's goodbye: a few tries before giving up.
+      const auto deadline = Clock::now() + std::chrono::milliseconds(kProbeWindowMs);
       std::vector<std::future<bool>> answers;
       for (size_t r = 1; r < members.size(); ++r)
-        answers.push_back(std::async(std::launch::async, [this, ep = devices_[static_cast<size_t>(members[r])].endpoint] {
-          return probe(ep, std::chrono::milliseconds(1000));
+        answers.push_back(std::async(std::launch::async, [this, deadline, ep = devices_[static_cast<size_t>(members[r])].endpoint] {
+          do {
+            if (probe(ep, std::chrono::milliseconds(300))) return true;
+          } while (Clock::now() < deadline);
+          return false;
         }));
       for (size_t r = 1; r < members.size(); ++r)
         if (!answers[r - 1].get()) lost.push_back(members[r]);
