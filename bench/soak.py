@@ -93,7 +93,7 @@ def start_server(name, model, workers, terminal):
                 ", ".join(f'"tcp://127.0.0.1:{w}"' for w in workers) + "]\n")
     log = f"{work}/{name}.log"
     proc = spawn(["serve", "--model", f"{data}/{model}", "--cluster", cluster, "--key", f"{work}/k.key", "--strategy", "tp",
-                  "--port", "0", "--queue", "64"], log)
+                  "--port", "0", "--queue", "8"], log)
     for _ in range(1200):
         text = open(log).read()
         if "listening on http://127.0.0.1:" in text:
@@ -205,31 +205,42 @@ def one(i, r):
 
 
 counter = iter(range(requests_total))
+kill_due = {}  # century -> Event set once its kill was made
+WARM_UP = 250  # requests (two kill/restart cycles) before the RSS baseline
 
 
 def client(seed):
     r = random.Random(seed)
     for i in counter:
-        if i == 100:
+        if i > 0 and i % 100 == 0 and i < requests_total - 50:
+            kill_due.setdefault(i, threading.Event())
+            kill_due[i].wait(timeout=120)  # requests keep flowing on the other clients
+        if i == WARM_UP:
             with lock:
                 rss["warm"] = (rss_kib(gpt2.pid), rss_kib(bert.pid))
         one(i, r)
 
 
 def faults(stop):
-    last = 0
-    while not stop.is_set():
+    century = 100
+    while not stop.is_set() and century < requests_total - 50:
         with lock:
             sent = stats["sent"]
-        if sent - last >= 100 and sent < requests_total - 50:
-            last = sent
+        if sent >= century - 3 and os.environ.get("SOAK_NO_FAULTS"):  # a baseline without faults
+            kill_due.setdefault(century, threading.Event()).set()
+            century += 100
+        elif sent >= century - 3:  # the clients are at the mark
             port = rng.choice(daemon_ports)
             daemons[port].send_signal(signal.SIGKILL)
             daemons[port].wait()
             stats["kills"] += 1
-            time.sleep(1.5)  # the pause before the device comes back
+            kill_due.setdefault(century, threading.Event()).set()
+            # Restarted after a pause, while the requests go on; the next
+            # kill comes after the restart.
+            stop.wait(1.0)
             start_daemon(port)
-        time.sleep(0.05)
+            century += 100
+        time.sleep(0.005)
 
 
 t_start = time.monotonic()
@@ -243,6 +254,7 @@ for c in clients:
     c.join()
 stop.set()
 ft.join()
+
 wall = time.monotonic() - t_start
 rss["end"] = (rss_kib(gpt2.pid), rss_kib(bert.pid))
 

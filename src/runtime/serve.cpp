@@ -281,6 +281,9 @@ class Engine {
       reset_session();
       return start_session(false);
     }
+    // A device the heartbeats found gone is dropped before the request runs.
+    if (session_ && !session_->lost_workers().empty())
+      failover(core::network_error("a device was lost between requests"));
     if (session_) return core::ok_status();
     return start_session(false);
   }
