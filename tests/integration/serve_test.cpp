@@ -484,5 +484,49 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
 
+
+// A daemon that falls silent (stopped, as a partitioned device would be)
+// during a request: the run's waits end after --failover-timeout, the
+// request is replayed on the devices that answer and equals the single
+// device; once the daemon answers again it is re-admitted.
+TEST(ServeFailoverTest, SilentDaemonIsDroppedAndTheRequestReplayed) {
+  const std::string key_path = tmp("cluster.key");
+  const comm::ClusterKey key = comm::generate_cluster_key().value();
+  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
+  const int base = port_base() + 5;
+  auto d1 = daemon(base, key_path, tmp("d1.log"));
+  auto d2 = daemon(base + 2, key_path, tmp("d2.log"));
+  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d1->log() << d2->log();
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
+                                            local(base + 2) + "\"]\n")
+                  .ok());
+  Server s({"--model", kData + "/bert-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp", "--timeout", "5"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> ids = {101, 11, 12, 13, 102};
+  const core::Tensor want = reference_forward("bert-tiny", {ids, {}, {}}).pooler;
+  auto r = s.post("/v1/embeddings", {{"input", ids}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  d1->signal(SIGSTOP);
+  r = s.post("/v1/embeddings", {{"input", ids}});
+  d1->signal(SIGCONT);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
+  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+  EXPECT_NE(s.proc().log().find("(timeout); dropped"), std::string::npos) << s.proc().log();
+  EXPECT_NE(s.health()["status"], "ok");
+  bool readmitted = false;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); !readmitted && Clock::now() < end;) {
+    r = s.post("/v1/embeddings", {{"input", ids}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+    readmitted = s.health()["status"] == "ok";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(readmitted) << s.health().dump() << s.proc().log();
+}
+
 }  // namespace
 }  // namespace tessera
