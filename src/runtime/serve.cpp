@@ -370,7 +370,8 @@ class Engine {
       d.cluster_file.clear();
       d.cluster.reset();
       if (cluster_ && members.size() > 1) {
-        ClusterFile c{cluster_->terminal, {}};
+        ClusterFile c = *cluster_;  // the subset of its workers in this plan
+        c.workers.clear();
         for (size_t r = 1; r < members.size(); ++r) c.workers.push_back(devices_[static_cast<size_t>(members[r])].endpoint);
         d.cluster = c;
       }
@@ -595,7 +596,8 @@ class Server {
       if (rank != v.members.end()) e["rank"] = rank - v.members.begin();
       devices.push_back(e);
     }
-    const char* state = draining_ ? "draining" : !v.serving ? "unavailable" : v.members.size() < v.devices.size() ? "degraded" : "ok";
+    const bool dropped = std::any_of(v.devices.begin(), v.devices.end(), [](const Device& d) { return !d.active; });
+    const char* state = draining_ ? "draining" : !v.serving ? "unavailable" : dropped ? "degraded" : "ok";
     res.set_content(json{{"status", state}, {"model", model_name_}, {"strategy", v.strategy}, {"devices", devices},
                          {"queue_depth", admission_.depth()}, {"failovers", metrics_.failovers()}}
                         .dump(),
