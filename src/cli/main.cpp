@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // Errors reach the user as one "error: ..." line; log lines stay quiet
   // unless asked for. A daemon's log is its only output (refused requests,
-  // each job's figures), so `worker` logs at info.
-  const bool daemon = argc > 1 && std::string(argv[1]) == "worker";
+  // each job's figures, failovers), so `worker` and `serve` log at info.
+  const bool daemon = argc > 1 && (std::string(argv[1]) == "worker" || std::string(argv[1]) == "serve");
   tessera::core::init_logging(daemon ? "info" : "error");
   app.add_option_function<std::string>(
       "--log-level", [](const std::string& level) { tessera::core::init_logging(level); },
@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_bench_command(app);
   tessera::cli::add_comm_commands(app);
   tessera::cli::add_plan_commands(app);
+  tessera::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -109,7 +109,7 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
     if (next < 0) return core::internal_error("the model produced only NaN logits at position " + std::to_string(pos));
     seq.push_back(next);
     if (opts.on_token) opts.on_token(next);
-    if (next == eos) break;
+    if (next == eos || (opts.stop_requested && opts.stop_requested())) break;
   }
   return seq;
 }

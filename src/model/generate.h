@@ -22,6 +22,9 @@ struct GenerateOptions {
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
+  // Asked after each new token; true ends the generation there (a stop
+  // string, a deadline, a client gone). May be empty.
+  std::function<bool()> stop_requested;
 };
 
 // Rejects options that mean nothing: new tokens < 0, temperature not a

@@ -323,8 +323,13 @@ Status Session::check_options() {
   if (opts_.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
   if (opts_.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
   TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.timeout_ms), "--timeout"));
-  if (!opts_.cluster_file.empty()) {
+  if (opts_.run_timeout_ms != 0)
+    TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.run_timeout_ms), "the run timeout"));
+  if (opts_.cluster) cluster_ = opts_.cluster;
+  if (!opts_.cluster && !opts_.cluster_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.cluster_file));
+  }
+  if (cluster_) {
     if (!opts_.insecure && opts_.key_file.empty())
       return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
     const int world = 1 + static_cast<int>(cluster_->workers.size());
@@ -459,6 +464,9 @@ Status Session::fork_local_workers() {
 Status Session::connect_and_load(const model::ModelConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
   go.bind_endpoint = bind_;
+  // With a short run timeout (serve's failover), a silent peer must not hold
+  // the goodbye that frees the others for the next plan.
+  if (opts_.run_timeout_ms > 0) go.close_timeout = std::min(go.close_timeout, comm::Millis(opts_.run_timeout_ms));
   TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
   start_heartbeats();  // workers that load faster than the terminal must not give up on it
   rss_before_load_ = memory_baseline();
@@ -475,7 +483,7 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
     ready_.push_back(ready);
   }
   kernels::set_blas_threads(opts_.threads_per_device);
-  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(opts_.timeout_ms));
+  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(run_timeout_ms()));
   return core::ok_status();
 }
 
@@ -515,12 +523,23 @@ Result<std::unique_ptr<Session>> Session::start(const DistributedOptions& opts) 
   return s;
 }
 
+std::vector<int> Session::lost_workers() const {
+  std::vector<int> lost;
+  for (int w = 1; group_ && w < group_->size(); ++w)
+    if (!group_->peer_alive(w)) lost.push_back(w);
+  return lost;
+}
+
 Result<RunResult> Session::run(const RunRequest& req) {
-  const std::lock_guard<std::mutex> run_lock(run_mu_);
-  const std::lock_guard<std::mutex> wire_lock(wire_mu_);  // no pings during a run
   RunRequest r = req;
   r.model_dir = opts_.model_dir;
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
+  return run_input(in, r.dump_path);
+}
+
+Result<RunResult> Session::run_input(const model::ModelInput& in, const std::string& dump_path) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);
+  const std::lock_guard<std::mutex> wire_lock(wire_mu_);  // no pings during a run
   if (const int64_t rows = input_rows(model_->config(), in);
       !opts_.memory_limits.empty() && opts_.budget_rows > 0 && rows > opts_.budget_rows)
     return core::resource_exhausted("a request of " + std::to_string(rows) + " rows; the memory budgets were checked for " +
@@ -529,7 +548,7 @@ Result<RunResult> Session::run(const RunRequest& req) {
   RunResult out;
   out.config = model_->config();
   out.input_ids = in.ids;
-  const comm::Millis timeout(opts_.timeout_ms);
+  const comm::Millis timeout(run_timeout_ms());
   int64_t n = 0;
   core::Timer t;
   auto tell_workers = [&](int64_t rows) {
@@ -547,13 +566,13 @@ Result<RunResult> Session::run(const RunRequest& req) {
   }
   out.latency_ms = t.ms();
   TESSERA_RETURN_IF_ERROR(collect_stats(out.latency_ms, {{"rows", n}}));
-  if (!r.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(r.dump_path, out));
+  if (!dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(dump_path, out));
   return out;
 }
 
 // Every worker's "done" after a run or a generation, with the terminal's own figures.
 Status Session::collect_stats(double latency_ms, json extra) {
-  const comm::Millis timeout(opts_.timeout_ms);
+  const comm::Millis timeout(run_timeout_ms());
   json ranks = json::array();
   ranks.push_back(rank_stats(*sync_, *group_, latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
   for (int w = 1; w < group_->size(); ++w) {
@@ -579,7 +598,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   const std::lock_guard<std::mutex> run_lock(run_mu_);
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
-  const comm::Millis timeout(opts_.timeout_ms);
+  const comm::Millis timeout(run_timeout_ms());  // serve's failover timeout notices a silent device
   const int64_t positions = model::generation_positions(model_->config(), static_cast<int64_t>(prompt.size()), opts);
   auto tell_workers = [&](const json& msg) {
     for (int w = 1; w < group_->size(); ++w)

@@ -96,7 +96,11 @@ struct DistributedOptions {
   bool insecure = false;
   std::string key_file;   // empty and secure: an ephemeral key for local workers (kept in memory)
   std::string cluster_file;  // set: remote worker daemons instead of local processes
+  std::optional<ClusterFile> cluster;  // set: these daemons, instead of cluster_file's (serve's failover)
   int64_t timeout_ms = 60000;  // 1 ms .. 24 h
+  // > 0: the waits of a run (not of loading) end after this long, so that a
+  // silent device is noticed quickly (serve's failover); 0: timeout_ms.
+  int64_t run_timeout_ms = 0;
   int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
   // Bytes each device may use (weights + activations at the model's longest
   // input, as the planner predicts them); empty: no limit. Checked before
@@ -129,6 +133,10 @@ class Session {
   // live for one call; calls are serialized with run(), and heartbeats go on
   // between tokens (on_token may take its time).
   core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts);
+  // The same on an input already built (serve: tokenized or decoded there).
+  core::Result<RunResult> run_input(const model::ModelInput& in, const std::string& dump_path = "");
+  // Worker ranks whose connection is lost (crashed, or left).
+  std::vector<int> lost_workers() const;
   // Per-rank figures of the last run (see docs): latency, compute and
   // communication time, bytes per collective kind, weight bytes.
   const nlohmann::json& last_stats() const { return stats_; }
@@ -150,6 +158,7 @@ class Session {
   core::Status connect_and_load(const model::ModelConfig& cfg);
   void start_heartbeats();
   void stop_heartbeats();
+  int64_t run_timeout_ms() const { return opts_.run_timeout_ms > 0 ? opts_.run_timeout_ms : opts_.timeout_ms; }
 
   DistributedOptions opts_;
   std::optional<ClusterFile> cluster_;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The official OpenAI Node client against `tessera serve` (issue 15): a
+# GPT-2 server and a BERT server, each on 2 local devices; a completion, a
+# streamed completion and embeddings (the client's default base64 encoding)
+# must equal the single device: greedy tokens equal (`tessera generate`),
+# embeddings within 1e-4 (`tessera run --dump`). The `openai` package is
+# installed into a temporary folder, never vendored; without the registry
+# the test is skipped with a message.
+#   scripts/openai_client_test.sh [BUILD_DIR]     (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-build}/bin/tessera
+[ -x "$bin" ] || { echo "openai client test: $bin is not built" >&2; exit 1; }
+command -v node >/dev/null && command -v npm >/dev/null || { echo "openai client test: SKIPPED (no node/npm)"; exit 0; }
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if ! timeout 180 npm install --prefix "$work" --no-audit --no-fund --silent openai >"$work/npm.log" 2>&1; then
+  echo "openai client test: SKIPPED (the npm registry cannot be reached: $(tail -1 "$work/npm.log"))"
+  exit 0
+fi
+echo "openai client test: openai $(node -p "require('$work/node_modules/openai/package.json').version")"
+
+# A server on port 0; its port is what it prints.
+start_server() {  # name model
+  "$bin" serve --model "tests/data/$2" --devices 2 --strategy tp --port 0 >"$work/$1.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 600); do
+    port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$work/$1.log")
+    [ -n "$port" ] && { echo "$port"; return; }
+    sleep 0.1
+  done
+  echo "openai client test: the $1 server did not start" >&2
+  cat "$work/$1.log" >&2
+  exit 1
+}
+gpt2_port=$(start_server gpt2 gpt2-tiny)
+bert_port=$(start_server bert bert-tiny)
+
+prompt=17,4,99,250,3
+embed_ids=101,7,300,41,102
+"$bin" generate --model tests/data/gpt2-tiny --ids "$prompt" --max-new-tokens 24 --greedy >"$work/ref_tokens.txt"
+"$bin" run --model tests/data/bert-tiny --ids "$embed_ids" --dump "$work/ref_bert.safetensors" >/dev/null
+
+cat >"$work/client.mjs" <<'EOF'
+import fs from "node:fs";
+import OpenAI from "openai";
+const [gpt2Port, bertPort, prompt, embedIds, refTokens, refBert] = process.argv.slice(2);
+const ids = (s) => s.trim().split(",").map(Number);
+const fail = (m) => { console.error("FAIL: " + m); process.exit(1); };
+const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+// pooler_output from the single device's safetensors dump.
+function tensor(path, name) {
+  const buf = fs.readFileSync(path);
+  const n = Number(buf.readBigUInt64LE(0));
+  const info = JSON.parse(buf.subarray(8, 8 + n).toString())[name];
+  const [a, b] = info.data_offsets;
+  const data = buf.subarray(8 + n + a, 8 + n + b);
+  return Array.from({ length: (b - a) / 4 }, (_, i) => data.readFloatLE(i * 4));
+}
+const want = ids(fs.readFileSync(refTokens, "utf8"));
+const gpt2 = new OpenAI({ baseURL: `http://127.0.0.1:${gpt2Port}/v1`, apiKey: "unused", maxRetries: 0 });
+const bert = new OpenAI({ baseURL: `http://127.0.0.1:${bertPort}/v1`, apiKey: "unused", maxRetries: 0 });
+
+const c = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length, temperature: 0 });
+if (!same(c.choices[0].token_ids, want)) fail(`completion ${c.choices[0].token_ids} != ${want}`);
+if (c.usage.completion_tokens !== want.length) fail("completion usage");
+console.log(`completion: ${want.length} tokens equal the single device`);
+
+const stream = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length,
+                                               temperature: 0, stream: true });
+const streamed = [];
+let chunks = 0;
+for await (const chunk of stream) { chunks++; streamed.push(...(chunk.choices[0]?.token_ids ?? [])); }
+if (!same(streamed, want)) fail(`streamed ${streamed} != ${want}`);
+console.log(`streamed completion: ${chunks} chunks, tokens equal the single device`);
+
+const e = await bert.embeddings.create({ model: "bert-tiny", input: [ids(embedIds)] });  // base64 on the wire
+const ref = tensor(refBert, "pooler_output");
+const got = e.data[0].embedding;
+if (got.length !== ref.length) fail(`embedding of ${got.length} floats, want ${ref.length}`);
+const diff = Math.max(...got.map((x, i) => Math.abs(x - ref[i])));
+if (!(diff <= 1e-4)) fail(`embedding differs by ${diff}`);
+console.log(`embeddings: ${got.length} floats within ${diff.toExponential(2)} of the single device (pooling: ${e.pooling})`);
+EOF
+(cd "$work" && node client.mjs "$gpt2_port" "$bert_port" "$prompt" "$embed_ids" ref_tokens.txt ref_bert.safetensors)
+echo "openai client test: passed"

@@ -1,0 +1,254 @@
+#include "runtime/serve_api.h"
+
+#include <algorithm>
+#include <array>
+#include <random>
+
+#include "core/json.h"
+
+namespace tessera::runtime::api {
+
+using core::Result;
+using core::Status;
+using nlohmann::json;
+
+namespace {
+
+const json* member(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+Status bad(const std::string& what) { return core::invalid_argument(what); }
+
+Result<json> parse_object(std::string_view body) {
+  TESSERA_ASSIGN_OR_RETURN(json j, core::parse_json(body, "the request body"));
+  if (!j.is_object()) return bad("the request body must be a JSON object");
+  return j;
+}
+
+Result<std::vector<int64_t>> id_list(const json& a, const char* field, const ApiLimits& limits) {
+  std::vector<int64_t> ids;
+  for (const json& v : a) {
+    if (!v.is_number_integer()) return bad(std::string("\"") + field + "\" must hold token ids (integers)");
+    const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    const int64_t id = too_big ? INT64_MAX : v.get<int64_t>();
+    if (id < 0 || id >= limits.vocab)
+      return bad(std::string("token id ") + v.dump() + " in \"" + field + "\" is outside [0, " + std::to_string(limits.vocab) + ")");
+    ids.push_back(id);
+  }
+  if (ids.empty()) return bad(std::string("\"") + field + "\" holds no tokens");
+  if (limits.max_positions > 0 && static_cast<int64_t>(ids.size()) > limits.max_positions)
+    return bad(std::string("\"") + field + "\" has " + std::to_string(ids.size()) + " tokens; the model takes at most " +
+               std::to_string(limits.max_positions));
+  return ids;
+}
+
+// One prompt: a string or a list of token ids.
+Result<Prompt> one_prompt(const json& v, const char* field, const ApiLimits& limits) {
+  Prompt p;
+  if (v.is_string()) {
+    p.text = v.get<std::string>();
+    if (p.text->empty()) return bad(std::string("\"") + field + "\" is empty");
+    return p;
+  }
+  if (v.is_array()) {
+    TESSERA_ASSIGN_OR_RETURN(p.ids, id_list(v, field, limits));
+    return p;
+  }
+  return bad(std::string("\"") + field + "\" must be a string or a list of token ids");
+}
+
+// OpenAI's four input forms: string, [string...], [int...], [[int...]...].
+Result<std::vector<Prompt>> prompt_list(const json& v, const char* field, const ApiLimits& limits) {
+  std::vector<Prompt> out;
+  const bool batch = v.is_array() && !v.empty() && (v[0].is_string() || v[0].is_array());
+  if (!batch) {
+    TESSERA_ASSIGN_OR_RETURN(Prompt p, one_prompt(v, field, limits));
+    out.push_back(std::move(p));
+    return out;
+  }
+  if (static_cast<int64_t>(v.size()) > limits.max_inputs)
+    return bad(std::string("\"") + field + "\" has " + std::to_string(v.size()) + " entries; at most " +
+               std::to_string(limits.max_inputs) + " per request");
+  for (const json& e : v) {
+    if (!e.is_string() && !e.is_array()) return bad(std::string("\"") + field + "\" mixes strings, lists and numbers");
+    TESSERA_ASSIGN_OR_RETURN(Prompt p, one_prompt(e, field, limits));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// core/json's typed accessors, their errors as 400s (invalid_argument).
+template <typename T>
+Result<T> as_request_error(Result<T> r) {
+  if (r.ok()) return r;
+  return bad(r.status().message());
+}
+
+}  // namespace
+
+Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  CompletionRequest r;
+  const json* prompt = member(j, "prompt");
+  if (prompt == nullptr) return bad("\"prompt\" is required");
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, prompt_list(*prompt, "prompt", limits));
+  if (prompts.size() != 1) return bad("one prompt per request (\"prompt\" holds " + std::to_string(prompts.size()) + ")");
+  r.prompt = std::move(prompts[0]);
+  const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
+  TESSERA_ASSIGN_OR_RETURN(r.max_tokens, as_request_error(core::json_field_int(j, "max_tokens", 0, positions, 16)));
+  if (!r.prompt.ids.empty() && static_cast<int64_t>(r.prompt.ids.size()) + r.max_tokens > positions)
+    return bad("the prompt's " + std::to_string(r.prompt.ids.size()) + " tokens plus max_tokens " +
+               std::to_string(r.max_tokens) + " exceed the model's " + std::to_string(positions) + " positions");
+  TESSERA_ASSIGN_OR_RETURN(r.temperature, as_request_error(core::json_field_number(j, "temperature", 0.0, 2.0, 1.0)));
+  TESSERA_ASSIGN_OR_RETURN(r.top_p, as_request_error(core::json_field_number(j, "top_p", 0.0, 1.0, 1.0)));
+  if (!(r.top_p > 0.0)) return bad("\"top_p\" must be in (0, 1]");
+  TESSERA_ASSIGN_OR_RETURN(r.top_k, as_request_error(core::json_field_int(j, "top_k", 0, INT32_MAX, 0)));
+  if (member(j, "seed") != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(const int64_t seed, as_request_error(core::json_field_int(j, "seed", INT64_MIN, INT64_MAX)));
+    r.seed = static_cast<uint64_t>(seed);
+  }
+  TESSERA_ASSIGN_OR_RETURN(const int64_t n, as_request_error(core::json_field_int(j, "n", 1, 1, 1)));
+  (void)n;
+  if (const json* stop = member(j, "stop")) {
+    if (stop->is_string()) {
+      r.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array() && static_cast<int64_t>(stop->size()) <= limits.max_stop) {
+      for (const json& s : *stop) {
+        if (!s.is_string()) return bad("\"stop\" must be a string or a list of strings");
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return bad("\"stop\" must be a string or a list of at most " + std::to_string(limits.max_stop) + " strings");
+    }
+    for (const auto& s : r.stop)
+      if (s.empty()) return bad("\"stop\" strings must not be empty");
+  }
+  TESSERA_ASSIGN_OR_RETURN(r.stream, as_request_error(core::json_field_bool(j, "stream", false)));
+  if (const json* so = member(j, "stream_options")) {
+    if (!so->is_object()) return bad("\"stream_options\" must be an object");
+    TESSERA_ASSIGN_OR_RETURN(r.include_usage, as_request_error(core::json_field_bool(*so, "include_usage", false)));
+  }
+  return r;
+}
+
+Result<EmbeddingRequest> parse_embedding(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  EmbeddingRequest r;
+  const json* input = member(j, "input");
+  if (input == nullptr) return bad("\"input\" is required");
+  TESSERA_ASSIGN_OR_RETURN(r.inputs, prompt_list(*input, "input", limits));
+  TESSERA_ASSIGN_OR_RETURN(const std::string fmt, as_request_error(core::json_field_string(j, "encoding_format", "float")));
+  if (fmt != "float" && fmt != "base64") return bad("\"encoding_format\" must be \"float\" or \"base64\"");
+  r.base64 = fmt == "base64";
+  return r;
+}
+
+Result<ClassifyRequest> parse_classify(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  ClassifyRequest r;
+  const json* input = member(j, "input");
+  const json* image = member(j, "image");
+  if ((input == nullptr) == (image == nullptr)) return bad("give exactly one of \"input\" (text) and \"image\" (base64 PNG/JPEG)");
+  if (input != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(r.inputs, prompt_list(*input, "input", limits));
+    return r;
+  }
+  if (!image->is_string()) return bad("\"image\" must be a base64 string");
+  auto bytes = base64_decode(image->get_ref<const std::string&>());
+  if (!bytes.ok()) return bad("\"image\": " + bytes.status().message());
+  if (bytes->empty()) return bad("\"image\" is empty");
+  r.image = std::move(*bytes);
+  return r;
+}
+
+Result<std::string> base64_decode(std::string_view text) {
+  if (text.rfind("data:", 0) == 0) {
+    const size_t comma = text.find(',');
+    if (comma == std::string_view::npos || text.substr(0, comma).find(";base64") == std::string_view::npos)
+      return bad("a data URL must be base64");
+    text.remove_prefix(comma + 1);
+  }
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (const char c : text) {
+    int v;
+    if (c >= 'A' && c <= 'Z') v = c - 'A';
+    else if (c >= 'a' && c <= 'z') v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9') v = c - '0' + 52;
+    else if (c == '+' || c == '-') v = 62;
+    else if (c == '/' || c == '_') v = 63;
+    else return bad("not base64");
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
+    }
+  }
+  if (bits >= 6) return bad("base64 of a wrong length");
+  return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) v |= static_cast<uint8_t>(bytes[i + 2]);
+    out.push_back(kAlphabet[(v >> 18) & 63]);
+    out.push_back(kAlphabet[(v >> 12) & 63]);
+    out.push_back(i + 1 < bytes.size() ? kAlphabet[(v >> 6) & 63] : '=');
+    out.push_back(i + 2 < bytes.size() ? kAlphabet[v & 63] : '=');
+  }
+  return out;
+}
+
+json error_body(const std::string& message, const std::string& type) {
+  return {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+}
+
+uint64_t advance_seed(uint64_t seed, int64_t picks) {
+  for (int64_t i = 0; i < picks; ++i) {
+    std::mt19937_64 rng(seed);
+    seed = rng();
+  }
+  return seed;
+}
+
+StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop, bool final) {
+  StopScan s;
+  size_t first = std::string::npos;
+  for (const auto& st : stop) first = std::min(first, text.find(st));
+  if (first != std::string::npos) return {first, true};
+  s.sendable = text.size();
+  if (final) return s;
+  // Hold back a suffix that may yet become a stop string.
+  for (const auto& st : stop)
+    for (size_t k = std::min(st.size() - 1, text.size()); k > 0; --k)
+      if (text.compare(text.size() - k, k, st, 0, k) == 0) {
+        s.sendable = std::min(s.sendable, text.size() - k);
+        break;
+      }
+  // And an incomplete UTF-8 character, or the replacement character a
+  // decoder put in its place: the next token may complete it.
+  size_t end = s.sendable;
+  if (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
+  for (size_t back = 1; back <= 3 && back <= end; ++back) {
+    const auto c = static_cast<uint8_t>(text[end - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (need > back) end -= back;
+    break;
+  }
+  s.sendable = end;
+  return s;
+}
+
+}  // namespace tessera::runtime::api

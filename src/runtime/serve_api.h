@@ -1,0 +1,81 @@
+// The HTTP API's request bodies and response shapes (OpenAI's where they
+// exist), as pure functions: JSON text -> typed request or a one-line error.
+// No model, network or file is touched here, so the parsers can be fuzzed
+// (tests/fuzz/fuzz_request.cpp) and unit-tested on their own.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace tessera::runtime::api {
+
+// What the parsers check sizes against (the model's, and the server's caps).
+struct ApiLimits {
+  int64_t vocab = 0;           // token ids must be in [0, vocab)
+  int64_t max_positions = 0;   // prompt + max_tokens must fit (text models)
+  int64_t max_inputs = 64;     // entries of an embeddings/classify batch
+  int64_t max_stop = 4;        // stop strings (OpenAI's limit)
+};
+
+// A prompt: text (tokenized by the server) or token ids.
+struct Prompt {
+  std::optional<std::string> text;
+  std::vector<int64_t> ids;
+};
+
+struct CompletionRequest {
+  Prompt prompt;
+  int64_t max_tokens = 16;  // OpenAI's default
+  double temperature = 1.0;  // 0: greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;         // an extension: 0 = no filter
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+struct EmbeddingRequest {
+  std::vector<Prompt> inputs;
+  bool base64 = false;  // encoding_format
+};
+
+struct ClassifyRequest {
+  std::vector<Prompt> inputs;        // BERT: text or ids
+  std::optional<std::string> image;  // ViT: the decoded bytes of a base64 PNG/JPEG
+};
+
+// Unknown fields are ignored; known fields of the wrong type, out of range,
+// or missing are errors (the server answers 400).
+[[nodiscard]] core::Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
+[[nodiscard]] core::Result<EmbeddingRequest> parse_embedding(std::string_view body, const ApiLimits& limits);
+[[nodiscard]] core::Result<ClassifyRequest> parse_classify(std::string_view body, const ApiLimits& limits);
+
+// Standard base64 (padding optional); a "data:...;base64," prefix is skipped.
+[[nodiscard]] core::Result<std::string> base64_decode(std::string_view text);
+std::string base64_encode(std::string_view bytes);
+
+// OpenAI's error body: {"error": {"message", "type", "code"}}.
+nlohmann::json error_body(const std::string& message, const std::string& type);
+
+// The state advanced past `picks` sampled tokens, as model::pick_token
+// advances it (one draw of mt19937_64 per pick): a generation resumed after
+// a failover samples what the uninterrupted one would have.
+uint64_t advance_seed(uint64_t seed, int64_t picks);
+
+// Stop strings over the text produced so far: how much may be sent now (the
+// rest could still turn out to start a stop string, or be an incomplete
+// UTF-8 character), and whether a stop string ended the text.
+struct StopScan {
+  size_t sendable = 0;  // bytes of `text` safe to send
+  bool stopped = false;  // a stop string was found; text ends at `sendable`
+};
+StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop, bool final);
+
+}  // namespace tessera::runtime::api

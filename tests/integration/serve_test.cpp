@@ -1,0 +1,532 @@
+// `tessera serve` as a real process on 127.0.0.1, spoken to over HTTP:
+// answers equal the single device (computed here, in process), the limits
+// answer 429/413/401/400, SIGTERM drains, and a worker daemon killed during
+// a streamed completion costs the client nothing.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_util.h"
+#include "comm/control.h"
+#include "comm/keys.h"
+#include "model/generate.h"
+#include "model/image.h"
+#include "model/transformer.h"
+#include "runtime/serve_api.h"
+
+namespace tessera {
+namespace {
+
+using nlohmann::json;
+using testing::kBin;
+using testing::kData;
+using testing::tmp;
+using Clock = std::chrono::steady_clock;
+
+// A `tessera ARGS` process with its stdout and stderr in `log`.
+class Proc {
+ public:
+  Proc(const std::vector<std::string>& args, const std::string& log) : log_(log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv{const_cast<char*>("tessera")};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(kBin.c_str(), argv.data());
+      ::_exit(127);
+    }
+  }
+  ~Proc() {
+    if (pid_ > 0 && exit_code_ == kRunning) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  void signal(int sig) { ::kill(pid_, sig); }
+  // The exit code (-1: killed by a signal), waiting up to 60 s.
+  int wait_exit() {
+    for (const auto end = Clock::now() + std::chrono::seconds(60); exit_code_ == kRunning && Clock::now() < end;) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return exit_code_;
+  }
+  std::string log() const {
+    auto r = core::read_file(log_);
+    return r.ok() ? *r : std::string();
+  }
+
+ private:
+  static constexpr int kRunning = -1000;
+  std::string log_;
+  pid_t pid_ = -1;
+  int exit_code_ = kRunning;
+};
+
+// A server and a client for it; the port is the one it prints.
+class Server {
+ public:
+  explicit Server(std::vector<std::string> args) {
+    args.insert(args.begin(), "serve");
+    args.insert(args.end(), {"--port", "0"});
+    proc_ = std::make_unique<Proc>(args, tmp("serve-" + std::to_string(++count_) + ".log"));
+    const std::string marker = "listening on http://127.0.0.1:";
+    for (const auto end = Clock::now() + std::chrono::seconds(120); Clock::now() < end;) {
+      const std::string log = proc_->log();
+      if (const size_t at = log.find(marker); at != std::string::npos) {
+        port_ = std::atoi(log.c_str() + at + marker.size());
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  bool up() const { return port_ > 0; }
+  httplib::Client client(const std::string& key = "") const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(std::chrono::seconds(120));
+    if (!key.empty()) c.set_bearer_token_auth(key);
+    return c;
+  }
+  httplib::Result post(const std::string& path, const json& body, const std::string& key = "") const {
+    return client(key).Post(path, body.dump(), "application/json");
+  }
+  json health() const {
+    auto r = client().Get("/health");
+    return r ? json::parse(r->body, nullptr, false) : json();
+  }
+  Proc& proc() { return *proc_; }
+
+ private:
+  static inline int count_ = 0;
+  std::unique_ptr<Proc> proc_;
+  int port_ = -1;
+};
+
+model::Transformer load(const std::string& name) { return model::Transformer::load(kData + "/" + name).value(); }
+
+std::vector<int64_t> reference_tokens(const std::vector<int64_t>& prompt, int64_t n) {
+  const auto m = load("gpt2-tiny");
+  model::GenerateOptions o;
+  o.greedy = true;
+  o.max_new_tokens = n;
+  core::ThreadPool pool(1);
+  auto seq = model::generate(m, prompt, o, &pool).value();
+  return {seq.begin() + static_cast<std::ptrdiff_t>(prompt.size()), seq.end()};
+}
+
+model::ForwardOutput reference_forward(const std::string& name, const model::ModelInput& in) {
+  const auto m = load(name);
+  core::ThreadPool pool(1);
+  return m.forward(in, {}, &pool).value();
+}
+
+// The token ids of a streamed completion, read from its events; `on_first`
+// runs once the first token has arrived.
+struct Stream {
+  std::vector<int64_t> tokens;
+  std::string finish;
+  bool done = false;
+  int events = 0;
+};
+Stream stream_completion(const Server& s, const json& body, const std::function<void()>& on_first = {}) {
+  Stream out;
+  std::string buf;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = json(body).dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buf.append(data, n);
+    for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
+      const std::string ev = buf.substr(0, end);
+      if (ev.rfind("data: ", 0) != 0) continue;
+      ++out.events;
+      if (ev == "data: [DONE]") {
+        out.done = true;
+        continue;
+      }
+      const json j = json::parse(ev.substr(6), nullptr, false);
+      if (!j.contains("choices")) {
+        out.finish = "error: " + ev;
+        continue;
+      }
+      for (const auto& t : j["choices"][0]["token_ids"]) out.tokens.push_back(t.get<int64_t>());
+      if (!j["choices"][0]["finish_reason"].is_null()) out.finish = j["choices"][0]["finish_reason"];
+      if (on_first && out.tokens.size() == 1) on_first();
+    }
+    return true;
+  };
+  auto c = s.client();
+  auto r = c.send(req);
+  EXPECT_TRUE(r) << "no answer";
+  if (r) EXPECT_EQ(r->status, 200);
+  return out;
+}
+
+std::vector<float> embedding_of(const json& e) {
+  if (e.is_array()) return e.get<std::vector<float>>();
+  const std::string bytes = runtime::api::base64_decode(e.get<std::string>()).value();
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+void expect_near(const std::vector<float>& got, const core::Tensor& want) {
+  ASSERT_EQ(static_cast<int64_t>(got.size()), want.numel());
+  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], want.f32()[i], 1e-4f) << i;
+}
+
+const std::vector<int64_t> kPrompt = {17, 4, 99, 250, 3};
+
+TEST(ServeTest, CompletionsEqualTheSingleDevice) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const auto want = reference_tokens(kPrompt, 20);
+  auto r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0}, {"extra_field", {1, 2}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int64_t>>(), want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], kPrompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 20);
+
+  const Stream st = stream_completion(s, {{"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0}, {"stream", true}});
+  EXPECT_EQ(st.tokens, want);
+  EXPECT_EQ(st.finish, "length");
+  EXPECT_TRUE(st.done);
+
+  // Seeded sampling: the same seed gives the same tokens.
+  const json sampled = {{"prompt", kPrompt}, {"max_tokens", 10}, {"temperature", 0.9}, {"top_k", 40}, {"seed", 5}};
+  auto a = s.post("/v1/completions", sampled), b = s.post("/v1/completions", sampled);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(json::parse(a->body)["choices"][0]["token_ids"], json::parse(b->body)["choices"][0]["token_ids"]);
+
+  auto models = s.client().Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "gpt2-tiny");
+  const json h = s.health();
+  EXPECT_EQ(h["status"], "ok") << h.dump();
+  EXPECT_EQ(h["devices"].size(), 2u);
+  auto metrics = s.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("tessera_requests_total{status=\"200\"}"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("tessera_request_duration_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
+  s.proc().signal(SIGTERM);
+  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
+
+TEST(ServeTest, EmbeddingsAndClassificationEqualTheSingleDevice) {
+  Server s({"--model", kData + "/bert-tiny", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> a = {101, 7, 300, 41, 102}, b = {101, 9, 102};
+  auto r = s.post("/v1/embeddings", {{"input", {a, b}}, {"model", "bert-tiny"}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["pooling"], "pooler");
+  ASSERT_EQ(j["data"].size(), 2u);
+  expect_near(embedding_of(j["data"][0]["embedding"]), reference_forward("bert-tiny", {a, {}, {}}).pooler);
+  expect_near(embedding_of(j["data"][1]["embedding"]), reference_forward("bert-tiny", {b, {}, {}}).pooler);
+  r = s.post("/v1/embeddings", {{"input", a}, {"encoding_format", "base64"}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), reference_forward("bert-tiny", {a, {}, {}}).pooler);
+
+  r = s.post("/v1/classify", {{"input", {a}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  const core::Tensor logits = reference_forward("bert-tiny", {a, {}, {}}).logits;
+  for (const auto& l : j["data"][0]["labels"]) {
+    const int k = l["label"].get<std::string>().back() - '0';
+    EXPECT_NEAR(l["logit"].get<float>(), logits.f32()[k], 1e-4f);
+  }
+  EXPECT_GE(j["data"][0]["score"].get<double>(), j["data"][0]["labels"][2]["score"].get<double>());
+}
+
+TEST(ServeTest, ImageClassificationEqualsTheSingleDevice) {
+  Server s({"--model", kData + "/vit-tiny", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::string png = core::read_file(kData + "/../fuzz/corpus/fuzz_image/rgb.png").value();
+  auto r = s.post("/v1/classify", {{"image", runtime::api::base64_encode(png)}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto pp = model::load_image_preprocess(kData + "/vit-tiny", 32).value();
+  const core::Tensor logits = reference_forward("vit-tiny", {{}, {}, model::decode_image(png, pp, "png").value()}).logits;
+  const json j = json::parse(r->body);
+  ASSERT_EQ(j["data"][0]["labels"].size(), 10u);
+  for (const auto& l : j["data"][0]["labels"]) {
+    const int k = l["label"].get<std::string>().back() - '0';
+    EXPECT_NEAR(l["logit"].get<float>(), logits.f32()[k], 1e-4f);
+  }
+  // An image that does not decode is the client's error.
+  r = s.post("/v1/classify", {{"image", runtime::api::base64_encode("not an image at all")}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+}
+
+TEST(ServeTest, BadRequestsGet400AndDoNotDisturbOthers) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "1"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const auto want = reference_tokens(kPrompt, 8);
+  const json good = {{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}};
+  for (const std::string& bad : {std::string("{"), std::string("[]"), std::string(R"({"prompt":5})"),
+                                 std::string(R"({"prompt":[1],"max_tokens":"many"})"), std::string(R"({"prompt":[100000]})"),
+                                 std::string(R"({"prompt":[1,2],"max_tokens":127})"),
+                                 std::string(R"({"prompt":"text, but this model has no tokenizer"})")}) {
+    auto r = s.client().Post("/v1/completions", bad, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad << " -> " << r->body;
+    const json e = json::parse(r->body, nullptr, false);
+    EXPECT_TRUE(e["error"]["message"].is_string()) << r->body;
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << r->body;
+    auto ok = s.post("/v1/completions", good);
+    ASSERT_TRUE(ok);
+    ASSERT_EQ(ok->status, 200) << ok->body;
+    EXPECT_EQ(json::parse(ok->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), want);
+  }
+  // Embeddings of GPT-2 (mean pooling) work; classification does not exist.
+  auto r = s.post("/v1/classify", {{"input", kPrompt}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  r = s.post("/v1/embeddings", {{"input", kPrompt}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(json::parse(r->body)["pooling"], "mean");
+}
+
+TEST(ServeTest, BodyOverTheLimitGets413) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "1", "--max-body", "2048"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  std::vector<int64_t> many(1500, 1);
+  auto r = s.post("/v1/completions", {{"prompt", many}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body;
+  EXPECT_TRUE(json::parse(r->body, nullptr, false)["error"]["message"].is_string()) << r->body;
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST(ServeTest, MissingKeyGets401) {
+  const std::string key_file = tmp("api.key");
+  ASSERT_TRUE(core::write_file(key_file, "s3cret-key\n").ok());
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "1", "--api-key", key_file});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const json body = {{"prompt", kPrompt}, {"max_tokens", 2}};
+  for (const std::string& key : {std::string(), std::string("wrong"), std::string("s3cret-key\n")}) {
+    auto r = s.post("/v1/completions", body, key);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401) << "key '" << key << "'";
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
+  }
+  auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 401);
+  auto r = s.post("/v1/completions", body, "s3cret-key");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(s.client().Get("/health")->status, 200);  // for load balancers
+}
+
+// A request kept in flight by slow emulated links (every message waits
+// 300 ms), seen through /health before the next step.
+class SlowServer : public Server {
+ public:
+  explicit SlowServer(const std::vector<std::string>& extra)
+      : Server(with(extra, {"--model", kData + "/bert-tiny", "--devices", "2", "--strategy", "tp", "--link", "1gbit,300ms"})) {}
+  bool wait_in_flight(int n) {
+    for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;) {
+      const json h = health();
+      if (h.is_object() && h.value("queue_depth", 0) >= n) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+ private:
+  static std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+};
+
+TEST(ServeTest, QueueOverflowGets429) {
+  SlowServer s({"--queue", "1"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> ids = {101, 5, 6, 102};
+  auto first = std::async(std::launch::async, [&] { return s.post("/v1/embeddings", {{"input", ids}}); });
+  ASSERT_TRUE(s.wait_in_flight(1));
+  auto r = s.post("/v1/embeddings", {{"input", ids}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+  auto a = first.get();
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 200) << a->body;
+  expect_near(embedding_of(json::parse(a->body)["data"][0]["embedding"]), reference_forward("bert-tiny", {ids, {}, {}}).pooler);
+  auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("tessera_requests_total{status=\"429\"} 1"), std::string::npos) << m->body;
+}
+
+TEST(ServeTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
+  SlowServer s({});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> ids = {101, 42, 43, 44, 102};
+  auto first = std::async(std::launch::async, [&] { return s.post("/v1/embeddings", {{"input", ids}}); });
+  ASSERT_TRUE(s.wait_in_flight(1));
+  s.proc().signal(SIGTERM);
+  auto a = first.get();
+  ASSERT_TRUE(a) << s.proc().log();
+  EXPECT_EQ(a->status, 200) << a->body;
+  expect_near(embedding_of(json::parse(a->body)["data"][0]["embedding"]), reference_forward("bert-tiny", {ids, {}, {}}).pooler);
+  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+  EXPECT_NE(s.proc().log().find("draining"), std::string::npos);
+}
+
+// Ports [1100, 1950): clear of the other integration tests' ranges.
+int port_base() { return 1100 + static_cast<int>(::getpid() % 85) * 10; }
+std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
+
+std::unique_ptr<Proc> daemon(int port, const std::string& key, const std::string& log) {
+  return std::make_unique<Proc>(
+      std::vector<std::string>{"worker", "--listen", local(port), "--key", key, "--models", kData}, log);
+}
+
+bool serving(int port, const comm::ClusterKey& key) {
+  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;)
+    if (comm::control_request(local(port), key, "{}", std::chrono::milliseconds(500)).ok()) return true;
+  return false;
+}
+
+// Part 3 of issue 15: a worker daemon killed while a completion streams.
+// The stream completes with the right tokens; the next request fails over
+// to the devices left (counted in /metrics); a daemon that comes back is
+// re-admitted before a later request.
+TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
+  const std::string key_path = tmp("cluster.key");
+  const comm::ClusterKey key = comm::generate_cluster_key().value();
+  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
+  const int base = port_base();
+  auto d1 = daemon(base, key_path, tmp("d1.log"));
+  auto d2 = daemon(base + 2, key_path, tmp("d2.log"));
+  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d1->log() << d2->log();
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
+                                            local(base + 2) + "\"]\n")
+                  .ok());
+  Server s({"--model", kData + "/gpt2-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  ASSERT_EQ(s.health()["devices"].size(), 3u);
+
+  const auto want = reference_tokens(kPrompt, 60);
+  const Stream st = stream_completion(s, {{"prompt", kPrompt}, {"max_tokens", 60}, {"temperature", 0}, {"stream", true}},
+                                      [&] { d1.reset(); });  // SIGKILL
+  EXPECT_EQ(st.tokens, want) << s.proc().log();
+  EXPECT_EQ(st.finish, "length");
+  EXPECT_TRUE(st.done);
+
+  // The next forward runs into the dead device, fails over and is replayed.
+  const auto m = load("gpt2-tiny");
+  auto r = s.post("/v1/embeddings", {{"input", kPrompt}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
+  core::ThreadPool pool(1);
+  const core::Tensor h = m.forward({kPrompt, {}, {}}, {}, &pool).value().hidden.back();
+  std::vector<float> mean(static_cast<size_t>(h.dim(1)), 0.0f);
+  for (int64_t i = 0; i < h.dim(0); ++i)
+    for (int64_t f = 0; f < h.dim(1); ++f) mean[static_cast<size_t>(f)] += h.f32()[i * h.dim(1) + f] / static_cast<float>(h.dim(0));
+  const std::vector<float> got = embedding_of(json::parse(r->body)["data"][0]["embedding"]);
+  ASSERT_EQ(got.size(), mean.size());
+  for (size_t f = 0; f < mean.size(); ++f) EXPECT_NEAR(got[f], mean[f], 1e-4f);
+  json health = s.health();
+  EXPECT_EQ(health["status"], "degraded") << health.dump();
+  EXPECT_EQ(health["devices"][1]["state"], "dropped") << health.dump();
+  auto metrics = s.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("tessera_failovers_total 1"), std::string::npos) << metrics->body;
+  EXPECT_NE(s.proc().log().find("failover #1"), std::string::npos) << s.proc().log();
+
+  // The daemon comes back: re-admitted before a later request.
+  d1 = daemon(base, key_path, tmp("d1-again.log"));
+  ASSERT_TRUE(serving(base, key));
+  bool readmitted = false;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); !readmitted && Clock::now() < end;) {
+    r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(),
+              std::vector<int64_t>(want.begin(), want.begin() + 5));
+    health = s.health();
+    readmitted = health["status"] == "ok";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(readmitted) << health.dump() << s.proc().log();
+  s.proc().signal(SIGTERM);
+  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
+
+
+// A daemon that falls silent (stopped, as a partitioned device would be)
+// during a request: the run's waits end after --failover-timeout, the
+// request is replayed on the devices that answer and equals the single
+// device; once the daemon answers again it is re-admitted.
+TEST(ServeFailoverTest, SilentDaemonIsDroppedAndTheRequestReplayed) {
+  const std::string key_path = tmp("cluster.key");
+  const comm::ClusterKey key = comm::generate_cluster_key().value();
+  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
+  const int base = port_base() + 5;
+  auto d1 = daemon(base, key_path, tmp("d1.log"));
+  auto d2 = daemon(base + 2, key_path, tmp("d2.log"));
+  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d1->log() << d2->log();
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
+                                            local(base + 2) + "\"]\n")
+                  .ok());
+  Server s({"--model", kData + "/bert-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp", "--timeout", "5"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> ids = {101, 11, 12, 13, 102};
+  const core::Tensor want = reference_forward("bert-tiny", {ids, {}, {}}).pooler;
+  auto r = s.post("/v1/embeddings", {{"input", ids}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  d1->signal(SIGSTOP);
+  r = s.post("/v1/embeddings", {{"input", ids}});
+  d1->signal(SIGCONT);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
+  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+  EXPECT_NE(s.proc().log().find("(timeout); dropped"), std::string::npos) << s.proc().log();
+  EXPECT_NE(s.health()["status"], "ok");
+  bool readmitted = false;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); !readmitted && Clock::now() < end;) {
+    r = s.post("/v1/embeddings", {{"input", ids}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+    readmitted = s.health()["status"] == "ok";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(readmitted) << s.health().dump() << s.proc().log();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,188 @@
+// The HTTP API's body parsers and helpers (runtime/serve_api.h): OpenAI's
+// shapes accepted, unknown fields ignored, wrong types and sizes refused
+// with a message, never an exception.
+#include "runtime/serve_api.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/generate.h"
+
+namespace tessera::runtime::api {
+namespace {
+
+const ApiLimits kLimits{512, 128, 8, 4};
+
+TEST(ServeApiTest, CompletionDefaultsAndFields) {
+  auto r = parse_completion(R"({"prompt":"hello","model":"x","logit_bias":{},"user":"u"})", kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(*r->prompt.text, "hello");
+  EXPECT_EQ(r->max_tokens, 16);
+  EXPECT_EQ(r->temperature, 1.0);
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->seed.has_value());
+
+  r = parse_completion(R"({"prompt":[1,2,3],"max_tokens":5,"temperature":0,"top_p":0.5,"top_k":7,"seed":-3,
+                          "stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true},"n":1})",
+                       kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->prompt.ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(r->max_tokens, 5);
+  EXPECT_EQ(r->temperature, 0.0);
+  EXPECT_EQ(r->top_p, 0.5);
+  EXPECT_EQ(r->top_k, 7);
+  EXPECT_EQ(*r->seed, static_cast<uint64_t>(-3));
+  EXPECT_EQ(r->stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  // A single-entry batch is the same prompt; a single stop string too.
+  r = parse_completion(R"({"prompt":[[4,5]],"stop":"x"})", kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->prompt.ids, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(r->stop, std::vector<std::string>{"x"});
+}
+
+TEST(ServeApiTest, CompletionRefusals) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"not json", "JSON"},
+      {"[1,2]", "object"},
+      {"{}", "prompt"},
+      {R"({"prompt":5})", "prompt"},
+      {R"({"prompt":""})", "empty"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[1,"a"]})", "token ids"},
+      {R"({"prompt":[512]})", "outside"},
+      {R"({"prompt":[-1]})", "outside"},
+      {R"({"prompt":[1.5]})", "token ids"},
+      {R"({"prompt":["a","b"]})", "one prompt"},
+      {R"({"prompt":"a","max_tokens":"5"})", "max_tokens"},
+      {R"({"prompt":"a","max_tokens":-1})", "max_tokens"},
+      {R"({"prompt":"a","max_tokens":129})", "max_tokens"},
+      {R"({"prompt":[1,2,3],"max_tokens":126})", "positions"},
+      {R"({"prompt":"a","temperature":"hot"})", "temperature"},
+      {R"({"prompt":"a","temperature":3})", "temperature"},
+      {R"({"prompt":"a","top_p":0})", "top_p"},
+      {R"({"prompt":"a","top_k":-2})", "top_k"},
+      {R"({"prompt":"a","seed":1.5})", "seed"},
+      {R"({"prompt":"a","stream":"yes"})", "stream"},
+      {R"({"prompt":"a","stop":[1]})", "stop"},
+      {R"({"prompt":"a","stop":["a","b","c","d","e"]})", "stop"},
+      {R"({"prompt":"a","stop":""})", "empty"},
+      {R"({"prompt":"a","n":2})", "\"n\""},
+      {R"({"prompt":"a","stream_options":3})", "stream_options"},
+      {R"({"prompt":"a","prompt":"b"})", "duplicate"},
+  };
+  for (const auto& [body, what] : cases) {
+    auto r = parse_completion(body, kLimits);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << body << " -> " << r.status().message();
+    // Every refusal is a client error (the server answers 400).
+    const auto code = r.status().code();
+    EXPECT_TRUE(code == core::ErrorCode::kInvalidArgument || code == core::ErrorCode::kParseError) << body;
+  }
+}
+
+TEST(ServeApiTest, EmbeddingInputForms) {
+  auto r = parse_embedding(R"({"input":"one"})", kLimits);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->inputs.size(), 1u);
+  EXPECT_FALSE(r->base64);
+  r = parse_embedding(R"({"input":["a","b"],"encoding_format":"base64"})", kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->inputs.size(), 2u);
+  EXPECT_TRUE(r->base64);
+  r = parse_embedding(R"({"input":[1,2,3]})", kLimits);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->inputs.size(), 1u);
+  EXPECT_EQ(r->inputs[0].ids.size(), 3u);
+  r = parse_embedding(R"({"input":[[1],[2,3]],"dimensions":7})", kLimits);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->inputs.size(), 2u);
+  EXPECT_EQ(r->inputs[1].ids, (std::vector<int64_t>{2, 3}));
+  for (const char* bad : {R"({"input":null})", R"({"input":{}})", R"({"input":["a",1]})", R"({"input":[[1],"a",[]]})",
+                          R"({"input":"a","encoding_format":"int8"})", R"({"input":["a","a","a","a","a","a","a","a","a"]})"})
+    EXPECT_FALSE(parse_embedding(bad, kLimits).ok()) << bad;
+}
+
+TEST(ServeApiTest, ClassifyTextOrImage) {
+  auto r = parse_classify(R"({"input":"text"})", kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->image.has_value());
+  r = parse_classify(R"({"image":"data:image/png;base64,iVBORw=="})", kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->image->substr(1, 3), "PNG");
+  for (const char* bad : {R"({})", R"({"input":"a","image":"AAAA"})", R"({"image":5})", R"({"image":"**"})", R"({"image":""})"})
+    EXPECT_FALSE(parse_classify(bad, kLimits).ok()) << bad;
+}
+
+TEST(ServeApiTest, Base64RoundTrips) {
+  std::mt19937 rng(7);
+  for (size_t n = 0; n < 40; ++n) {
+    std::string bytes(n, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    const std::string enc = base64_encode(bytes);
+    EXPECT_EQ(enc.size() % 4, 0u);
+    auto dec = base64_decode(enc);
+    ASSERT_TRUE(dec.ok());
+    EXPECT_EQ(*dec, bytes);
+  }
+  EXPECT_EQ(base64_encode("Man"), "TWFu");
+  EXPECT_EQ(base64_decode("TWE").value(), "Ma");
+  EXPECT_FALSE(base64_decode("T").ok());
+  EXPECT_FALSE(base64_decode("TW!u").ok());
+  EXPECT_FALSE(base64_decode("data:text/plain,abc").ok());
+}
+
+TEST(ServeApiTest, ErrorBodyHasOpenAIsShape) {
+  const auto j = error_body("bad thing", "invalid_request_error");
+  EXPECT_EQ(j["error"]["message"], "bad thing");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+}
+
+// A generation resumed after k sampled tokens continues with the state
+// pick_token would have reached: the same draws as one uninterrupted run.
+TEST(ServeApiTest, AdvancedSeedContinuesTheSampling) {
+  std::vector<float> logits(50);
+  std::mt19937 rng(3);
+  for (float& l : logits) l = std::uniform_real_distribution<float>(-2, 2)(rng);
+  model::GenerateOptions o;
+  o.greedy = false;
+  o.top_k = 20;
+  o.temperature = 0.8f;
+  uint64_t state = 1234;
+  std::vector<int64_t> whole;
+  for (int i = 0; i < 12; ++i) whole.push_back(model::pick_token(logits.data(), 50, o, &state));
+  for (int k : {0, 1, 5, 11}) {
+    uint64_t resumed = advance_seed(1234, k);
+    for (int i = k; i < 12; ++i) EXPECT_EQ(model::pick_token(logits.data(), 50, o, &resumed), whole[static_cast<size_t>(i)]) << k;
+  }
+}
+
+TEST(ServeApiTest, StopScanHoldsBackPossibleStops) {
+  const std::vector<std::string> stop = {"END", "\n\n"};
+  auto s = scan_stop("hello E", stop, false);
+  EXPECT_FALSE(s.stopped);
+  EXPECT_EQ(s.sendable, 6u);  // "E" may start "END"
+  s = scan_stop("hello EN", stop, false);
+  EXPECT_EQ(s.sendable, 6u);
+  s = scan_stop("hello ENX", stop, false);
+  EXPECT_EQ(s.sendable, 9u);
+  s = scan_stop("hello END more", stop, false);
+  EXPECT_TRUE(s.stopped);
+  EXPECT_EQ(s.sendable, 6u);
+  s = scan_stop("a\n", stop, false);
+  EXPECT_EQ(s.sendable, 1u);
+  s = scan_stop("hello E", stop, true);  // the end: nothing is held back
+  EXPECT_EQ(s.sendable, 7u);
+  // An incomplete UTF-8 character (or the replacement for one) waits.
+  s = scan_stop("ab\xC3", {}, false);
+  EXPECT_EQ(s.sendable, 2u);
+  s = scan_stop("ab\xC3\xA9", {}, false);
+  EXPECT_EQ(s.sendable, 4u);
+  s = scan_stop("ab\xEF\xBF\xBD", {}, false);
+  EXPECT_EQ(s.sendable, 2u);
+}
+
+}  // namespace
+}  // namespace tessera::runtime::api
