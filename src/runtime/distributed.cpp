@@ -544,6 +544,7 @@ Result<RunResult> Session::run_input(const model::ModelInput& in, const std::str
       !opts_.memory_limits.empty() && opts_.budget_rows > 0 && rows > opts_.budget_rows)
     return core::resource_exhausted("a request of " + std::to_string(rows) + " rows; the memory budgets were checked for " +
                                     std::to_string(opts_.budget_rows));
+  TESSERA_RETURN_IF_ERROR(check_request_memory(plan_, model_->config(), input_rows(model_->config(), in)));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
   RunResult out;
   out.config = model_->config();

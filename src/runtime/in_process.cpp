@@ -1,5 +1,7 @@
 #include "runtime/in_process.h"
 
+#include "core/io.h"
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -13,6 +15,18 @@ namespace tessera::runtime {
 using core::Result;
 using core::Status;
 using core::Tensor;
+
+core::Status check_request_memory(const parallel::Plan& plan, const model::ModelConfig& c, int64_t rows) {
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule s, parallel::estimate(plan, c, rows));
+  if (s.devices.empty()) return core::ok_status();
+  const auto need = static_cast<uint64_t>(s.devices[0].activation_bytes);
+  const uint64_t available = core::available_memory_bytes();
+  if (available > 0 && need > available)
+    return core::resource_exhausted("a request of " + std::to_string(rows) + " rows needs " + std::to_string(need >> 20) +
+                                    " MiB of activations on this device; " + std::to_string(available >> 20) +
+                                    " MiB are available");
+  return core::ok_status();
+}
 
 int64_t input_rows(const model::ModelConfig& c, const model::ModelInput& in) {
   return c.family == model::Family::kVit ? c.max_rows() : static_cast<int64_t>(in.ids.size());

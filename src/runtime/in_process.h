@@ -25,6 +25,12 @@ namespace tessera::runtime {
 // Rows the model makes of `in` (text: its ids; ViT: patches + CLS).
 int64_t input_rows(const model::ModelConfig& c, const model::ModelInput& in);
 
+// Refuses a request of `rows` rows whose activations on the terminal (rank 0
+// of `plan`, as estimate() counts them) exceed the memory available now: a
+// config may allow prompts whose workspace would not fit, and failing to
+// allocate it mid-layer would abort the process.
+[[nodiscard]] core::Status check_request_memory(const parallel::Plan& plan, const model::ModelConfig& c, int64_t rows);
+
 // What each rank loads under `plan` (completed), loaded from `dir`.
 [[nodiscard]] core::Result<std::vector<model::Transformer>> load_rank_models(const std::string& dir,
                                                                              const parallel::Plan& plan);

@@ -1,5 +1,7 @@
 #include "runtime/single_device.h"
 
+#include "runtime/in_process.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -100,6 +102,10 @@ Result<RunResult> run_single(const RunRequest& req) {
     }
     return r;
   }
+  parallel::Plan single;
+  single.strategy = "single";
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(single, m.config()));
+  TESSERA_RETURN_IF_ERROR(check_request_memory(single, m.config(), input_rows(m.config(), in)));
   TESSERA_ASSIGN_OR_RETURN(r.output, m.forward(in, {}, &pool));
   r.latency_ms = timer.ms();
   if (!req.dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(req.dump_path, r));

@@ -7,6 +7,7 @@
 
 #include "core/io.h"
 #include "runtime/distributed.h"
+#include "runtime/in_process.h"
 #include "runtime/job.h"
 
 namespace tessera::runtime {
@@ -88,3 +89,32 @@ TEST(JobTest, EveryFieldIsBounded) {
 
 }  // namespace
 }  // namespace tessera::runtime
+
+namespace tessera {
+namespace {
+
+// Audit item 3, the forward's side: a config may allow prompts whose
+// workspace cannot be allocated; such a request is refused with the need and
+// what is available, before any layer allocates (an allocation failure there
+// would abort). A request that fits passes.
+TEST(RequestMemoryTest, ActivationsBeyondAvailableMemoryAreRefusedUpFront) {
+  model::ModelConfig c;
+  c.family = model::Family::kBert;
+  c.hidden = 4096;
+  c.heads = 32;
+  c.intermediate = 16384;
+  c.layers = 2;
+  c.vocab = 1000;
+  c.max_positions = int64_t{1} << 22;
+  parallel::Plan single;
+  single.strategy = "single";
+  ASSERT_TRUE(parallel::complete_plan(single, c).ok());
+  const auto huge = runtime::check_request_memory(single, c, c.max_positions);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.code(), core::ErrorCode::kResourceExhausted);
+  EXPECT_NE(huge.message().find("MiB are available"), std::string::npos) << huge.to_string();
+  EXPECT_TRUE(runtime::check_request_memory(single, c, 8).ok());
+}
+
+}  // namespace
+}  // namespace tessera
