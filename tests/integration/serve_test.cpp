@@ -433,7 +433,10 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
   ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
                                             local(base + 2) + "\"]\n")
                   .ok());
-  Server s({"--model", kData + "/gpt2-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp"});
+  // 5 ms links: every token crosses them, so the stream is still running
+  // when the kill lands after its first token.
+  Server s({"--model", kData + "/gpt2-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp", "--link",
+            "100mbit,5ms"});
   ASSERT_TRUE(s.up()) << s.proc().log();
   ASSERT_EQ(s.health()["devices"].size(), 3u);
 
@@ -443,8 +446,13 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
   EXPECT_EQ(st.tokens, want) << s.proc().log();
   EXPECT_EQ(st.finish, "length");
   EXPECT_TRUE(st.done);
+  {  // the generation itself failed over (devices generate now: Session::generate) and resumed
+    auto during = s.client().Get("/metrics");
+    ASSERT_TRUE(during);
+    EXPECT_NE(during->body.find("tessera_failovers_total 1"), std::string::npos) << during->body << s.proc().log();
+  }
 
-  // The next forward runs into the dead device, fails over and is replayed.
+  // The next forward runs on the devices left.
   const auto m = load("gpt2-tiny");
   auto r = s.post("/v1/embeddings", {{"input", kPrompt}});
   ASSERT_TRUE(r);
