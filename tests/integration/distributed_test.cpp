@@ -34,13 +34,31 @@ using testing::kData;
 using testing::run;
 using testing::tmp;
 
-float max_diff(const std::string& a_path, const std::string& b_path, const std::string& name) {
-  auto a = model::SafeTensorsFile::open(a_path).value().get(name).value();
-  auto b = model::SafeTensorsFile::open(b_path).value().get(name).value();
-  EXPECT_EQ(a.shape(), b.shape());
-  float m = 0;
-  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) m = std::max(m, std::fabs(a.f32()[i] - b.f32()[i]));
-  return m;
+const auto max_diff = testing::dump_max_diff;
+
+// Two `tessera worker` daemons on 127.0.0.1 (control ports base and base+2)
+// that serve one job each, and the cluster file naming them (the terminal on
+// base+4). Empty when a fork fails.
+std::vector<pid_t> one_job_daemons(int base, const std::string& key, const std::string& cluster) {
+  const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
+                                            "tcp://127.0.0.1:" + std::to_string(base + 2)};
+  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
+  if (!core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control[0] + "\", \"" + control[1] +
+                                     "\"]\n")
+           .ok())
+    return {};
+  std::vector<pid_t> daemons;
+  for (const auto& ep : control) {
+    const pid_t pid = ::fork();
+    if (pid < 0) return {};
+    if (pid == 0) {
+      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--models", kData.c_str(),
+              "--jobs", "1", nullptr);
+      ::_exit(127);
+    }
+    daemons.push_back(pid);
+  }
+  return daemons;
 }
 
 // Descendants of `root` whose command line contains `needle`: the test must
@@ -215,23 +233,8 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
   // Control ports p, data ports p + 1; a per-process base keeps parallel runs
   // apart, below both the kernel's ephemeral ports and pick_local_endpoints'.
   const int base = 7000 + static_cast<int>(::getpid() % 900) * 10;
-  const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
-                                            "tcp://127.0.0.1:" + std::to_string(base + 2)};
-  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
-  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control[0] + "\", \"" +
-                                            control[1] + "\"]\n")
-                  .ok());
-  std::vector<pid_t> daemons;
-  for (const auto& ep : control) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--models", kData.c_str(),
-              "--jobs", "1", nullptr);
-      ::_exit(127);
-    }
-    daemons.push_back(pid);
-  }
+  const std::vector<pid_t> daemons = one_job_daemons(base, key, cluster);
+  ASSERT_EQ(daemons.size(), 2u);
   const std::string dir = kData + "/gpt2-tiny", ids = "--ids 9,8,7,6,5,4,3";
   const std::string ref = tmp("ref.safetensors"), got = tmp("got.safetensors");
   ASSERT_EQ(run("run --model " + dir + " " + ids + " --dump " + ref).code, 0);
@@ -268,23 +271,8 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
   const std::string key = tmp("cluster.key"), cluster = tmp("cluster.toml");
   ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
   const int base = 7000 + static_cast<int>((::getpid() + 450) % 900) * 10;
-  const std::vector<std::string> control = {"tcp://127.0.0.1:" + std::to_string(base),
-                                            "tcp://127.0.0.1:" + std::to_string(base + 2)};
-  const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 4);
-  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + terminal + "\"\nworkers = [\"" + control[0] + "\", \"" +
-                                            control[1] + "\"]\n")
-                  .ok());
-  std::vector<pid_t> daemons;
-  for (const auto& ep : control) {
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::execl(kBin.c_str(), "tessera", "worker", "--listen", ep.c_str(), "--key", key.c_str(), "--models", kData.c_str(),
-              "--jobs", "1", nullptr);
-      ::_exit(127);
-    }
-    daemons.push_back(pid);
-  }
+  const std::vector<pid_t> daemons = one_job_daemons(base, key, cluster);
+  ASSERT_EQ(daemons.size(), 2u);
   const auto r = run("generate --model " + dir + args + " --strategy tp --cluster " + cluster + " --key " + key);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, want);
