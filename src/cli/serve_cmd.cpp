@@ -38,6 +38,7 @@ int serve_command(ServeFlags& f) {
     auto cluster = runtime::load_cluster_file(d.cluster_file);
     if (!cluster.ok()) return fail(cluster.status().to_string());
     world = 1 + static_cast<int>(cluster->workers.size());
+    d.memory_limits = cluster->memory_limits();  // [[worker]] memory = ...; --memory-limit overrides
   }
   if (!f.memory_limit.empty()) {
     auto limits = parse_memory_limits(f.memory_limit, world);

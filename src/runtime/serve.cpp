@@ -1,5 +1,7 @@
 #include "runtime/serve.h"
 
+#include <malloc.h>
+
 #include <httplib.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -372,9 +374,14 @@ class Engine {
       d.cluster_file.clear();
       d.cluster.reset();
       if (cluster_ && members.size() > 1) {
-        ClusterFile c = *cluster_;  // the subset of its workers in this plan
+        ClusterFile c = *cluster_;  // the subset of its workers in this plan, with their budgets
         c.workers.clear();
-        for (size_t r = 1; r < members.size(); ++r) c.workers.push_back(devices_[static_cast<size_t>(members[r])].endpoint);
+        c.memory.resize(1);
+        for (size_t r = 1; r < members.size(); ++r) {
+          c.workers.push_back(devices_[static_cast<size_t>(members[r])].endpoint);
+          const auto m = static_cast<size_t>(members[r]);
+          c.memory.push_back(m < cluster_->memory.size() ? cluster_->memory[m] : 0);
+        }
         d.cluster = c;
       }
       if (!opts_.dist.memory_limits.empty()) {
@@ -385,6 +392,9 @@ class Engine {
       if (s.ok()) {
         std::lock_guard<std::mutex> l(view_mu_);
         session_ = std::move(*s);
+        // The replaced session's model part and buffers were freed; hand the
+        // pages back so that failovers do not ratchet the server's RSS.
+        ::malloc_trim(0);
         members_ = members;
         spdlog::info("serve: {} over {} device(s)", choice.plan.strategy, members.size());
         return core::ok_status();
