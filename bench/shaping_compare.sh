@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 bin=$(realpath build/bin/tessera)
-model=$(realpath "$1"); rounds=${2:-3}; shift 2 || true
+model=$(realpath "$1"); rounds=${2:-3}; shift; [ $# -gt 0 ] && shift
 rates=("$@"); [ ${#rates[@]} -gt 0 ] || rates=(100mbit 500mbit)
 [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null || { echo "needs root, ip and tc" >&2; exit 2; }
 a=tsc-a-$$ b=tsc-b-$$ va=tsca$$ vb=tscb$$
