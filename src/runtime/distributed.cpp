@@ -57,11 +57,6 @@ Result<json> recv_json(comm::Group& g, int peer, int tag, comm::Millis timeout) 
   return j;
 }
 
-// A string member of a peer's message, or `fallback` (never an exception).
-std::string text_field(const json& j, const char* key, const char* fallback) {
-  return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string(fallback);
-}
-
 // A worker's figures are printed and summed by the terminal: every number
 // must be a number, so that a peer cannot make the terminal throw.
 Status check_rank_stats(const json& j, int rank) {
