@@ -15,19 +15,14 @@
 #include "model/safetensors.h"
 #include "model/transformer.h"
 
+#include "fixture_util.h"
+
 namespace tessera::model {
 namespace {
 
-const std::string kData = TESSERA_TEST_DATA;
-
-std::vector<int64_t> ids_of(const core::Tensor& t) { return {t.i64(), t.i64() + t.numel()}; }
-
-float max_abs_diff(const core::Tensor& got, const core::Tensor& want) {
-  EXPECT_EQ(got.numel(), want.numel());
-  float m = 0.0f;
-  for (int64_t i = 0; i < std::min(got.numel(), want.numel()); ++i) m = std::max(m, std::fabs(got.f32()[i] - want.f32()[i]));
-  return m;
-}
+using testing::ids_of;
+using testing::kData;
+using testing::max_abs_diff;
 
 void check_fixture(const std::string& name, bool bert) {
   auto model = Transformer::load(kData + "/" + name);
