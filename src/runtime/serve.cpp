@@ -1,3 +1,10 @@
+// `tessera serve`, in four parts, in this order:
+//   Metrics    the /metrics counters and histogram (Prometheus text);
+//   Admission  the bounded request queue (429 with Retry-After when full);
+//   Engine     the devices, the session over them, failover and re-admission,
+//              and generation (Session::generate);
+//   Server     the HTTP endpoints on cpp-httplib, limits, streaming, SIGTERM.
+// The request bodies are parsed by the pure functions of serve_api.h.
 #include "runtime/serve.h"
 
 #include <malloc.h>

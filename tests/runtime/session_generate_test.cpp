@@ -5,6 +5,8 @@
 // between, and heartbeats go on while the caller holds a token.
 #include <gtest/gtest.h>
 
+#include "worker_main.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -161,17 +163,5 @@ TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
-  if (argc >= 4 && std::strcmp(argv[1], "worker-job") == 0) {  // a worker process of the tests above
-    auto job = tessera::runtime::JobSpec::from_json(argv[3]);
-    if (!job.ok()) return 2;
-    tessera::runtime::WorkerEnv env;
-    if (argc >= 6 && std::strcmp(argv[4], "--key-fd") == 0) {
-      auto key = tessera::runtime::read_key_from_fd(std::atoi(argv[5]));
-      if (!key.ok()) return 3;
-      env.key = *key;
-    }
-    return tessera::runtime::run_worker(*job, env).ok() ? 0 : 1;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tessera::runtime::testing::main_with_workers(argc, argv);  // also a worker process of the tests above
 }
