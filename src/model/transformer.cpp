@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/io.h"
 #include "kernels/attention.h"
@@ -195,16 +196,34 @@ void Transformer::layer_input(int64_t l, const float* x, int64_t n, float* out, 
 
 void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
                              core::ThreadPool* pool) const {
+  const int64_t all[] = {n};
+  layer_tail(l, x, ctx, n, out, ws, pool, all, {});
+}
+
+void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
+                             core::ThreadPool* pool, std::span<const int64_t> blocks,
+                             const std::function<void(int64_t, int64_t)>& done) const {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  TESSERA_CHECK(std::accumulate(blocks.begin(), blocks.end(), int64_t{0}) == n);
   if (n == 0) return;
   ws.ensure(config_, n, 1);
   // Output projection with its bias and residual fused, then the blocks.
+  const int64_t F = config_.hidden, I = config_.intermediate;
   float* h = ws.h.f32();
   kernels::linear_rows_f32(pool, ctx, n, w.attn_out_w, w.attn_out_b, Activation::kNone, x, h);
   const float* mlp_in = attention_residual(*this, l, h, x, false, n, ws.a.f32(), pool);
   kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, config_.act, nullptr, ws.ffn.f32());
-  kernels::linear_rows_f32(pool, ws.ffn.f32(), n, w.ffn_out_w, w.ffn_out_b, Activation::kNone, h, out);
-  mlp_residual(*this, l, out, h, false, n, out, pool);
+  int64_t r0 = 0;
+  for (const int64_t rows : blocks) {
+    TESSERA_CHECK(rows >= 0);
+    if (rows > 0) {
+      kernels::linear_rows_f32(pool, ws.ffn.f32() + r0 * I, rows, w.ffn_out_w, w.ffn_out_b, Activation::kNone,
+                               h + r0 * F, out + r0 * F);
+      mlp_residual(*this, l, out + r0 * F, h + r0 * F, false, rows, out + r0 * F, pool);
+    }
+    if (done) done(r0, rows);
+    r0 += rows;
+  }
 }
 
 void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Workspace& ws, core::ThreadPool* pool) const {

@@ -4,6 +4,8 @@
 // once and reused across layers.
 #pragma once
 
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,14 @@ class Transformer {
   // context rows; `out` may alias `x`.
   void layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
                   core::ThreadPool* pool) const;
+  // The same, with the FFN's output projection run in row blocks of
+  // `blocks` (they sum to n) and done(r0, count) called as each block's rows
+  // are final, so a caller can send them while the next block computes. Only
+  // the last GEMM is split: its weights are the ones small enough to stay in
+  // cache between blocks.
+  void layer_tail(int64_t l, const float* x, const float* ctx, int64_t n, float* out, Workspace& ws,
+                  core::ThreadPool* pool, std::span<const int64_t> blocks,
+                  const std::function<void(int64_t r0, int64_t count)>& done) const;
   // Hugging Face's last hidden state from the last layer's output: GPT-2
   // applies ln_f (in place); BERT and ViT return x unchanged.
   void finish_hidden(core::Tensor& x, core::ThreadPool* pool) const;

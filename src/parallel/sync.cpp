@@ -140,7 +140,9 @@ Result<std::unique_ptr<PartialStream>> Synchronizer::reduce_scatter_parts_whole(
 }
 
 Result<std::unique_ptr<TileStream>> Synchronizer::allgather_tiles(std::span<const float> mine,
-                                                                const std::vector<int64_t>& counts, int64_t cols) {
+                                                                const std::vector<int64_t>& counts, int64_t cols,
+                                                                int stream) {
+  if (stream < 0 || stream >= kMaxTileStreams) return core::invalid_argument("allgather stream out of range");
   return allgather_tiles_whole(mine, counts, cols);
 }
 

@@ -69,6 +69,8 @@ class PartialStream {
   [[nodiscard]] virtual core::Status finish() = 0;
 };
 
+inline constexpr int kMaxTileStreams = 8;
+
 class Synchronizer {
  public:
   virtual ~Synchronizer() = default;
@@ -101,9 +103,12 @@ class Synchronizer {
   // whole collective first (nothing to overlap with); transports that can
   // overlap override them. The *_whole forms always run it first (a
   // strategy's --no-overlap).
+  // Several AllGathers may be in flight at once when each has its own
+  // `stream` in [0, kMaxTileStreams): a stream's collectives keep their order
+  // on every rank, so their messages never cross.
   [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> allgather_tiles(std::span<const float> mine,
                                                                                   const std::vector<int64_t>& counts,
-                                                                                  int64_t cols);
+                                                                                  int64_t cols, int stream = 0);
   [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> broadcast_tiles(std::span<float> all,
                                                                                   const std::vector<int64_t>& counts,
                                                                                   int64_t cols, int root);

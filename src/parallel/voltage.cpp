@@ -3,11 +3,15 @@
 // AllGather per layer; the last layer goes to the terminal only. Options:
 // "overlap" (default true): the first distribution and the AllGathers run as
 // ring tiles, and each block of rows is projected to keys and values while
-// the next block travels; "adaptive_order" (default true): Theorem 2 picks
-// Eq. (3) or Eq. (8) per device.
+// the next block travels; "chunks" (default 2, with overlap): each device's
+// rows leave in that many blocks, each as soon as its FFN output is done, so
+// the first blocks travel while the last compute; "adaptive_order" (default
+// true): Theorem 2 picks Eq. (3) or Eq. (8) per device.
 #include "parallel/voltage.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/check.h"
@@ -26,6 +30,8 @@ int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p) {
 }
 
 namespace {
+constexpr int64_t kDefaultChunks = 2;
+
 // Columns [col0, col0 + cols) of Q|K|V for rows [r0, r0 + count) into y (row stride ldy).
 void project_rows(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols, float* y,
                   int64_t ldy) {
@@ -106,14 +112,19 @@ class Voltage final : public Strategy {
   }
   std::vector<OptionFlag> flags() const override {
     return {{"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool, "no overlap of ring communication with the GEMMs", false},
+            {"--ring-chunks", "chunks", OptionFlag::Kind::kNumber,
+             "blocks each device's rows leave in per layer, each sent when computed (default 2; with overlap)"},
             {"--no-adaptive-order", "adaptive_order", OptionFlag::Kind::kSetsBool, "always Eq. (3), never Theorem 2's Eq. (8)", false}};
   }
 
   core::Status complete(Plan& plan, const model::ModelConfig&) const override {
-    TESSERA_RETURN_IF_ERROR(only_options(plan, {"overlap", "adaptive_order"}));
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"overlap", "chunks", "adaptive_order"}));
     TESSERA_ASSIGN_OR_RETURN(const bool overlap, option(plan, "overlap", true));
+    TESSERA_ASSIGN_OR_RETURN(const int64_t chunks, option(plan, "chunks", kDefaultChunks));
     TESSERA_ASSIGN_OR_RETURN(const bool adaptive, option(plan, "adaptive_order", true));
-    plan.options = {{"overlap", overlap}, {"adaptive_order", adaptive}};
+    if (chunks < 1 || chunks > kMaxTileStreams)
+      return core::invalid_argument("voltage: chunks must be in [1, " + std::to_string(kMaxTileStreams) + "]");
+    plan.options = {{"overlap", overlap}, {"chunks", chunks}, {"adaptive_order", adaptive}};
     return core::ok_status();
   }
 
@@ -124,6 +135,30 @@ class Voltage final : public Strategy {
  private:
   static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
     return option(plan, "adaptive_order", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
+  }
+  // Block b of every device's rows: its row count per rank and its first row
+  // within the rank's part, the same on every rank. Without overlap: one.
+  struct Blocks {
+    std::vector<std::vector<int64_t>> counts, starts;  // [block][rank]
+  };
+  static Blocks blocks(const Plan& plan, const std::vector<int64_t>& counts) {
+    const int64_t nb = !option(plan, "overlap", true).value_or(true)
+                           ? 1
+                           : std::clamp<int64_t>(option(plan, "chunks", kDefaultChunks).value_or(kDefaultChunks), 1,
+                                                 kMaxTileStreams);
+    Blocks b;
+    b.counts.assign(static_cast<size_t>(nb), std::vector<int64_t>(counts.size(), 0));
+    b.starts = b.counts;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      int64_t at = 0;
+      for (size_t k = 0; k < b.counts.size(); ++k) {
+        const int64_t rows = counts[r] / nb + (static_cast<int64_t>(k) < counts[r] % nb ? 1 : 0);
+        b.counts[k][r] = rows;
+        b.starts[k][r] = at;
+        at += rows;
+      }
+    }
+    return b;
   }
 };
 
@@ -154,44 +189,83 @@ Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synch
     pa.causal = c.causal(); pa.out = ctx.f32(); pa.qkv = early ? qkv.f32() : nullptr;
     return pa;
   };
-  // Layer l's attention input for the `count` rows of `owner`, in `full` already.
-  auto prepare_rows = [&](int64_t l, int owner, int64_t count) {
-    const int64_t r0 = rows[static_cast<size_t>(owner)].begin;
-    if (p == 0 || count == 0) return;
-    m.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
-    if (!early) return;
-    if (owner == sync.rank()) partition_project_f32(layer_attention(l), r0, count, 0, F, qkv.f32());
-    partition_project_f32(layer_attention(l), r0, count, F, 2 * F, qkv.f32());
+  // Layer l's attention input for `count` rows from r0, in `full` already ...
+  auto input_rows = [&](int64_t l, int64_t r0, int64_t count) {
+    if (p > 0 && count > 0) m.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
+  };
+  // ... and, once all of `owner`'s rows are in, their keys and values (and
+  // this device's queries): one GEMM per part, as each block of rows would
+  // stream the weights again.
+  auto project_part = [&](int64_t l, int owner) {
+    const Range& part = rows[static_cast<size_t>(owner)];
+    if (!early || part.size() == 0) return;
+    const bool own = owner == sync.rank();
+    partition_project_f32(layer_attention(l), part.begin, part.size(), own ? 0 : F, own ? 3 * F : 2 * F, qkv.f32());
   };
   if (ring) {
     // The first distribution in parts, this device's part first, received in place.
     TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.broadcast_tiles(floats(full.f32(), n * F), counts, F, 0));
     while (!tiles->done()) {
       TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
-      prepare_rows(0, t.owner, t.count);
+      input_rows(0, rows[static_cast<size_t>(t.owner)].begin, t.count);
+      project_part(0, t.owner);
     }
     TESSERA_RETURN_IF_ERROR(tiles->finish());
   } else {
     TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
     if (p > 0) m.layer_input(0, full.f32(), n, a.f32(), pool);
   }
+  const Blocks blk = blocks(plan, counts);
+  const auto rank = static_cast<size_t>(sync.rank());
+  std::vector<int64_t> my_blocks;
+  for (const auto& bc : blk.counts) my_blocks.push_back(bc[rank]);
   model::Workspace ws;
   for (int64_t l = 0; l < c.layers; ++l) {
-    if (p > 0) {
-      partition_attention_f32(layer_attention(l), use_eq8, scratch.f32());
-      m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
-    }
+    if (p > 0) partition_attention_f32(layer_attention(l), use_eq8, scratch.f32());
     const bool last = l + 1 == c.layers;
     if (!last && ring) {
-      TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.allgather_tiles(floats(out.f32(), p * F), counts, F));
-      while (!tiles->done()) {
-        TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
-        const int64_t r0 = rows[static_cast<size_t>(t.owner)].begin;
-        if (t.count > 0) std::memcpy(full.f32() + r0 * F, t.rows.data(), t.rows.size_bytes());
-        prepare_rows(l + 1, t.owner, t.count);
+      // Block b's rows leave as soon as they are final, one AllGather stream
+      // each; blocks that came in meanwhile are taken between blocks. They
+      // write rows of `full` and `a` the rest of this tail never reads.
+      std::vector<std::unique_ptr<TileStream>> streams;
+      std::vector<size_t> taken(rows.size(), 0);  // blocks in, per owner
+      auto take = [&](size_t b, bool wait) -> core::Status {
+        TileStream& s = *streams[b];
+        while (!s.done() && (wait || s.ready())) {
+          TESSERA_ASSIGN_OR_RETURN(const Tile t, s.next());
+          const auto owner = static_cast<size_t>(t.owner);
+          const int64_t r0 = rows[owner].begin + blk.starts[b][owner];
+          if (t.count > 0) std::memcpy(full.f32() + r0 * F, t.rows.data(), t.rows.size_bytes());
+          input_rows(l + 1, r0, t.count);
+          if (++taken[owner] == blk.counts.size()) project_part(l + 1, t.owner);
+        }
+        return core::ok_status();
+      };
+      core::Status st = core::ok_status();
+      auto send_block = [&](int64_t r0, int64_t count) {
+        if (!st.ok()) return;
+        const size_t b = streams.size();
+        auto s = sync.allgather_tiles(floats(out.f32() + r0 * F, count * F), blk.counts[b], F, static_cast<int>(b));
+        if (!s.ok()) {
+          st = s.status();
+          return;
+        }
+        streams.push_back(std::move(s).value());
+        for (size_t d = 0; d < b && st.ok(); ++d) st = take(d, false);
+      };
+      if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool, my_blocks, send_block);
+      while (st.ok() && streams.size() < blk.counts.size()) send_block(p, 0);  // a device without rows
+      TESSERA_RETURN_IF_ERROR(st);
+      // What is in already (this device's last block) before waiting.
+      for (size_t b = 0; b < streams.size(); ++b) TESSERA_RETURN_IF_ERROR(take(b, false));
+      for (size_t b = 0; b < streams.size(); ++b) {
+        TESSERA_RETURN_IF_ERROR(take(b, true));
+        TESSERA_RETURN_IF_ERROR(streams[b]->finish());
       }
-      TESSERA_RETURN_IF_ERROR(tiles->finish());
-    } else if (!last) {
+      continue;
+    }
+    if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
+    if (!last) {
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(out.f32(), p * F), counts, F, floats(full.f32(), n * F)));
       if (p > 0) m.layer_input(l + 1, full.f32(), n, a.f32(), pool);
     } else {
@@ -207,6 +281,7 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
   const int64_t F = c.hidden, hd = c.head_dim();
   const auto counts = range_sizes(row_ranges(plan, n));
   const bool ring = option(plan, "overlap", true).value_or(true);
+  const Blocks blk = blocks(plan, counts);
   Schedule s;
   for (int r = 0; r < K; ++r) {
     const int64_t p = counts[static_cast<size_t>(r)];
@@ -247,9 +322,22 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
         }
         add_tail_work(layer.work, c, p);
       }
-      d.phases.push_back(std::move(layer));
       const bool last = l + 1 == c.layers;
-      Phase sync_phase{last ? "gather output" : "allgather", l, {}, {}, !last && ring};
+      const bool streamed = !last && ring;
+      Phase sync_phase{last ? "gather output" : "allgather", l, {}, {}, streamed};
+      if (streamed && p > 0) {
+        // The FFN output of every block but the first runs while earlier blocks travel.
+        layer.work.pop_back();  // its norm
+        layer.work.pop_back();  // ffn_out, split by blocks below
+        for (size_t b = 0; b < blk.counts.size(); ++b) {
+          const int64_t rows_b = blk.counts[b][static_cast<size_t>(r)];
+          if (rows_b == 0) continue;
+          auto& w = b == 0 ? layer.work : sync_phase.work;
+          w.push_back(gemm("ffn_out", rows_b, c.intermediate, F));
+          w.push_back(elementwise("norm", rows_b, F));
+        }
+      }
+      d.phases.push_back(std::move(layer));
       if (last) {
         sync_phase.transfers.push_back(transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * F, {0}));
       } else {

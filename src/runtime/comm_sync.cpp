@@ -24,6 +24,8 @@ namespace {
 constexpr int kTag = 7;
 constexpr int kScatterTag = 8;
 constexpr int kPointTag = 9;
+// Tags of the AllGather streams after the first (kTag).
+constexpr int kStreamTag0 = 16;
 
 // Sends take the tensor's buffer without copying and may still read it after
 // the call returns, so what we send is always a private copy.
@@ -315,13 +317,14 @@ Status CommSynchronizer::reduce_scatter_rows(std::span<const float> full, const 
 
 Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::allgather_tiles(std::span<const float> mine,
                                                                               const std::vector<int64_t>& counts,
-                                                                              int64_t cols) {
+                                                                              int64_t cols, int stream) {
   core::settle_device_speed();  // the emulated device computes until here
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), 0, false));
+  if (stream < 0 || stream >= parallel::kMaxTileStreams) return core::invalid_argument("allgather stream out of range");
   stats_.add(CollectiveKind::kAllgather, parallel::ring_allgather_sent(counts, cols, rank()));
   comm::AllgatherOptions o;
   o.timeout = timeout_;
-  o.tag = kTag;
+  o.tag = stream == 0 ? kTag : kStreamTag0 + stream;
   auto tiles = std::make_unique<RingTiles>(*this, counts, cols, o);
   TESSERA_RETURN_IF_ERROR(tiles->start(mine));
   return std::unique_ptr<parallel::TileStream>(std::move(tiles));

@@ -32,7 +32,7 @@ class CommSynchronizer final : public parallel::Synchronizer {
   // rank's own part first, received in place.
   core::Result<std::unique_ptr<parallel::TileStream>> allgather_tiles(std::span<const float> mine,
                                                                       const std::vector<int64_t>& counts,
-                                                                      int64_t cols) override;
+                                                                      int64_t cols, int stream = 0) override;
   core::Result<std::unique_ptr<parallel::TileStream>> broadcast_tiles(std::span<float> all,
                                                                       const std::vector<int64_t>& counts, int64_t cols,
                                                                       int root) override;

@@ -137,6 +137,10 @@ TEST(StrategyTest, PlansAreCheckedByTheirStrategy) {
   EXPECT_FALSE(complete_plan(bad_ratios, cfg).ok());
   Plan bad_type = make_plan("voltage", 2, {}, {{"overlap", "yes"}});
   EXPECT_FALSE(complete_plan(bad_type, cfg).ok());
+  for (int chunks : {0, kMaxTileStreams + 1}) {
+    Plan bad_chunks = make_plan("voltage", 2, {}, {{"chunks", chunks}});
+    EXPECT_FALSE(complete_plan(bad_chunks, cfg).ok()) << chunks;
+  }
   EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", 3}, {"world", 2}}).ok());
   EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 1000}}).ok());
   EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 2}, {"options", 5}}).ok());
