@@ -269,7 +269,7 @@ void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) 
   cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--cpus-per-device", f->dist.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
       ->capture_default_str();
-  cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
   cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
   cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");

@@ -259,7 +259,7 @@ void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
   cmd->add_option("--model", f.req.model_dir, "Hugging Face model folder")->required();
   cmd->add_option("--devices", f.req.devices, "local devices")->capture_default_str();
   cmd->add_option("--cluster", f.req.cluster_file, "TOML cluster file");
-  cmd->add_option("--link", f.req.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--link", f.req.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
   cmd->add_option("--threads-per-device", f.req.threads, "compute threads of each device")->capture_default_str();
   cmd->add_option("--seq", f.req.seq, "rows to plan for (text models; default 128)");
   cmd->add_option("--device-speed", f.req.device_speed, "emulated speed of each device, e.g. 1,0.5");

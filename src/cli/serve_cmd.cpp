@@ -82,7 +82,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--cluster", f->serve.dist.cluster_file, "TOML file: terminal endpoint and worker daemons");
   cmd->add_option("--key", f->serve.dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->serve.dist.insecure, "no CURVE encryption between devices (benchmarks)");
-  cmd->add_option("--link", f->serve.dist.link, "emulated links: 500mbit,1ms or a JSON matrix file");
+  cmd->add_option("--link", f->serve.dist.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
   cmd->add_option("--threads-per-device", f->serve.dist.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB");
   cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");

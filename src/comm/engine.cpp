@@ -126,7 +126,8 @@ core::Status GroupCore::start() {
         l.monitor->connect(mon);
       }
       l.dealer->connect(options_.endpoints[j]);
-      l.pacer = LinkPacer(options_.links.link(rank_, j), options_.link_burst_bytes);
+      const LinkSpec spec = options_.links.link(rank_, j);
+      l.pacer = LinkPacer(spec, spec.burst_bytes > 0 ? static_cast<size_t>(spec.burst_bytes) : options_.link_burst_bytes);
       Outgoing hello;
       hello.kind = FrameKind::kHello;
       hello.peer = j;

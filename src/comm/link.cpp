@@ -37,7 +37,7 @@ core::Result<LinkSpec> parse_link_spec(std::string_view text) {
   const std::string s = lower(text);
   if (s.empty()) return core::invalid_argument("empty link spec");
   LinkSpec spec;
-  bool have_bw = false, have_lat = false;
+  bool have_bw = false, have_lat = false, have_burst = false;
   size_t start = 0;
   while (start <= s.size()) {
     size_t comma = s.find(',', start);
@@ -49,7 +49,7 @@ core::Result<LinkSpec> parse_link_spec(std::string_view text) {
     if (!split_number(part, &v, &unit)) {
       return core::invalid_argument("link spec '" + std::string(text) + "': cannot read '" + part + "'");
     }
-    double bw_scale = 0, lat_scale = 0;
+    double bw_scale = 0, lat_scale = 0, burst_scale = 0;
     if (unit == "bit" || unit == "bps") bw_scale = 1;
     else if (unit == "kbit") bw_scale = 1e3;
     else if (unit == "mbit") bw_scale = 1e6;
@@ -57,8 +57,15 @@ core::Result<LinkSpec> parse_link_spec(std::string_view text) {
     else if (unit == "s") lat_scale = 1;
     else if (unit == "ms") lat_scale = 1e-3;
     else if (unit == "us") lat_scale = 1e-6;
-    else return core::invalid_argument("link spec: unknown unit '" + unit + "' (bit, kbit, mbit, gbit, s, ms, us)");
-    if (bw_scale > 0) {
+    else if (unit == "b") burst_scale = 1;
+    else if (unit == "kb") burst_scale = 1024;
+    else if (unit == "mb") burst_scale = 1024.0 * 1024;
+    else return core::invalid_argument("link spec: unknown unit '" + unit + "' (bit, kbit, mbit, gbit, s, ms, us, b, kb, mb)");
+    if (burst_scale > 0) {
+      if (have_burst) return core::invalid_argument("link spec: burst given twice");
+      have_burst = true;
+      spec.burst_bytes = v * burst_scale;
+    } else if (bw_scale > 0) {
       if (have_bw) return core::invalid_argument("link spec: bandwidth given twice");
       have_bw = true;
       spec.bandwidth_bps = v * bw_scale;
@@ -69,6 +76,9 @@ core::Result<LinkSpec> parse_link_spec(std::string_view text) {
     }
     if (comma == s.size()) break;
   }
+  // "100mb" is more likely a bandwidth with a typo than a burst on its own.
+  if (have_burst && !have_bw)
+    return core::invalid_argument("link spec '" + std::string(text) + "': a burst (b, kb, mb: bytes) needs a bandwidth (bit, kbit, mbit, gbit)");
   return spec;
 }
 
@@ -83,7 +93,7 @@ core::Result<LinkMatrix> LinkMatrix::from_json(const std::string& json_text, int
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return core::parse_error("link matrix: not a JSON object");
   LinkMatrix m = uniform(world, LinkSpec{});
-  auto read = [&](const char* key, double scale, bool bandwidth) -> core::Status {
+  auto read = [&](const char* key, double scale, double LinkSpec::*field) -> core::Status {
     if (!j.contains(key)) return core::ok_status();
     const auto& rows = j[key];
     if (!rows.is_array() || static_cast<int>(rows.size()) != world) {
@@ -100,13 +110,14 @@ core::Result<LinkMatrix> LinkMatrix::from_json(const std::string& json_text, int
           return core::parse_error(std::string("link matrix: '") + key + "' has a bad entry");
         }
         LinkSpec& l = m.links_[static_cast<size_t>(i) * world + k];
-        (bandwidth ? l.bandwidth_bps : l.latency_s) = row[k].get<double>() * scale;
+        l.*field = row[k].get<double>() * scale;
       }
     }
     return core::ok_status();
   };
-  TESSERA_RETURN_IF_ERROR(read("bandwidth_bps", 1.0, true));
-  TESSERA_RETURN_IF_ERROR(read("latency_ms", 1e-3, false));
+  TESSERA_RETURN_IF_ERROR(read("bandwidth_bps", 1.0, &LinkSpec::bandwidth_bps));
+  TESSERA_RETURN_IF_ERROR(read("latency_ms", 1e-3, &LinkSpec::latency_s));
+  TESSERA_RETURN_IF_ERROR(read("burst_bytes", 1.0, &LinkSpec::burst_bytes));
   return m;
 }
 

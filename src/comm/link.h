@@ -18,11 +18,14 @@ namespace tessera::comm {
 struct LinkSpec {
   double bandwidth_bps = 0;  // bits per second; 0 = unpaced
   double latency_s = 0;
+  double burst_bytes = 0;    // what an idle link sends at once (tc tbf's burst); 0 = the group's default
   bool paced() const { return bandwidth_bps > 0 || latency_s > 0; }
 };
 
-// "500mbit,2ms", "100mbit", "2ms", "1.5gbit,250us". Bandwidth units: bit,
-// kbit, mbit, gbit (decimal, per second); latency units: s, ms, us.
+// "500mbit,2ms", "100mbit", "2ms", "1.5gbit,250us", "100mbit,64kb".
+// Bandwidth units: bit, kbit, mbit, gbit (decimal, per second); latency
+// units: s, ms, us; burst units as tc's: b, kb, mb (bytes, 1024-based), only
+// with a bandwidth.
 core::Result<LinkSpec> parse_link_spec(std::string_view text);
 
 // K x K links; entry [i][j] is the link from rank i to rank j.

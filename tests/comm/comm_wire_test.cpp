@@ -166,7 +166,16 @@ TEST(Link, ParsesSpecs) {
   s = parse_link_spec("3ms");
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->bandwidth_bps, 0);
-  for (const char* bad : {"", "fast", "100", "100mb", "-1mbit", "1mbit,2mbit", "2ms,3ms", "1mbit,", "mbit"}) {
+  s = parse_link_spec("100mbit,64kb");  // tc tbf's burst units
+  ASSERT_TRUE(s.ok());
+  EXPECT_DOUBLE_EQ(s->bandwidth_bps, 100e6);
+  EXPECT_DOUBLE_EQ(s->burst_bytes, 65536);
+  s = parse_link_spec("1gbit,1mb,2ms");
+  ASSERT_TRUE(s.ok());
+  EXPECT_DOUBLE_EQ(s->burst_bytes, 1048576);
+  EXPECT_DOUBLE_EQ(s->latency_s, 2e-3);
+  for (const char* bad : {"", "fast", "100", "100mb", "-1mbit", "1mbit,2mbit", "2ms,3ms", "1mbit,", "mbit",
+                          "1mbit,2kb,3kb", "64kb,2ms"}) {
     EXPECT_FALSE(parse_link_spec(bad).ok()) << bad;
   }
 }
@@ -181,6 +190,10 @@ TEST(Link, Matrix) {
   EXPECT_FALSE(LinkMatrix::from_json(R"({"bandwidth_bps": [[0, 1e6]]})", 2).ok());
   EXPECT_FALSE(LinkMatrix::from_json(R"({"latency_ms": [[0, "x"], [1, 0]]})", 2).ok());
   EXPECT_FALSE(LinkMatrix::from_json("not json", 2).ok());
+  auto b = LinkMatrix::from_json(R"({"bandwidth_bps": [[0, 1e6], [1e6, 0]], "burst_bytes": [[0, 4096], [0, 0]]})", 2);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_DOUBLE_EQ(b->link(0, 1).burst_bytes, 4096);
+  EXPECT_DOUBLE_EQ(b->link(1, 0).burst_bytes, 0);
   auto u = LinkMatrix::from_arg("100mbit,1ms", 3);
   ASSERT_TRUE(u.ok());
   EXPECT_DOUBLE_EQ(u->link(2, 1).bandwidth_bps, 100e6);
@@ -202,6 +215,11 @@ TEST(Link, PacerSerialisesAndDelays) {
   // After an idle period the link starts fresh.
   const auto r3 = p.schedule(1000, t0 + seconds(10));
   EXPECT_NEAR(duration<double>(r3 - t0).count(), 10.011, 1e-6);
+  // tbf's burst: after an idle period the first 64 KiB go at once.
+  LinkPacer burst(LinkSpec{8e6, 0, 65536}, 65536);
+  const auto t1 = t0 + seconds(20);
+  EXPECT_NEAR(duration<double>(burst.schedule(65536 + 100000, t1) - t1).count(), 0.1, 1e-6);
+  EXPECT_NEAR(duration<double>(burst.schedule(100000, t1) - t1).count(), 0.2, 1e-6);  // no credit left
   LinkPacer lat(LinkSpec{0, 0.002}, 0);
   EXPECT_NEAR(duration<double>(lat.schedule(1 << 30, t0) - t0).count(), 0.002, 1e-9);
 }
