@@ -71,7 +71,7 @@ void BM_IlpSolve(benchmark::State& state) {
   const int k = static_cast<int>(state.range(0));
   const auto c = bert_large(state.range(1));
   const planner::ClusterProfile p = synthetic(k);
-  const bool tw = state.range(2) != 0;  // the paper's Tw, or the planner's default objective without it
+  const bool tw = state.range(2) != 0;  // the paper's Tw (the planner's default), or the objective without it
   const auto pr = planner::build_unit_chain(*parallel::find_strategy("pipeline"), c, p, 128, planner::UnitGranularity::kLayers, tw);
   if (!pr.ok()) {
     state.SkipWithError(pr.status().message().c_str());

@@ -252,7 +252,7 @@ struct PlanCmd {
   std::string units = "layers";
   std::string ilp_lp;
   double ilp_time_limit = 10;
-  bool load_time = false;
+  bool load_time = true;
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -360,7 +360,8 @@ void add_plan_commands(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--ilp-lp", f->ilp_lp, "write the pipeline ILP over every device to FILE (LP format)");
     cmd->add_option("--ilp-time-limit", f->ilp_time_limit, "seconds CBC may search")->check(CLI::PositiveNumber)->capture_default_str();
-    cmd->add_flag("--load-time", f->load_time, "ILP with the paper's weight-loading term Tw (off by default, see docs/planner.md)");
+    cmd->add_flag("--load-time,!--no-load-time", f->load_time,
+                  "ILP with the paper's weight-loading term Tw (on by default, see docs/planner.md)");
     cmd->callback([f] { throw CLI::RuntimeError(plan_command(*f)); });
   }
 }
