@@ -2,12 +2,17 @@
 // sends queued messages, validates and files incoming frames, answers the
 // ZAP (key check) requests and watches connection events for lost peers.
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -272,7 +277,28 @@ void GroupCore::arm_timer(Clock::time_point at) {
   ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &spec, nullptr);
 }
 
+namespace {
+// Nice value `nice` for the calling thread and this process's ZeroMQ I/O
+// threads. Without the privilege to raise them nothing changes, by design.
+void raise_io_threads(int nice) {
+  if (nice == 0) return;
+  if (::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice) != 0)
+    spdlog::debug("comm: the I/O thread keeps its priority ({})", std::strerror(errno));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(e.path() / "comm");
+    std::string name;
+    if (!std::getline(f, name) || name.rfind("ZMQbg/IO", 0) != 0) continue;
+    int tid = 0;
+    const std::string id = e.path().filename().string();
+    if (std::from_chars(id.data(), id.data() + id.size(), tid).ec == std::errc() && tid > 0)
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice);
+  }
+}
+}  // namespace
+
 void GroupCore::run() {
+  raise_io_threads(options_.io_nice);
   try {
     for (;;) {
       Clock::time_point now = Clock::now();

@@ -74,6 +74,11 @@ struct GroupOptions {
   // tcp/ipc, where each group owns its context.
   std::shared_ptr<zmq::context_t> context;
   int io_threads = 1;
+  // The transport's threads (this group's I/O thread and ZeroMQ's) run at
+  // this nice value where the process may raise them (CAP_SYS_NICE), so the
+  // next step of a transfer does not queue behind compute on a busy core;
+  // elsewhere they stay as they are. 0: leave them alone.
+  int io_nice = -10;
 };
 
 // Completion of an asynchronous send: ok once ZeroMQ has taken the message.

@@ -12,8 +12,13 @@
 // the least communication. On an ordinary model every layer is original.
 //
 // Slices travel block-major: the sub-blocks' [n, h/N] matrices one after the
-// other, so a device's part of every collective is contiguous rows.
+// other, so a device's part of every collective is contiguous rows. Before an
+// original layer the slices go out one sub-block at a time, each as soon as
+// it is computed (one AllGather stream per sub-block index), so they travel
+// while the device computes its next sub-block.
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -84,6 +89,20 @@ void from_blocks(const float* in, int64_t n, int64_t H, int64_t Fr, int64_t bloc
 // Where the activations are between layers.
 enum class Where { kTerminal, kSliced, kFull, kDone };
 
+// Streams of the AllGather before an original layer: one per sub-block index
+// of the device with the most (0: one whole AllGather, too many for streams).
+int64_t slice_streams(const Layout& L) {
+  int64_t most = 0;
+  for (const Range& b : L.blocks) most = std::max<int64_t>(most, b.size());
+  return most <= kMaxTileStreams ? most : 0;
+}
+// Rows each device sends on stream j: its j-th sub-block, if it has one.
+std::vector<int64_t> stream_counts(const Layout& L, int64_t j) {
+  std::vector<int64_t> counts;
+  for (const Range& b : L.blocks) counts.push_back(j < b.size() ? L.n : 0);
+  return counts;
+}
+
 class Bp final : public Strategy {
  public:
   std::string name() const override { return "bp"; }
@@ -146,15 +165,47 @@ class Bp final : public Strategy {
     Where at = Where::kTerminal;
     for (int64_t l = 0; l < c.layers; ++l) {
       if (c.decoupled(l)) {
+        std::unique_ptr<TileStream> entry;  // the terminal's slices, one sub-block per message
         if (at == Where::kTerminal) {
           if (r == 0) all = blocks_of(full, L, 0, c.bp_div);
-          TESSERA_RETURN_IF_ERROR(sync.scatter_rows(r == 0 ? floats(all.f32(), L.total_slice_rows() * Fr) : std::span<const float>(),
-                                                    L.slice_rows, Fr, floats(xs.f32(), nb * n * Fr), 0));
+          TESSERA_ASSIGN_OR_RETURN(entry, sync.scatter_tiles(r == 0 ? floats(all.f32(), L.total_slice_rows() * Fr) : std::span<const float>(),
+                                                             L.slice_rows, Fr, floats(xs.f32(), nb * n * Fr), 0, n));
         } else if (at == Where::kFull) {
           to_blocks(full.f32(), n, H, Fr, L.blocks[ru].begin, L.blocks[ru].end, xs.f32());
         }
-        for (int64_t j = 0; j < nb; ++j) m.block(l, L.blocks[ru].begin + j, xs.f32() + j * n * Fr, n, 0, nullptr, ws, pool);
-        at = Where::kSliced;
+        // If the next layer is original, each slice leaves as soon as it is done.
+        const bool gather_next = l + 1 < c.layers && !c.decoupled(l + 1);
+        const int64_t streams = gather_next ? slice_streams(L) : 0;
+        std::vector<std::unique_ptr<TileStream>> out;
+        for (int64_t j = 0; j < std::max(nb, streams); ++j) {
+          if (j < nb) {
+            if (entry) TESSERA_RETURN_IF_ERROR(entry->next().status());  // sub-block j's slice is in
+            m.block(l, L.blocks[ru].begin + j, xs.f32() + j * n * Fr, n, 0, nullptr, ws, pool);
+          }
+          if (j < streams) {
+            const int64_t rows = j < nb ? n : 0;
+            TESSERA_ASSIGN_OR_RETURN(auto st, sync.allgather_tiles(floats(xs.f32() + j * n * Fr, rows * Fr),
+                                                                   stream_counts(L, j), Fr, static_cast<int>(j)));
+            out.push_back(std::move(st));
+          }
+        }
+        if (entry) TESSERA_RETURN_IF_ERROR(entry->finish());
+        if (streams == 0) {
+          at = Where::kSliced;
+          continue;
+        }
+        for (int64_t j = 0; j < streams; ++j) {
+          TileStream& st = *out[static_cast<size_t>(j)];
+          while (!st.done()) {
+            TESSERA_ASSIGN_OR_RETURN(const Tile t, st.next());
+            if (t.count == 0) continue;
+            const int64_t b = L.blocks[static_cast<size_t>(t.owner)].begin + j;  // the sub-block it holds
+            for (int64_t row = 0; row < n; ++row)
+              std::memcpy(full.f32() + row * H + b * Fr, t.rows.data() + row * Fr, static_cast<size_t>(Fr) * sizeof(float));
+          }
+          TESSERA_RETURN_IF_ERROR(st.finish());
+        }
+        at = Where::kFull;
         continue;
       }
       if (at == Where::kSliced) {
@@ -189,12 +240,34 @@ class Bp final : public Strategy {
       for (int64_t l = 0; l < c.layers; ++l) {
         if (c.decoupled(l)) {
           Phase ph{"sub-blocks", l, {}, {}, false};
-          if (at == Where::kTerminal)
-            ph.transfers.push_back(transfer(CollectiveKind::kScatter, "slices", r == 0 ? (L.total_slice_rows() - L.slice_rows[0]) * Fr : 0,
-                                            everyone_but(r, K)));
-          for (int64_t j = 0; j < nb; ++j) add_block_work(ph.work, c, n);
+          if (at == Where::kTerminal) {
+            // Each device's first slice, then the rest while the devices compute.
+            int64_t first = 0;
+            for (int q = 1; q < K; ++q) first += std::min(L.slice_rows[static_cast<size_t>(q)], n);
+            const int64_t rest = L.total_slice_rows() - L.slice_rows[0] - first;
+            d.phases.push_back({"first slices", l, {},
+                                {transfer(CollectiveKind::kScatter, "slices", r == 0 ? first * Fr : 0, everyone_but(r, K))}, false});
+            ph.transfers.push_back(transfer(CollectiveKind::kScatter, "slices", r == 0 ? rest * Fr : 0, everyone_but(r, K)));
+            ph.overlapped = true;
+          }
+          const int64_t streams = l + 1 < c.layers && !c.decoupled(l + 1) ? slice_streams(L) : 0;
+          if (streams == 0) {
+            for (int64_t j = 0; j < nb; ++j) add_block_work(ph.work, c, n);
+            d.phases.push_back(std::move(ph));
+            at = Where::kSliced;
+            continue;
+          }
+          // Stream j travels while sub-block j + 1 computes; the last one alone.
+          if (nb > 0) add_block_work(ph.work, c, n);
           d.phases.push_back(std::move(ph));
-          at = Where::kSliced;
+          for (int64_t j = 0; j < streams; ++j) {
+            Phase next{"sub-block and slices", l, {}, {}, j + 1 < streams};
+            if (j + 1 < nb) add_block_work(next.work, c, n);
+            next.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices",
+                                              ring_allgather_sent(stream_counts(L, j), Fr, r), everyone_but(r, K)));
+            d.phases.push_back(std::move(next));
+          }
+          at = Where::kFull;
           continue;
         }
         Phase ph{"original", l, {}, {}, false};

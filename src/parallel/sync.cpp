@@ -1,5 +1,6 @@
 #include "parallel/sync.h"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -87,6 +88,28 @@ class WholeTiles final : public TileStream {
   size_t next_ = 0;
 };
 
+// This rank's pieces of rows already in memory.
+class Pieces final : public TileStream {
+ public:
+  Pieces(int rank, std::span<float> mine, std::vector<int64_t> counts, int64_t cols)
+      : rank_(rank), mine_(mine), at_(row_offsets(counts)), counts_(std::move(counts)), cols_(cols) {}
+  Result<Tile> next() override {
+    if (done()) return core::internal_error("no piece left");
+    const size_t i = next_++;
+    return Tile{rank_, counts_[i], mine_.subspan(static_cast<size_t>(at_[i] * cols_), static_cast<size_t>(counts_[i] * cols_))};
+  }
+  bool ready() const override { return true; }
+  bool done() const override { return next_ >= counts_.size(); }
+  Status finish() override { return core::ok_status(); }
+
+ private:
+  int rank_;
+  std::span<float> mine_;
+  std::vector<int64_t> at_, counts_;
+  int64_t cols_;
+  size_t next_ = 0;
+};
+
 // Every partial first, then one ReduceScatter.
 class WholePartials final : public PartialStream {
  public:
@@ -144,6 +167,22 @@ Result<std::unique_ptr<TileStream>> Synchronizer::allgather_tiles(std::span<cons
                                                                 int stream) {
   if (stream < 0 || stream >= kMaxTileStreams) return core::invalid_argument("allgather stream out of range");
   return allgather_tiles_whole(mine, counts, cols);
+}
+
+std::vector<int64_t> piece_counts(int64_t rows, int64_t piece_rows) {
+  std::vector<int64_t> out;
+  const int64_t step = std::max<int64_t>(piece_rows, 1);
+  for (int64_t at = 0; at < rows; at += step) out.push_back(std::min(step, rows - at));
+  return out;
+}
+
+Result<std::unique_ptr<TileStream>> Synchronizer::scatter_tiles(std::span<const float> all,
+                                                               const std::vector<int64_t>& counts, int64_t cols,
+                                                               std::span<float> mine, int root, int64_t piece_rows) {
+  if (piece_rows < 1) return core::invalid_argument("scatter pieces need at least one row");
+  TESSERA_RETURN_IF_ERROR(scatter_rows(all, counts, cols, mine, root));
+  return std::unique_ptr<TileStream>(
+      new Pieces(rank(), mine, piece_counts(counts[static_cast<size_t>(rank())], piece_rows), cols));
 }
 
 Result<std::unique_ptr<TileStream>> Synchronizer::broadcast_tiles(std::span<float> all, const std::vector<int64_t>& counts,

@@ -109,6 +109,15 @@ class Synchronizer {
   [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> allgather_tiles(std::span<const float> mine,
                                                                                   const std::vector<int64_t>& counts,
                                                                                   int64_t cols, int stream = 0);
+  // As scatter_rows, but this rank's rows come as pieces of at most
+  // `piece_rows` rows, each its own message, so work on the first can start
+  // while the rest travel. Tile i is this rank's i-th piece (owner: this
+  // rank), in `mine`. The root's sends go out at once; its finish() waits
+  // for them.
+  [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> scatter_tiles(std::span<const float> all,
+                                                                                const std::vector<int64_t>& counts,
+                                                                                int64_t cols, std::span<float> mine,
+                                                                                int root, int64_t piece_rows);
   [[nodiscard]] virtual core::Result<std::unique_ptr<TileStream>> broadcast_tiles(std::span<float> all,
                                                                                   const std::vector<int64_t>& counts,
                                                                                   int64_t cols, int root);
@@ -134,6 +143,9 @@ class Synchronizer {
   SyncStats stats_;
 };
 
+// The pieces scatter_tiles cuts `rows` into: piece_rows each, the last
+// shorter (none for no rows).
+std::vector<int64_t> piece_counts(int64_t rows, int64_t piece_rows);
 // Part order of broadcast_tiles at `rank`: its own part, then the others in
 // rank order.
 std::vector<int> own_part_first(int rank, int world);

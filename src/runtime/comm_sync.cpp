@@ -87,6 +87,70 @@ class RingTiles final : public parallel::TileStream {
   Tensor current_;
 };
 
+// The root sends each rank's rows in pieces, each its own message, all posted
+// at once; a rank receives its pieces in order straight into `mine`.
+class ScatterTiles final : public parallel::TileStream {
+ public:
+  ScatterTiles(CommSynchronizer& sync, std::span<float> mine, int64_t cols, int root, std::vector<int64_t> pieces)
+      : sync_(sync), mine_(mine), cols_(cols), root_(root), at_(parallel::row_offsets(pieces)), pieces_(std::move(pieces)) {}
+
+  Status start(std::span<const float> all, const std::vector<int64_t>& counts, int64_t piece_rows) {
+    if (sync_.rank() == root_) {
+      int64_t at = 0;
+      for (int dest = 0; dest < sync_.world(); ++dest) {
+        const int64_t rows = counts[static_cast<size_t>(dest)];
+        const auto part = all.subspan(static_cast<size_t>(at * cols_), static_cast<size_t>(rows * cols_));
+        if (dest == root_) {
+          if (rows > 0) std::memcpy(mine_.data(), part.data(), part.size_bytes());
+        } else {
+          sync_.mutable_stats().add(CollectiveKind::kScatter, rows * cols_);
+          int64_t from = 0;
+          for (const int64_t piece : parallel::piece_counts(rows, piece_rows)) {
+            sends_.push_back(sync_.group().isend(dest, kScatterTag, copy_rows(part.subspan(static_cast<size_t>(from * cols_)), piece, cols_)));
+            from += piece;
+          }
+        }
+        at += rows;
+      }
+      return core::ok_status();
+    }
+    for (size_t i = 0; i < pieces_.size(); ++i) recvs_.push_back(sync_.group().irecv(root_, kScatterTag));
+    return core::ok_status();
+  }
+  Result<parallel::Tile> next() override {
+    core::settle_device_speed();  // the emulated device computes until here
+    if (done()) return core::internal_error("no piece left");
+    const size_t i = next_++;
+    const auto piece = mine_.subspan(static_cast<size_t>(at_[i] * cols_), static_cast<size_t>(pieces_[i] * cols_));
+    if (sync_.rank() != root_) {
+      core::Timer t;
+      TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs_[i].wait(sync_.timeout()));
+      sync_.mutable_stats().blocked_ms += t.ms();
+      TESSERA_RETURN_IF_ERROR(copy_out(got, piece, pieces_[i] * cols_));
+    }
+    return parallel::Tile{sync_.rank(), pieces_[i], piece};
+  }
+  bool ready() const override { return sync_.rank() == root_ || done() || recvs_[next_].ready(); }
+  bool done() const override { return next_ >= pieces_.size(); }
+  Status finish() override {
+    core::settle_device_speed();  // the emulated device computes until here
+    core::Timer t;
+    for (auto& s : sends_) TESSERA_RETURN_IF_ERROR(s.wait(sync_.timeout()));
+    sync_.mutable_stats().blocked_ms += t.ms();
+    return core::ok_status();
+  }
+
+ private:
+  CommSynchronizer& sync_;
+  std::span<float> mine_;
+  int64_t cols_;
+  int root_;
+  std::vector<int64_t> at_, pieces_;
+  size_t next_ = 0;
+  std::vector<comm::SendHandle> sends_;
+  std::vector<comm::RecvHandle> recvs_;
+};
+
 // The root sends each part to each rank as its own message, the rank's part
 // first; a rank receives each part straight into `all`.
 class DirectBroadcastTiles final : public parallel::TileStream {
@@ -327,6 +391,20 @@ Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::allgather_tiles(
   o.tag = stream == 0 ? kTag : kStreamTag0 + stream;
   auto tiles = std::make_unique<RingTiles>(*this, counts, cols, o);
   TESSERA_RETURN_IF_ERROR(tiles->start(mine));
+  return std::unique_ptr<parallel::TileStream>(std::move(tiles));
+}
+
+Result<std::unique_ptr<parallel::TileStream>> CommSynchronizer::scatter_tiles(std::span<const float> all,
+                                                                            const std::vector<int64_t>& counts,
+                                                                            int64_t cols, std::span<float> mine,
+                                                                            int root, int64_t piece_rows) {
+  core::settle_device_speed();  // the emulated device computes until here
+  if (root < 0 || root >= world()) return core::invalid_argument("scatter root out of range");
+  if (piece_rows < 1) return core::invalid_argument("scatter pieces need at least one row");
+  TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank() == root));
+  auto tiles = std::make_unique<ScatterTiles>(*this, mine, cols, root,
+                                              parallel::piece_counts(counts[static_cast<size_t>(rank())], piece_rows));
+  TESSERA_RETURN_IF_ERROR(tiles->start(all, counts, piece_rows));
   return std::unique_ptr<parallel::TileStream>(std::move(tiles));
 }
 

@@ -33,6 +33,10 @@ class CommSynchronizer final : public parallel::Synchronizer {
   core::Result<std::unique_ptr<parallel::TileStream>> allgather_tiles(std::span<const float> mine,
                                                                       const std::vector<int64_t>& counts,
                                                                       int64_t cols, int stream = 0) override;
+  core::Result<std::unique_ptr<parallel::TileStream>> scatter_tiles(std::span<const float> all,
+                                                                    const std::vector<int64_t>& counts, int64_t cols,
+                                                                    std::span<float> mine, int root,
+                                                                    int64_t piece_rows) override;
   core::Result<std::unique_ptr<parallel::TileStream>> broadcast_tiles(std::span<float> all,
                                                                       const std::vector<int64_t>& counts, int64_t cols,
                                                                       int root) override;

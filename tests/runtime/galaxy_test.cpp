@@ -140,6 +140,51 @@ TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
         for (int64_t i = 0; i < total * cols; ++i)
           EXPECT_EQ(all[static_cast<size_t>(i)], value(root, i / cols, i % cols));
       }
+      // Scatter in pieces of 1, 2 and 5 rows from the last rank: this rank's
+      // rows arrive in order, piece by piece, into `mine`.
+      for (const int64_t piece : {1, 2, 5}) {
+        std::vector<float> all;
+        if (r == root)
+          for (int64_t i = 0; i < total * cols; ++i) all.push_back(value(root, i / cols, i % cols));
+        const int64_t rows = counts[static_cast<size_t>(r)];
+        std::vector<float> got(static_cast<size_t>(rows * cols), -1.0f);
+        TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.scatter_tiles(all, counts, cols, got, root, piece));
+        int64_t seen = 0;
+        while (!tiles->done()) {
+          TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
+          EXPECT_EQ(t.owner, r);
+          EXPECT_EQ(t.count, std::min(piece, rows - seen));
+          EXPECT_EQ(t.rows.data(), got.data() + seen * cols);
+          seen += t.count;
+        }
+        TESSERA_RETURN_IF_ERROR(tiles->finish());
+        EXPECT_EQ(seen, rows);
+        for (int64_t i = 0; i < rows * cols; ++i)
+          EXPECT_EQ(got[static_cast<size_t>(i)], value(root, at[static_cast<size_t>(r)] + i / cols, i % cols));
+      }
+      // Three AllGathers in flight at once, each on its own stream, taken in
+      // the opposite order: none takes another's messages.
+      std::vector<std::unique_ptr<TileStream>> streams;
+      for (int st = 0; st < 3; ++st) {
+        std::vector<float> mine;
+        for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i)
+          for (int64_t j = 0; j < cols; ++j) mine.push_back(value(r, i, j) + static_cast<float>(st) * 100.0f);
+        TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.allgather_tiles(mine, counts, cols, st));
+        streams.push_back(std::move(tiles));
+      }
+      for (int st = 2; st >= 0; --st) {
+        TileStream& tiles = *streams[static_cast<size_t>(st)];
+        while (!tiles.done()) {
+          TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles.next());
+          for (int64_t i = 0; i < t.count; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+              EXPECT_EQ(t.rows[static_cast<size_t>(i * cols + j)], value(t.owner, i, j) + static_cast<float>(st) * 100.0f);
+        }
+        TESSERA_RETURN_IF_ERROR(tiles.finish());
+      }
+      const std::vector<float> enough(static_cast<size_t>(counts[static_cast<size_t>(r)] * cols));
+      EXPECT_FALSE(sync.allgather_tiles(enough, counts, cols, kMaxTileStreams).ok());
+      EXPECT_FALSE(sync.allgather_tiles(enough, counts, cols, -1).ok());
       return core::ok_status();
     }));
   }
