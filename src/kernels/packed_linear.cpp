@@ -42,9 +42,9 @@ GemmPath decide_path() {
 
 // Y^T[m, n] = A[m, k] . X^T[k, n] for column-major operands (see the header);
 // null when libxsmm has no kernel for the shape.
-libxsmm_smmfunction dispatch(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy) {
+libxsmm_smmfunction dispatch(int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy, bool accumulate) {
   const libxsmm_blasint mm = m, nn = n, kk = k, lda = P, ldb = ldx, ldc = ldy;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const int flags = LIBXSMM_GEMM_FLAG_NONE, prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
   return libxsmm_smmdispatch(mm, nn, kk, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
 }
@@ -219,10 +219,20 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
   core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.w != nullptr && !a.w->empty());
   const PackedLinear& w = *a.w;
-  const int64_t m = a.m, n = w.rows(), k = w.cols();
+  const int64_t k0 = a.k0, k1 = a.k1 < 0 ? w.cols() : a.k1;
+  TESSERA_CHECK(k0 >= 0 && k0 <= k1 && k1 <= w.cols());
+  const int64_t m = a.m, n = w.rows(), k = k1 - k0;
   TESSERA_CHECK(m >= 0 && (a.x != nullptr || m == 0) && (a.y != nullptr || m == 0 || n == 0));
   TESSERA_CHECK(a.ldx >= k && a.ldy >= n && (a.residual == nullptr || a.ldr >= n));
   if (m == 0 || n == 0) return;
+  if (w.path() == GemmPath::kOpenBlas && (a.accumulate || k0 > 0 || k < w.cols())) {
+    // Part of the sum: the stored rows from column k0, then the epilogue.
+    gemm_f32(false, true, m, n, k, 1.0f, a.x, a.ldx, PackedAccess::base(w) + k0, PackedAccess::ldw(w),
+             a.accumulate ? 1.0f : 0.0f, a.y, a.ldy);
+    if (a.bias != nullptr || a.act != Activation::kNone || a.residual != nullptr)
+      bias_act_residual_f32(a.y, m, n, a.ldy, a.bias, a.act, a.residual, a.ldr);
+    return;
+  }
   if (w.path() == GemmPath::kOpenBlas) {
     // Row form: OpenBLAS with its own threads and linear_f32's heuristics.
     LinearArgs la;
@@ -233,7 +243,8 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
     return;
   }
   if (k == 0) {  // an empty sum, then the epilogue
-    for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + n, 0.0f);
+    if (!a.accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + n, 0.0f);
     bias_act_residual_f32(a.y, m, n, a.ldy, a.bias, a.act, a.residual, a.ldr);
     return;
   }
@@ -250,7 +261,7 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
   auto kernel_for = [&](int64_t cnt, int64_t rows) {
     for (const auto& kn : kernels)
       if (kn.cnt == cnt && kn.rows == rows) return kn.fn;
-    kernels.push_back({cnt, rows, dispatch(cnt, rows, k, a.ldx, a.ldy)});
+    kernels.push_back({cnt, rows, dispatch(cnt, rows, k, a.ldx, a.ldy, a.accumulate)});
     return kernels.back().fn;
   };
   for (const auto& s : segs) {
@@ -264,10 +275,12 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
     libxsmm_smmfunction fn = nullptr;
     for (const auto& kn : kernels)
       if (kn.cnt == s.cnt && kn.rows == rows) fn = kn.fn;
+    const float* panel = s.a + k0 * P;  // column k0 of the column-major panel
     if (fn != nullptr) {
-      fn(s.a, x, y);
+      fn(panel, x, y);
     } else {  // no JIT kernel for this shape: the panel through cblas_sgemm
-      gemm_f32(false, false, rows, s.cnt, k, 1.0f, x, a.ldx, s.a, P, 0.0f, y, a.ldy);  // panel = [k, P] row-major
+      gemm_f32(false, false, rows, s.cnt, k, 1.0f, x, a.ldx, panel, P, a.accumulate ? 1.0f : 0.0f, y,
+               a.ldy);  // panel = [k, P] row-major
       count_flops(-2.0 * static_cast<double>(rows) * static_cast<double>(s.cnt) * static_cast<double>(k));  // counted above
     }
     if (a.bias != nullptr || a.act != Activation::kNone || a.residual != nullptr)

@@ -105,6 +105,12 @@ struct PackedLinearArgs {
   int64_t ldr = 0;
   float* y = nullptr;  // [m, n], row stride ldy
   int64_t ldy = 0;
+  // Only W's input columns [k0, k1) (k1 < 0: to the end); x then holds just
+  // those columns. With accumulate, y += x W[:, k0:k1]^T (then the
+  // epilogue), so a product split by columns adds up over calls as its
+  // inputs arrive.
+  int64_t k0 = 0, k1 = -1;
+  bool accumulate = false;
 };
 // Splits panels (then row tiles) over the pool; null pool = the caller only.
 void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& args);

@@ -22,6 +22,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/packed_linear.h"
 #include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
@@ -194,17 +195,32 @@ class Bp final : public Strategy {
           at = Where::kSliced;
           continue;
         }
-        for (int64_t j = 0; j < streams; ++j) {
-          TileStream& st = *out[static_cast<size_t>(j)];
-          while (!st.done()) {
-            TESSERA_ASSIGN_OR_RETURN(const Tile t, st.next());
-            if (t.count == 0) continue;
-            const int64_t b = L.blocks[static_cast<size_t>(t.owner)].begin + j;  // the sub-block it holds
-            for (int64_t row = 0; row < n; ++row)
-              std::memcpy(full.f32() + row * H + b * Fr, t.rows.data() + row * Fr, static_cast<size_t>(Fr) * sizeof(float));
+        // Post-LN (BERT) with every device running the original layer: its
+        // Q, K, V projection is a sum over the slices' columns, so it starts
+        // on the slices that are in while the last ones travel.
+        const bool early_qkv = L.orig == Orig::kAllgather && !c.pre_layernorm();
+        std::vector<char> have(static_cast<size_t>(c.bp_div), 0);  // 1: in `full`, 2: projected too
+        auto take = [&](bool wait) -> core::Status {
+          for (int64_t j = 0; j < streams; ++j) {
+            TileStream& st = *out[static_cast<size_t>(j)];
+            while (!st.done() && (wait || st.ready())) {
+              TESSERA_ASSIGN_OR_RETURN(const Tile t, st.next());
+              if (t.count == 0) continue;
+              const int64_t b = L.blocks[static_cast<size_t>(t.owner)].begin + j;  // the sub-block it holds
+              for (int64_t row = 0; row < n; ++row)
+                std::memcpy(full.f32() + row * H + b * Fr, t.rows.data() + row * Fr, static_cast<size_t>(Fr) * sizeof(float));
+              have[static_cast<size_t>(b)] = 1;
+            }
+            if (wait) TESSERA_RETURN_IF_ERROR(st.finish());
           }
-          TESSERA_RETURN_IF_ERROR(st.finish());
+          return core::ok_status();
+        };
+        if (early_qkv) {
+          TESSERA_RETURN_IF_ERROR(take(false));
+          project_slices(m, l + 1, L, full, have, ob, pool);
         }
+        TESSERA_RETURN_IF_ERROR(take(true));
+        if (early_qkv) project_slices(m, l + 1, L, full, have, ob, pool);
         at = Where::kFull;
         continue;
       }
@@ -237,8 +253,10 @@ class Bp final : public Strategy {
       const int64_t w = L.heads[ru].size() * c.head_dim(), il = L.ffn[ru].size();
       DeviceSchedule d;
       Where at = Where::kTerminal;
+      int64_t qkv_cols_left = -1;  // >= 0: the next original layer's Q, K, V began on the slices
       for (int64_t l = 0; l < c.layers; ++l) {
         if (c.decoupled(l)) {
+          qkv_cols_left = -1;
           Phase ph{"sub-blocks", l, {}, {}, false};
           if (at == Where::kTerminal) {
             // Each device's first slice, then the rest while the devices compute.
@@ -257,16 +275,23 @@ class Bp final : public Strategy {
             at = Where::kSliced;
             continue;
           }
-          // Stream j travels while sub-block j + 1 computes; the last one alone.
+          // Stream j travels while sub-block j + 1 computes; the last one
+          // alone, or (early Q, K, V) while the slices in are projected.
+          const bool early_qkv = L.orig == Orig::kAllgather && !c.pre_layernorm();
+          int64_t last_cols = 0;  // the columns that come in with the last stream
+          for (int q = 0; q < K; ++q)
+            if (q != r && L.blocks[static_cast<size_t>(q)].size() == streams) last_cols += Fr;
           if (nb > 0) add_block_work(ph.work, c, n);
           d.phases.push_back(std::move(ph));
           for (int64_t j = 0; j < streams; ++j) {
-            Phase next{"sub-block and slices", l, {}, {}, j + 1 < streams};
+            Phase next{"sub-block and slices", l, {}, {}, j + 1 < streams || early_qkv};
             if (j + 1 < nb) add_block_work(next.work, c, n);
+            if (early_qkv && j + 1 == streams) next.work.push_back(gemm("qkv", n, H - last_cols, 3 * H));
             next.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices",
                                               ring_allgather_sent(stream_counts(L, j), Fr, r), everyone_but(r, K)));
             d.phases.push_back(std::move(next));
           }
+          qkv_cols_left = early_qkv ? last_cols : -1;
           at = Where::kFull;
           continue;
         }
@@ -293,7 +318,13 @@ class Bp final : public Strategy {
         } else {
           if (first)
             ph.transfers.push_back(transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * H, K, r, 0), everyone_but(r, K)));
-          if (L.orig == Orig::kAllgather) {
+          if (L.orig == Orig::kAllgather && qkv_cols_left >= 0) {
+            // The rest of Q, K, V (project_slices), then as any layer.
+            ph.work.push_back(gemm("qkv", n, qkv_cols_left, 3 * H));
+            ph.work.push_back(attention("attention", n, n, H));
+            add_tail_work(ph.work, c, n);
+            d.phases.push_back(std::move(ph));
+          } else if (L.orig == Orig::kAllgather) {
             add_layer_work(ph.work, c, n, n);
             d.phases.push_back(std::move(ph));
           } else {  // TP, as tp.cpp
@@ -312,6 +343,7 @@ class Bp final : public Strategy {
           }
         }
         at = Where::kFull;
+        qkv_cols_left = -1;
       }
       if (at == Where::kSliced)
         d.phases.push_back({"gather slices", -1, {}, {transfer(CollectiveKind::kGather, "slices", r == 0 ? 0 : L.slice_rows[ru] * Fr, {0})}, false});
@@ -329,7 +361,36 @@ class Bp final : public Strategy {
  private:
   struct OrigBuffers {
     Tensor a, qkv, ctx, part, h, f, scores, xp, kp, vp, k, v;
+    int64_t qkv_layer = -1;  // the layer whose Q, K, V `qkv` holds, summed over every slice
+    bool qkv_started = false;
   };
+
+  // Layer l's Q, K, V over the columns of the sub-blocks in `full` and not
+  // yet projected (have: 1 -> 2), one product per run of adjacent ones,
+  // added up in ob.qkv (the bias comes with the first).
+  static void project_slices(const model::Transformer& m, int64_t l, const Layout& L, const Tensor& full,
+                             std::vector<char>& have, OrigBuffers& ob, core::ThreadPool* pool) {
+    const int64_t n = L.n, H = L.H, Fr = L.Fr, nb = static_cast<int64_t>(have.size());
+    if (ob.qkv.empty() || ob.qkv.numel() < n * 3 * H) ob.qkv = Tensor::zeros_f32({std::max<int64_t>(n, 1), 3 * H});
+    const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+    if (ob.qkv_layer != l) ob.qkv_started = false;
+    ob.qkv_layer = l;
+    for (int64_t b = 0; b < nb;) {
+      if (have[static_cast<size_t>(b)] != 1) {
+        ++b;
+        continue;
+      }
+      int64_t e = b;
+      while (e < nb && have[static_cast<size_t>(e)] == 1) have[static_cast<size_t>(e++)] = 2;
+      kernels::PackedLinearArgs a;
+      a.x = full.f32() + b * Fr; a.m = n; a.ldx = H; a.w = &w.qkv_w; a.y = ob.qkv.f32(); a.ldy = 3 * H;
+      a.k0 = b * Fr; a.k1 = e * Fr; a.accumulate = ob.qkv_started;
+      if (!ob.qkv_started) a.bias = w.qkv_b.f32();
+      kernels::packed_linear_f32(pool, a);
+      ob.qkv_started = true;
+      b = e;
+    }
+  }
 
   static int64_t decoupled_layers(const model::ModelConfig& c) {
     int64_t d = 0;
@@ -392,7 +453,17 @@ class Bp final : public Strategy {
     }
     if (at == Where::kTerminal) TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * H), 0));
     if (L.orig == Orig::kAllgather) {
-      m.layer(l, full, 0, nullptr, ws, pool);
+      if (b.qkv_layer != l) {
+        m.layer(l, full, 0, nullptr, ws, pool);
+        return Where::kFull;
+      }
+      // Q, K, V summed over the slices as they came (project_slices).
+      b.qkv_layer = -1;
+      ensure(b.ctx, n, H);
+      if (b.scores.empty() || b.scores.numel() < n * n * c.heads) b.scores = Tensor::zeros_f32({std::max<int64_t>(n * n * c.heads, 1)});
+      const model::AttentionIo io = model::fused_qkv_io(b.qkv.f32(), H, n, b.ctx.f32());
+      kernels::attention_f32(pool, model::attention_args(m, l, io), b.scores.f32(), b.scores.numel());
+      m.layer_tail(l, full.f32(), b.ctx.f32(), n, full.f32(), ws, pool);
       return Where::kFull;
     }
     // TP, as tp.cpp: partial projections summed, bias and residual added once.

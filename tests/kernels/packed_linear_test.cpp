@@ -157,6 +157,44 @@ TEST(PackedLinearTest, BothPathsAgreeAndLayoutsRoundTrip) {
   }
 }
 
+// A product split by input columns, summed over calls as the columns
+// arrive (bp's original layer does this), equals the whole product, on both
+// paths, with strides, an output-row view and an epilogue on the last call.
+TEST(PackedLinearTest, ColumnRangesAccumulateToTheWholeProduct) {
+  core::ThreadPool pool(2);
+  const int64_t N = 100, k = 80, m = 37, ldx = k + 3, ldy = 70 + 5, row0 = 13, n = 70;
+  auto x = random_vec(static_cast<size_t>(m * ldx), 11);
+  auto w = random_vec(static_cast<size_t>(N * k), 12, 0.1f);
+  auto b = random_vec(static_cast<size_t>(N), 13);
+  std::vector<float> ref(static_cast<size_t>(m * ldy), 0.0f);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x.data(), ldx, w.data() + row0 * k, k, 0.0f,
+              ref.data(), ldy);
+  const WeightSource src{w.data(), N, k, 1};
+  for (GemmPath path : paths()) {
+    const PackedLinear packed = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, path);
+    const PackedLinear view = packed.out_rows(row0, row0 + n);
+    for (core::ThreadPool* p : {static_cast<core::ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> y(ref.size(), 777.0f);
+      // Columns in the order [40, 64), [0, 40), [64, 80), the bias with the last.
+      const int64_t ranges[][2] = {{40, 64}, {0, 40}, {64, 80}};
+      for (int i = 0; i < 3; ++i) {
+        PackedLinearArgs a;
+        a.x = x.data() + ranges[i][0]; a.m = m; a.ldx = ldx; a.w = &view; a.y = y.data(); a.ldy = ldy;
+        a.k0 = ranges[i][0]; a.k1 = ranges[i][1]; a.accumulate = i > 0;
+        if (i == 2) a.bias = b.data() + row0;
+        packed_linear_f32(p, a);
+      }
+      double max_err = 0.0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j)
+          max_err = std::max(max_err, std::abs(static_cast<double>(ref[static_cast<size_t>(r * ldy + j)]) +
+                                               b[static_cast<size_t>(row0 + j)] - y[static_cast<size_t>(r * ldy + j)]));
+      EXPECT_LT(max_err, 2e-5) << gemm_path_name(path);
+      for (int64_t r = 0; r < m; ++r) EXPECT_EQ(y[static_cast<size_t>(r * ldy + n)], 777.0f);  // padding untouched
+    }
+  }
+}
+
 TEST(PackedLinearTest, TesseraGemmEnvironmentPicksThePath) {
   // gemm_path() is decided once per process; CI runs this binary (and the
   // model label) with TESSERA_GEMM=openblas too.
