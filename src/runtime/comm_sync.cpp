@@ -87,6 +87,15 @@ class RingTiles final : public parallel::TileStream {
   Tensor current_;
 };
 
+// A streamed collective's end: this rank's sends have left (time counted as blocked).
+Status wait_sends(CommSynchronizer& sync, std::vector<comm::SendHandle>& sends) {
+  core::settle_device_speed();  // the emulated device computes until here
+  core::Timer t;
+  for (auto& s : sends) TESSERA_RETURN_IF_ERROR(s.wait(sync.timeout()));
+  sync.mutable_stats().blocked_ms += t.ms();
+  return core::ok_status();
+}
+
 // The root sends each rank's rows in pieces, each its own message, all posted
 // at once; a rank receives its pieces in order straight into `mine`.
 class ScatterTiles final : public parallel::TileStream {
@@ -132,13 +141,7 @@ class ScatterTiles final : public parallel::TileStream {
   }
   bool ready() const override { return sync_.rank() == root_ || done() || recvs_[next_].ready(); }
   bool done() const override { return next_ >= pieces_.size(); }
-  Status finish() override {
-    core::settle_device_speed();  // the emulated device computes until here
-    core::Timer t;
-    for (auto& s : sends_) TESSERA_RETURN_IF_ERROR(s.wait(sync_.timeout()));
-    sync_.mutable_stats().blocked_ms += t.ms();
-    return core::ok_status();
-  }
+  Status finish() override { return wait_sends(sync_, sends_); }
 
  private:
   CommSynchronizer& sync_;
@@ -191,13 +194,7 @@ class DirectBroadcastTiles final : public parallel::TileStream {
     return sync_.rank() == root_ || next_recv_ >= recvs_.size() || recvs_[next_recv_].ready();
   }
   bool done() const override { return next_part_ >= order_.size(); }
-  Status finish() override {
-    core::settle_device_speed();  // the emulated device computes until here
-    core::Timer t;
-    for (auto& s : sends_) TESSERA_RETURN_IF_ERROR(s.wait(sync_.timeout()));
-    sync_.mutable_stats().blocked_ms += t.ms();
-    return core::ok_status();
-  }
+  Status finish() override { return wait_sends(sync_, sends_); }
 
  private:
   std::span<float> part(int q) { return all_.subspan(static_cast<size_t>(at_[static_cast<size_t>(q)] * cols_), static_cast<size_t>(rows(q) * cols_)); }
