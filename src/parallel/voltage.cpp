@@ -6,7 +6,11 @@
 // the next block travels; "chunks" (default 2, with overlap): each device's
 // rows leave in that many blocks, each as soon as its FFN output is done, so
 // the first blocks travel while the last compute; "adaptive_order" (default
-// true): Theorem 2 picks Eq. (3) or Eq. (8) per device.
+// true): Theorem 2 picks Eq. (3) or Eq. (8) per device, without overlap only.
+// With the ring, Eq. (3) projects each block of rows as it arrives, which
+// Eq. (8) cannot (it needs every row first), and Eq. (8)'s per-head products
+// are small unpacked GEMMs: where Theorem 2 picks Eq. (8) by FLOPs it measured
+// 1.2-1.5x slower (K = 2 with 101/27 rows, K = 3 and K = 4, docs/planner.md).
 #include "parallel/voltage.h"
 
 #include <algorithm>
@@ -114,7 +118,8 @@ class Voltage final : public Strategy {
     return {{"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool, "no overlap of ring communication with the GEMMs", false},
             {"--ring-chunks", "chunks", OptionFlag::Kind::kNumber,
              "blocks each device's rows leave in per layer, each sent when computed (default 2; with overlap)"},
-            {"--no-adaptive-order", "adaptive_order", OptionFlag::Kind::kSetsBool, "always Eq. (3), never Theorem 2's Eq. (8)", false}};
+            {"--no-adaptive-order", "adaptive_order", OptionFlag::Kind::kSetsBool,
+             "always Eq. (3), never Theorem 2's Eq. (8) (with the ring overlap, the default, Eq. (3) always)", false}};
   }
 
   core::Status complete(Plan& plan, const model::ModelConfig&) const override {
@@ -134,7 +139,8 @@ class Voltage final : public Strategy {
 
  private:
   static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
-    return option(plan, "adaptive_order", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
+    return option(plan, "adaptive_order", true).value_or(true) && !option(plan, "overlap", true).value_or(true) &&
+           voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
   }
   // Block b of every device's rows: its row count per rank and its first row
   // within the rank's part, the same on every rank. Without overlap: one.
