@@ -226,25 +226,32 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
     const auto others = everyone_but(r, K);
     DeviceSchedule d;
     d.phases.push_back({"scatter rows", -1, {}, {transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - s) * F : 0, others)}, false});
+    // With tiles, an AllGather's last part is computed only once it is in,
+    // and a ReduceScatter's first part before anything is sent: those GEMMs
+    // get a phase of their own, after (before) the overlapped one.
+    const size_t last_in = static_cast<size_t>(ring_order(r, K).back());
     for (int64_t l = 0; l < c.layers; ++l) {
       // Each TP block: AllGather overlapping GEMM1, the middle, GEMM2 overlapping the ReduceScatter.
-      Phase gather1{"mha allgather", l, {elementwise("norm", s, F)}, {}, overlap};
-      for (int64_t cnt : counts)
-        if (cnt > 0 && w > 0) gather1.work.push_back(gemm("qkv", cnt, F, 3 * w));
+      Phase gather1{"mha allgather", l, {elementwise("norm", s, F)}, {}, overlap}, after1{"mha last part", l, {}, {}, false};
+      for (size_t q = 0; q < counts.size(); ++q)
+        if (counts[q] > 0 && w > 0) (overlap && q == last_in ? after1 : gather1).work.push_back(gemm("qkv", counts[q], F, 3 * w));
       gather1.transfers.push_back(transfer(CollectiveKind::kAllgather, "x", ring_allgather_sent(counts, F, r), others));
       Phase middle{"attention", l, {}, {}, false};
       if (w > 0) middle.work.push_back(attention("attention", n, n, w));
-      Phase scatter1{"mha reduce-scatter", l, {}, {}, overlap};
-      for (int64_t cnt : counts) scatter1.work.push_back(gemm("attn_out", cnt, w, F));
+      Phase before1{"mha first part", l, {}, {}, false}, scatter1{"mha reduce-scatter", l, {}, {}, overlap};
+      for (size_t q = 0; q < counts.size(); ++q)
+        (overlap && q == last_in ? before1 : scatter1).work.push_back(gemm("attn_out", counts[q], w, F));
       scatter1.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "attn_out", ring_reduce_scatter_sent(counts, F, r), others));
-      Phase gather2{"mlp allgather", l, {elementwise("residual+norm", s, F)}, {}, overlap};
-      for (int64_t cnt : counts)
-        if (cnt > 0 && il > 0) gather2.work.push_back(gemm("ffn_in", cnt, F, il));
+      Phase gather2{"mlp allgather", l, {elementwise("residual+norm", s, F)}, {}, overlap}, after2{"mlp last part", l, {}, {}, false};
+      for (size_t q = 0; q < counts.size(); ++q)
+        if (counts[q] > 0 && il > 0) (overlap && q == last_in ? after2 : gather2).work.push_back(gemm("ffn_in", counts[q], F, il));
       gather2.transfers.push_back(transfer(CollectiveKind::kAllgather, "h", ring_allgather_sent(counts, F, r), others));
-      Phase scatter2{"mlp reduce-scatter", l, {}, {}, overlap};
-      for (int64_t cnt : counts) scatter2.work.push_back(gemm("ffn_out", cnt, il, F));
+      Phase before2{"mlp first part", l, {}, {}, false}, scatter2{"mlp reduce-scatter", l, {}, {}, overlap};
+      for (size_t q = 0; q < counts.size(); ++q)
+        (overlap && q == last_in ? before2 : scatter2).work.push_back(gemm("ffn_out", counts[q], il, F));
       scatter2.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "ffn_out", ring_reduce_scatter_sent(counts, F, r), others));
-      for (Phase* ph : {&gather1, &middle, &scatter1, &gather2, &scatter2}) d.phases.push_back(std::move(*ph));
+      for (Phase* ph : {&gather1, &after1, &middle, &before1, &scatter1, &gather2, &after2, &before2, &scatter2})
+        d.phases.push_back(std::move(*ph));
       d.phases.push_back({"residual", l, {elementwise("residual+norm", s, F)}, {}, false});
     }
     d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : s * F, {0})}, false});

@@ -293,21 +293,23 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
     const int64_t p = counts[static_cast<size_t>(r)];
     const bool use_eq8 = eq8(plan, c, p, n), early = ring && !use_eq8 && p > 0;
     DeviceSchedule d;
-    // Projections done as blocks arrive belong to the phase of the transfer
-    // they overlap.
-    auto blocks_work = [&](Phase& ph) {
+    // Projections done as parts arrive belong to the phase of the transfer
+    // they overlap, but the part that comes in last (`last_in`) is projected
+    // only once it is in: a phase of its own after the transfer.
+    auto blocks_work = [&](Phase& ph, Phase& after, int last_in) {
       if (p == 0) return;
       ph.work.push_back(elementwise("norm", n, F));
       if (!early) return;
       ph.work.push_back(gemm("q", p, F, F));
-      for (int64_t cnt : counts)
-        if (cnt > 0) ph.work.push_back(gemm("kv", cnt, F, 2 * F));
+      for (size_t q = 0; q < counts.size(); ++q)
+        if (counts[q] > 0) (static_cast<int>(q) == last_in && q != static_cast<size_t>(r) ? after : ph).work.push_back(gemm("kv", counts[q], F, 2 * F));
     };
-    Phase first{"distribute input", -1, {}, {}, ring};
+    Phase first{"distribute input", -1, {}, {}, ring}, first_after{"last part in", -1, {}, {}, false};
     const int64_t first_sent = ring ? (r == 0 ? n * F * (K - 1) : 0) : tree_broadcast_sent(n * F, K, r, 0);
     first.transfers.push_back(transfer(CollectiveKind::kBroadcast, "x", first_sent, everyone_but(r, K)));
-    blocks_work(first);
+    blocks_work(first, first_after, own_part_first(r, K).back());
     d.phases.push_back(std::move(first));
+    if (ring) d.phases.push_back(std::move(first_after));
     for (int64_t l = 0; l < c.layers; ++l) {
       Phase layer{"layer", l, {}, {}, false};
       if (p > 0) {
@@ -344,17 +346,19 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
         }
       }
       d.phases.push_back(std::move(layer));
+      Phase after{"last part in", l, {}, {}, false};
       if (last) {
         sync_phase.transfers.push_back(transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * F, {0}));
       } else {
         sync_phase.transfers.push_back(transfer(CollectiveKind::kAllgather, "x", ring_allgather_sent(counts, F, r), everyone_but(r, K)));
         if (ring) {
-          blocks_work(sync_phase);
+          blocks_work(sync_phase, after, ring_order(r, K).back());
         } else if (p > 0) {
           sync_phase.work.push_back(elementwise("norm", n, F));
         }
       }
       d.phases.push_back(std::move(sync_phase));
+      if (streamed) d.phases.push_back(std::move(after));
     }
     d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
     d.activation_bytes = (2 * n * F + 2 * p * F + partition_attention_scratch(n, F, p) + (early ? 3 * n * F : 0) +

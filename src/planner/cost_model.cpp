@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "model/config.h"
 
 namespace tessera::planner {
 
@@ -69,6 +70,44 @@ nlohmann::json Prediction::to_json() const {
                       {"bottleneck", bottleneck}, {"fits", fits}, {"devices", d}};
   if (!fits) j["why_not"] = why_not;
   return j;
+}
+
+// The terminal's own kernels, which no strategy estimates: the embedding
+// (a gather and, for BERT, a norm; ViT's patch projection) and the head
+// (GPT-2's final norm and LM head over every row; BERT's pooler and
+// classifier; ViT's norm and classifier on the CLS row), as
+// Transformer::embed and Transformer::head run them.
+std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
+  std::vector<parallel::Work> w;
+  w.push_back(parallel::elementwise("embed", n, c.hidden));
+  if (c.family == model::Family::kBert) w.push_back(parallel::elementwise("norm", n, c.hidden));
+  if (c.family == model::Family::kVit) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
+  return w;
+}
+
+std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
+  std::vector<parallel::Work> w;
+  if (c.family == model::Family::kGpt2) {
+    w.push_back(parallel::elementwise("ln_f", n, c.hidden));
+    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.hidden, c.vocab));
+    return w;
+  }
+  if (c.family == model::Family::kVit) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));
+  if (c.family == model::Family::kBert) w.push_back(parallel::gemm("pooler", 1, c.hidden, c.hidden));
+  if (c.head != model::HeadKind::kNone) w.push_back(parallel::gemm("classifier", 1, c.hidden, c.num_labels()));
+  return w;
+}
+
+void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
+  if (pred.devices.empty() || p.devices.empty()) return;
+  double ms = 0;
+  for (const auto& w : embed_work(c, n)) ms += work_ms(w, p.devices[0]);
+  for (const auto& w : head_work(c, n)) ms += work_ms(w, p.devices[0]);
+  pred.latency_ms += ms;
+  pred.devices[0].compute_ms += ms;
+  pred.devices[0].end_ms += ms;
+  if (pred.bottleneck == 0) pred.compute_ms += ms;
+  pred.comm_ms = std::max(0.0, pred.latency_ms - pred.compute_ms);
 }
 
 core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/config.h"
 #include "parallel/schedule.h"
 #include "planner/profile.h"
 
@@ -46,6 +47,15 @@ int collective_steps(parallel::CollectiveKind kind, int participants);
 // `rows` rows) against its budget (bytes; 0 = none): the error names the
 // device, its need and its budget.
 [[nodiscard]] core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector<int64_t>& budgets);
+
+// The terminal's own kernels, which no strategy's estimate() holds: the
+// embedding before the layers and the head after them (GPT-2's LM head over
+// every row is about 10 GFLOP at 128 rows).
+std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n);
+std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n);
+// Adds them to a prediction: they run on the terminal (device 0) before and
+// after everything else, so they lengthen the end-to-end latency.
+void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n);
 
 // The critical path through every synchronisation point of the schedule.
 // Device i of the schedule runs on device i of the profile.

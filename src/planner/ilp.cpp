@@ -28,32 +28,6 @@ double ms_of(const std::vector<parallel::Work>& work, const DeviceProfile& d) {
   return t;
 }
 
-// The terminal's own kernels, which no strategy estimates: the embedding
-// (a gather and, for BERT, a norm; ViT's patch projection) and the head
-// (GPT-2's final norm and LM head over every row; BERT's pooler and
-// classifier; ViT's norm and classifier on the CLS row), as
-// Transformer::embed and Transformer::head run them.
-std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
-  std::vector<parallel::Work> w;
-  w.push_back(parallel::elementwise("embed", n, c.hidden));
-  if (c.family == model::Family::kBert) w.push_back(parallel::elementwise("norm", n, c.hidden));
-  if (c.family == model::Family::kVit) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
-  return w;
-}
-
-std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
-  std::vector<parallel::Work> w;
-  if (c.family == model::Family::kGpt2) {
-    w.push_back(parallel::elementwise("ln_f", n, c.hidden));
-    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.hidden, c.vocab));
-    return w;
-  }
-  if (c.family == model::Family::kVit) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));
-  if (c.family == model::Family::kBert) w.push_back(parallel::gemm("pooler", 1, c.hidden, c.hidden));
-  if (c.head != model::HeadKind::kNone) w.push_back(parallel::gemm("classifier", 1, c.hidden, c.num_labels()));
-  return w;
-}
-
 int64_t logits_bytes(const model::ModelConfig& c, int64_t n) {
   if (c.head == model::HeadKind::kNone) return n * c.hidden * 4;
   return (c.family == model::Family::kGpt2 ? n * c.vocab : c.num_labels()) * 4;

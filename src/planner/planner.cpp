@@ -29,7 +29,9 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
     plan = std::move(v.plan);
   }
   TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule s, parallel::estimate(plan, c, n));
-  return predict(s, p);
+  TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
+  add_terminal_work(pred, c, p, n);
+  return pred;
 }
 
 Plan base_plan(const Strategy& s, int world) {
