@@ -573,11 +573,16 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       table.chosen = static_cast<int>(i);
       continue;
     }
-    // Within 1% the plan with fewer devices wins (less to go wrong), and
-    // among equals the earlier strategy of the registry.
+    // On as many devices, 1% faster wins (among equals the earlier strategy
+    // of the registry); more devices must be o.min_gain faster, and fewer
+    // devices win unless the others are (less to go wrong).
     const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
     const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
-    if (x < y * 0.99 || (x <= y * 1.01 && r.members.size() < b.members.size())) table.chosen = static_cast<int>(i);
+    const double gain = std::max(0.01, o.min_gain);
+    const bool wins = r.members.size() == b.members.size() ? x < y * 0.99
+                      : r.members.size() > b.members.size() ? x < y * (1.0 - gain)
+                                                            : y >= x * (1.0 - gain);
+    if (wins) table.chosen = static_cast<int>(i);
   }
   if (table.chosen < 0) return core::resource_exhausted("no strategy has a plan that fits the devices' memory");
   const Candidate& ch = table.rows[static_cast<size_t>(table.chosen)];

@@ -47,6 +47,12 @@ struct PlannerOptions {
   LayerSolver layer_solver = LayerSolver::kIlp;
   UnitGranularity units = UnitGranularity::kLayers;
   double ilp_time_limit_s = 10;
+  // A plan on more devices displaces one on fewer only when predicted at
+  // least this much faster (fraction). Predictions err (p90 6% on the grid
+  // in docs/planner.md) and every device added is one more that can fail;
+  // below this gain the terminal alone (Voltage's Algorithm 2) or the
+  // smaller set is kept.
+  double min_gain = 0.10;
   // Tw in the objective (Eq. 10): streaming a unit's weights from memory.
   // On a quiet machine it brings the ILP's T within 15% of every measured
   // plan, against 24% mean error without it (docs/planner.md).
