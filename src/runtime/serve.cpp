@@ -1,13 +1,10 @@
-// `tessera serve`, in four parts, in this order:
-//   Metrics    the /metrics counters and histogram (Prometheus text);
+// `tessera serve`, the HTTP side, in two parts:
 //   Admission  the bounded request queue (429 with Retry-After when full);
-//   Engine     the devices, the session over them, failover and re-admission,
-//              and generation (Session::generate);
 //   Server     the HTTP endpoints on cpp-httplib, limits, streaming, SIGTERM.
-// The request bodies are parsed by the pure functions of serve_api.h.
+// The devices, the session, failover and generation are the Engine's, and
+// the /metrics counters Metrics' (serve_engine.h); the request bodies are
+// parsed by the pure functions of serve_api.h.
 #include "runtime/serve.h"
-
-#include <malloc.h>
 
 #include <httplib.h>
 #include <fcntl.h>
@@ -24,7 +21,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <future>
 #include <map>
 #include <mutex>
 #include <random>
@@ -38,6 +34,7 @@
 #include "model/image.h"
 #include "model/tokenizer.h"
 #include "runtime/serve_api.h"
+#include "runtime/serve_engine.h"
 
 namespace tessera::runtime {
 
@@ -48,67 +45,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int kMaxFailoversPerRequest = 8;
-constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to be free again
-
-// --- /metrics --------------------------------------------------------------
-
-class Metrics {
- public:
-  void request(int status, double seconds) {
-    std::lock_guard<std::mutex> l(mu_);
-    ++by_status_[status];
-    size_t b = 0;
-    while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
-    ++hist_[b];
-    sum_ += seconds;
-    ++count_;
-  }
-  void bytes(const std::string& device, int64_t n) {
-    std::lock_guard<std::mutex> l(mu_);
-    bytes_[device] += n;
-  }
-  void failover() { ++failovers_; }
-  int64_t failovers() const { return failovers_; }
-
-  std::string render(int queue_depth, int active, int dropped) const {
-    std::lock_guard<std::mutex> l(mu_);
-    std::ostringstream o;
-    o << "# HELP tessera_requests_total Requests answered, by HTTP status.\n# TYPE tessera_requests_total counter\n";
-    for (const auto& [s, n] : by_status_) o << "tessera_requests_total{status=\"" << s << "\"} " << n << '\n';
-    o << "# HELP tessera_request_duration_seconds Time from request to the last byte of the answer.\n"
-         "# TYPE tessera_request_duration_seconds histogram\n";
-    int64_t cum = 0;
-    for (size_t b = 0; b <= kBuckets.size(); ++b) {
-      cum += hist_[b];
-      o << "tessera_request_duration_seconds_bucket{le=\"";
-      if (b < kBuckets.size()) o << kBuckets[b];
-      else o << "+Inf";
-      o << "\"} " << cum << '\n';
-    }
-    o << "tessera_request_duration_seconds_sum " << sum_ << "\ntessera_request_duration_seconds_count " << count_ << '\n';
-    o << "# HELP tessera_device_bytes_sent_total Bytes each device sent for the requests.\n"
-         "# TYPE tessera_device_bytes_sent_total counter\n";
-    for (const auto& [d, n] : bytes_) o << "tessera_device_bytes_sent_total{device=\"" << d << "\"} " << n << '\n';
-    o << "# HELP tessera_failovers_total Devices dropped and plans remade.\n# TYPE tessera_failovers_total counter\n"
-      << "tessera_failovers_total " << failovers_.load() << '\n';
-    o << "# HELP tessera_queue_depth Requests admitted and not yet answered.\n# TYPE tessera_queue_depth gauge\n"
-      << "tessera_queue_depth " << queue_depth << '\n';
-    o << "# HELP tessera_devices Devices by state.\n# TYPE tessera_devices gauge\n"
-      << "tessera_devices{state=\"active\"} " << active << "\ntessera_devices{state=\"dropped\"} " << dropped << '\n';
-    return o.str();
-  }
-
- private:
-  static constexpr std::array<double, 12> kBuckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-  mutable std::mutex mu_;
-  std::map<int, int64_t> by_status_;
-  std::array<int64_t, kBuckets.size() + 1> hist_{};
-  double sum_ = 0.0;
-  int64_t count_ = 0;
-  std::map<std::string, int64_t> bytes_;
-  std::atomic<int64_t> failovers_{0};
-};
+using serve_detail::Device;
+using serve_detail::DeviceView;
+using serve_detail::Engine;
+using serve_detail::http_error;
+using serve_detail::Metrics;
 
 // --- the queue -------------------------------------------------------------
 
@@ -158,282 +99,7 @@ class Admission {
   std::vector<uint64_t> abandoned_;
 };
 
-// --- the engine: devices, the session, failover ------------------------------
-
-struct Device {
-  std::string name;      // "terminal", "local-2", or the daemon's endpoint
-  std::string endpoint;  // daemons: the control endpoint
-  bool active = true;
-};
-
-struct DeviceView {
-  std::vector<Device> devices;
-  std::vector<int> members;
-  std::string strategy;
-  bool serving = false;
-};
-
-Status http_error(int status, const std::string& message);
-
-class Engine {
- public:
-  Engine(const ServeOptions& opts, Metrics& metrics) : opts_(opts), metrics_(metrics) {}
-
-  Status start() {
-    TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.dist.model_dir));
-    auto tok = model::load_tokenizer(opts_.dist.model_dir);
-    if (tok.ok()) tokenizer_ = std::move(*tok);
-    devices_.push_back({"terminal", "", true});
-    cluster_ = opts_.dist.cluster;
-    if (!cluster_ && !opts_.dist.cluster_file.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.dist.cluster_file));
-    }
-    if (cluster_) {
-      for (const auto& w : cluster_->workers) devices_.push_back({w, w, true});
-      if (!opts_.dist.insecure) {
-        TESSERA_ASSIGN_OR_RETURN(key_, comm::read_key_file(opts_.dist.key_file));
-      }
-    } else {
-      for (int r = 1; r < opts_.dist.plan.world; ++r) devices_.push_back({"local-" + std::to_string(r), "", true});
-    }
-    return start_session(true);
-  }
-
-  void stop() {
-    std::lock_guard<std::mutex> l(view_mu_);
-    session_.reset();
-  }
-
-  const model::ModelConfig& config() const { return config_; }
-  const model::Tokenizer* tokenizer() const { return tokenizer_.get(); }
-
-  DeviceView view() const {
-    std::lock_guard<std::mutex> l(view_mu_);
-    return {devices_, members_, session_ ? session_->plan().strategy : "", session_ != nullptr};
-  }
-
-  // Dropped daemons that answer again: asked from a thread of their own, so
-  // that a request never waits on a probe; re-admitted before the next one.
-  void probe_dropped() {
-    std::vector<std::string> dropped;
-    {
-      std::lock_guard<std::mutex> l(view_mu_);
-      if (!cluster_) return;
-      for (const auto& d : devices_)
-        if (!d.active && !d.endpoint.empty()) dropped.push_back(d.endpoint);
-    }
-    for (const auto& ep : dropped)
-      if (probe(ep, std::chrono::milliseconds(300))) {
-        std::lock_guard<std::mutex> l(view_mu_);
-        back_.push_back(ep);
-      }
-  }
-
-  // A request's model work, replayed on a new plan when a device fails.
-  Status with_failover(const std::function<Status(Session&)>& attempt) {
-    for (int tries = 0;; ++tries) {
-      TESSERA_RETURN_IF_ERROR(ensure_session());
-      Status st = attempt(*session_);
-      if (st.ok() || !device_failure(st)) return st;
-      if (tries >= kMaxFailoversPerRequest) return http_error(503, "devices keep failing: " + st.message());
-      failover(st);
-    }
-  }
-
-  void count_bytes() {
-    const json& stats = session_->last_stats();
-    if (!stats.contains("ranks")) return;
-    for (const auto& r : stats["ranks"]) {
-      const int rank = r.value("rank", -1);
-      if (rank < 0 || rank >= static_cast<int>(members_.size())) continue;
-      metrics_.bytes(devices_[static_cast<size_t>(members_[static_cast<size_t>(rank)])].name, r.value("bytes_sent", int64_t{0}));
-    }
-  }
-
-  // Generation runs on the session's devices with a KV cache on each
-  // (Session::generate); a failure of `session` here triggers the failover,
-  // which resumes from the tokens already produced. A plan whose strategy
-  // cannot decode (sp, voltage, prism, bp: docs/generation.md) generates on
-  // a full model the terminal loads once instead.
-  Result<std::vector<int64_t>> generate(Session& session, const std::vector<int64_t>& prompt,
-                                        const model::GenerateOptions& opts) {
-    auto seq = session.generate(prompt, opts);
-    if (seq.ok() || seq.status().code() != core::ErrorCode::kUnimplemented) return seq;
-    if (!full_model_) {
-      spdlog::warn("{}; generating on the terminal alone", seq.status().to_string());
-      TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts_.dist.model_dir));
-      full_model_ = std::make_unique<model::Transformer>(std::move(m));
-      pool_ = std::make_unique<core::ThreadPool>(opts_.dist.threads_per_device);
-    }
-    return model::generate(*full_model_, prompt, opts, pool_.get());
-  }
-
- private:
-  static bool device_failure(const Status& st) {
-    return st.code() == core::ErrorCode::kNetwork || st.code() == core::ErrorCode::kTimeout;
-  }
-
-  bool probe(const std::string& endpoint, std::chrono::milliseconds timeout) const {
-    // Any answer will do: a daemon back in its loop answers even "{}".
-    return comm::control_request(endpoint, key_, "{}", timeout).ok();
-  }
-
-  Status ensure_session() {
-    bool readmit = false;
-    {
-      std::lock_guard<std::mutex> l(view_mu_);
-      for (const auto& ep : back_)
-        for (auto& d : devices_)
-          if (d.endpoint == ep && !d.active) d.active = readmit = true;
-      back_.clear();
-    }
-    if (readmit) {
-      spdlog::info("serve: re-admitting returned devices");
-      reset_session();
-      return start_session(false);
-    }
-    // A device the heartbeats found gone is dropped before the request runs.
-    if (session_ && !session_->lost_workers().empty())
-      failover(core::network_error("a device was lost between requests"));
-    if (session_) return core::ok_status();
-    return start_session(false);
-  }
-
-  void reset_session() {
-    std::unique_ptr<Session> old;
-    {
-      std::lock_guard<std::mutex> l(view_mu_);
-      old = std::move(session_);
-      members_.clear();
-    }
-    old.reset();  // stops the workers that are left (outside the lock: it waits)
-  }
-
-  // Drops the failed devices: a lost connection names them; otherwise each
-  // daemon is asked (the silent one does not answer). A local worker that is
-  // merely silent cannot be told apart; the last one is dropped (they are alike).
-  void failover(const Status& why) {
-    metrics_.failover();
-    std::vector<int> lost;
-    for (int r : session_->lost_workers()) lost.push_back(members_[static_cast<size_t>(r)]);
-    const std::vector<int> members = members_;
-    reset_session();
-    if (cluster_) {
-      // A daemon answers once its side of the old job has ended, which
-      // waits for the terminal's goodbye: a few tries before giving up.
-      const auto deadline = Clock::now() + std::chrono::milliseconds(kProbeWindowMs);
-      std::vector<std::future<bool>> answers;
-      for (size_t r = 1; r < members.size(); ++r)
-        answers.push_back(std::async(std::launch::async, [this, deadline, ep = devices_[static_cast<size_t>(members[r])].endpoint] {
-          do {
-            if (probe(ep, std::chrono::milliseconds(300))) return true;
-          } while (Clock::now() < deadline);
-          return false;
-        }));
-      for (size_t r = 1; r < members.size(); ++r)
-        if (!answers[r - 1].get()) lost.push_back(members[r]);
-    }
-    std::sort(lost.begin(), lost.end());
-    lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
-    if (lost.empty() && members.size() > 1) lost.push_back(members.back());
-    std::lock_guard<std::mutex> l(view_mu_);
-    std::string names;
-    for (int d : lost) {
-      devices_[static_cast<size_t>(d)].active = false;
-      names += (names.empty() ? "" : ", ") + devices_[static_cast<size_t>(d)].name;
-    }
-    spdlog::warn("serve: failover #{}: {} ({}); dropped {}", metrics_.failovers(), why.message(),
-                 core::error_code_name(why.code()), names.empty() ? "nothing" : names);
-  }
-
-  // A session over the active devices: the plan for all of them, or for
-  // fewer when that fails (a strategy that cannot split over this many),
-  // down to the terminal alone if its budget allows.
-  Status start_session(bool first) {
-    std::vector<int> avail;
-    {
-      std::lock_guard<std::mutex> l(view_mu_);
-      for (size_t d = 0; d < devices_.size(); ++d)
-        if (devices_[d].active) avail.push_back(static_cast<int>(d));
-    }
-    Status last = core::ok_status();
-    for (int world = static_cast<int>(avail.size()); world >= 1; --world) {
-      PlanChoice choice;
-      if (world == 1) {
-        choice.plan.strategy = "single";
-        choice.plan.world = 1;
-      } else {
-        auto c = opts_.plan_for(world);
-        if (!c.ok()) {
-          last = c.status();
-          continue;
-        }
-        choice = *c;
-      }
-      std::vector<int> members;
-      if (choice.members.empty())
-        members.assign(avail.begin(), avail.begin() + choice.plan.world);
-      else
-        for (int m : choice.members) members.push_back(avail[static_cast<size_t>(m)]);
-      DistributedOptions d = opts_.dist;
-      d.plan = choice.plan;
-      d.run_timeout_ms = opts_.failover_ms;
-      d.cluster_file.clear();
-      d.cluster.reset();
-      if (cluster_ && members.size() > 1) {
-        ClusterFile c = *cluster_;  // the subset of its workers in this plan, with their budgets
-        c.workers.clear();
-        c.memory.resize(1);
-        for (size_t r = 1; r < members.size(); ++r) {
-          c.workers.push_back(devices_[static_cast<size_t>(members[r])].endpoint);
-          const auto m = static_cast<size_t>(members[r]);
-          c.memory.push_back(m < cluster_->memory.size() ? cluster_->memory[m] : 0);
-        }
-        d.cluster = c;
-      }
-      if (!opts_.dist.memory_limits.empty()) {
-        d.memory_limits.clear();
-        for (int m : members) d.memory_limits.push_back(opts_.dist.memory_limits[static_cast<size_t>(m)]);
-      }
-      auto s = Session::start(d);
-      if (s.ok()) {
-        std::lock_guard<std::mutex> l(view_mu_);
-        session_ = std::move(*s);
-        // The replaced session's model part and buffers were freed; hand the
-        // pages back so that failovers do not ratchet the server's RSS.
-        ::malloc_trim(0);
-        members_ = members;
-        spdlog::info("serve: {} over {} device(s)", choice.plan.strategy, members.size());
-        return core::ok_status();
-      }
-      last = s.status();
-      spdlog::warn("serve: starting {} over {} device(s) failed: {}", choice.plan.strategy, world, last.to_string());
-      if (first) return last;  // at start, a wrong setup is the user's to fix
-    }
-    return http_error(503, "no device can serve this model: " + last.message());
-  }
-
-  const ServeOptions& opts_;
-  Metrics& metrics_;
-  model::ModelConfig config_;
-  std::unique_ptr<model::Tokenizer> tokenizer_;
-  std::optional<ClusterFile> cluster_;
-  std::optional<comm::ClusterKey> key_;
-  mutable std::mutex view_mu_;  // devices_, members_ and session_ (the pointer) for /health
-  std::vector<Device> devices_;
-  std::vector<int> members_;
-  std::unique_ptr<Session> session_;
-  std::vector<std::string> back_;  // dropped daemons that answered a probe
-  std::unique_ptr<model::Transformer> full_model_;  // generation when the plan cannot decode (see generate)
-  std::unique_ptr<core::ThreadPool> pool_;
-};
-
 // --- HTTP ------------------------------------------------------------------
-
-// A Status that carries the HTTP status to answer with.
-Status http_error(int status, const std::string& message) {
-  return {core::ErrorCode::kResourceExhausted, "HTTP " + std::to_string(status) + ": " + message};
-}
 
 int http_status(const Status& st, std::string* message) {
   *message = st.message();

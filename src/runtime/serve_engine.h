@@ -1,0 +1,159 @@
+// Inside `tessera serve` (serve.h is its interface): the /metrics counters
+// and the engine the HTTP server drives. The engine owns the devices, the
+// session over them, failover and re-admission, and generation.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "comm/control.h"
+#include "model/generate.h"
+#include "model/tokenizer.h"
+#include "runtime/serve.h"
+
+namespace tessera::runtime::serve_detail {
+
+using core::Result;
+using core::Status;
+using nlohmann::json;
+
+// --- /metrics --------------------------------------------------------------
+
+class Metrics {
+ public:
+  void request(int status, double seconds) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++by_status_[status];
+    size_t b = 0;
+    while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
+    ++hist_[b];
+    sum_ += seconds;
+    ++count_;
+  }
+  void bytes(const std::string& device, int64_t n) {
+    std::lock_guard<std::mutex> l(mu_);
+    bytes_[device] += n;
+  }
+  void failover() { ++failovers_; }
+  int64_t failovers() const { return failovers_; }
+
+  std::string render(int queue_depth, int active, int dropped) const {
+    std::lock_guard<std::mutex> l(mu_);
+    std::ostringstream o;
+    o << "# HELP tessera_requests_total Requests answered, by HTTP status.\n# TYPE tessera_requests_total counter\n";
+    for (const auto& [s, n] : by_status_) o << "tessera_requests_total{status=\"" << s << "\"} " << n << '\n';
+    o << "# HELP tessera_request_duration_seconds Time from request to the last byte of the answer.\n"
+         "# TYPE tessera_request_duration_seconds histogram\n";
+    int64_t cum = 0;
+    for (size_t b = 0; b <= kBuckets.size(); ++b) {
+      cum += hist_[b];
+      o << "tessera_request_duration_seconds_bucket{le=\"";
+      if (b < kBuckets.size()) o << kBuckets[b];
+      else o << "+Inf";
+      o << "\"} " << cum << '\n';
+    }
+    o << "tessera_request_duration_seconds_sum " << sum_ << "\ntessera_request_duration_seconds_count " << count_ << '\n';
+    o << "# HELP tessera_device_bytes_sent_total Bytes each device sent for the requests.\n"
+         "# TYPE tessera_device_bytes_sent_total counter\n";
+    for (const auto& [d, n] : bytes_) o << "tessera_device_bytes_sent_total{device=\"" << d << "\"} " << n << '\n';
+    o << "# HELP tessera_failovers_total Devices dropped and plans remade.\n# TYPE tessera_failovers_total counter\n"
+      << "tessera_failovers_total " << failovers_.load() << '\n';
+    o << "# HELP tessera_queue_depth Requests admitted and not yet answered.\n# TYPE tessera_queue_depth gauge\n"
+      << "tessera_queue_depth " << queue_depth << '\n';
+    o << "# HELP tessera_devices Devices by state.\n# TYPE tessera_devices gauge\n"
+      << "tessera_devices{state=\"active\"} " << active << "\ntessera_devices{state=\"dropped\"} " << dropped << '\n';
+    return o.str();
+  }
+
+ private:
+  static constexpr std::array<double, 12> kBuckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  mutable std::mutex mu_;
+  std::map<int, int64_t> by_status_;
+  std::array<int64_t, kBuckets.size() + 1> hist_{};
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+  std::map<std::string, int64_t> bytes_;
+  std::atomic<int64_t> failovers_{0};
+};
+
+// --- the engine: devices, the session, failover ------------------------------
+
+struct Device {
+  std::string name;      // "terminal", "local-2", or the daemon's endpoint
+  std::string endpoint;  // daemons: the control endpoint
+  bool active = true;
+};
+
+struct DeviceView {
+  std::vector<Device> devices;
+  std::vector<int> members;
+  std::string strategy;
+  bool serving = false;
+};
+
+Status http_error(int status, const std::string& message);
+
+class Engine {
+ public:
+  Engine(const ServeOptions& opts, Metrics& metrics) : opts_(opts), metrics_(metrics) {}
+
+  Status start();
+  void stop();
+
+  const model::ModelConfig& config() const { return config_; }
+  const model::Tokenizer* tokenizer() const { return tokenizer_.get(); }
+
+  DeviceView view() const;
+  // Dropped daemons that answer again: asked from a thread of their own, so
+  // that a request never waits on a probe; re-admitted before the next one.
+  void probe_dropped();
+  // A request's model work, replayed on a new plan when a device fails.
+  Status with_failover(const std::function<Status(Session&)>& attempt);
+  void count_bytes();
+  // Generation runs on the session's devices with a KV cache on each
+  // (Session::generate); a failure of `session` here triggers the failover,
+  // which resumes from the tokens already produced. A plan whose strategy
+  // cannot decode (sp, voltage, prism, bp: docs/generation.md) generates on
+  // a full model the terminal loads once instead.
+  Result<std::vector<int64_t>> generate(Session& session, const std::vector<int64_t>& prompt,
+                                        const model::GenerateOptions& opts);
+
+ private:
+  static bool device_failure(const Status& st);
+  bool probe(const std::string& endpoint, std::chrono::milliseconds timeout) const;
+  Status ensure_session();
+  void reset_session();
+  // Drops the failed devices: a lost connection names them; otherwise each
+  // daemon is asked (the silent one does not answer). A local worker that is
+  // merely silent cannot be told apart; the last one is dropped (they are alike).
+  void failover(const Status& why);
+  // A session over the active devices: the plan for all of them, or for
+  // fewer when that fails (a strategy that cannot split over this many),
+  // down to the terminal alone if its budget allows.
+  Status start_session(bool first);
+
+  const ServeOptions& opts_;
+  Metrics& metrics_;
+  model::ModelConfig config_;
+  std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::optional<ClusterFile> cluster_;
+  std::optional<comm::ClusterKey> key_;
+  mutable std::mutex view_mu_;  // devices_, members_ and session_ (the pointer) for /health
+  std::vector<Device> devices_;
+  std::vector<int> members_;
+  std::unique_ptr<Session> session_;
+  std::vector<std::string> back_;  // dropped daemons that answered a probe
+  std::unique_ptr<model::Transformer> full_model_;  // generation when the plan cannot decode (see generate)
+  std::unique_ptr<core::ThreadPool> pool_;
+};
+
+}  // namespace tessera::runtime::serve_detail
