@@ -511,7 +511,7 @@ int bench(BenchSweepFlags& f) {
             st = parallel::complete_plan(checked, *cfg);
             if (st.ok() && !parallel::find_strategy(plan->strategy)->variants(checked).empty()) {
               // Open choices (bp's --bp-plan auto) priced on a profile at this link.
-              const ProfileRequest pr{f.model, k, "", row["link"] == "none" ? "" : row["link"], f.threads, rows, "", "", "", false};
+              const ProfileRequest pr{f.model, k, "", row["link"] == "none" ? "" : row["link"], f.threads, rows, "", "", "", false, "", false};
               auto v = decide_variants(pr, *cfg, checked, rows);
               st = v.status();
               if (v.ok()) {

@@ -71,7 +71,7 @@ bool uneven(const std::vector<double>& r) {
 // The plan table of one grid point, as entries to measure.
 core::Result<std::vector<Entry>> entries_of(const PlannerGridFlags& f, const model::ModelConfig& cfg, int64_t rows,
                                              const std::string& link, const std::string& speeds, int K) {
-  const ProfileRequest pr{f.model, K, "", link, f.threads, rows, speeds, f.memory_limit, "", false};
+  const ProfileRequest pr{f.model, K, "", link, f.threads, rows, speeds, f.memory_limit, "", false, "", false};
   TESSERA_ASSIGN_OR_RETURN(const planner::ClusterProfile p, cluster_profile(pr, cfg));
   planner::PlannerOptions o;
   o.rows = rows;

@@ -141,9 +141,11 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   f.dist.model_dir = f.req.model_dir;
   f.dist.timeout_ms = int64_t{f.timeout_s} * 1000;
   int world = f.plan->devices;
+  std::optional<runtime::ClusterFile> cluster_file;
   if (!f.dist.cluster_file.empty()) {
     auto cluster = runtime::load_cluster_file(f.dist.cluster_file);
     if (!cluster.ok()) return fail(cluster.status().to_string());
+    cluster_file = *cluster;
     world = 1 + static_cast<int>(cluster->workers.size());
     f.dist.memory_limits = cluster->memory_limits();  // --memory-limit, when given, overrides the file's
   }
@@ -165,7 +167,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   std::optional<AutoChoice> chosen;
   if (f.plan->strategy == "auto") {
     const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, f.device_speed, f.memory_limit,
-                            f.profile, false};
+                            f.profile, false, f.dist.key_file, f.dist.insecure};
     auto a = choose_plan(pr, *c, *rows);
     if (!a.ok()) return fail(a.status().to_string());
     chosen = *a;
@@ -173,13 +175,27 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
     // The chosen devices' budgets and speeds (members in order, on the first local devices).
     f.dist.memory_limits = keep_members(f.dist.memory_limits, a->candidate.members);
     f.dist.device_speeds = keep_members(f.dist.device_speeds, a->candidate.members);
+    // The plan runs on the daemons it chose, in its order (rank r on member
+    // r: the planner may leave workers out or reorder them).
+    if (cluster_file) {
+      const auto& m = a->candidate.members;
+      if (m.empty() || m.front() != 0) return fail("the plan does not run on the terminal");
+      runtime::ClusterFile chosen_workers;
+      chosen_workers.terminal = cluster_file->terminal;
+      chosen_workers.memory = {cluster_file->memory[0]};
+      for (size_t i = 1; i < m.size(); ++i) {
+        chosen_workers.workers.push_back(cluster_file->workers[static_cast<size_t>(m[i] - 1)]);
+        chosen_workers.memory.push_back(cluster_file->memory[static_cast<size_t>(m[i])]);
+      }
+      f.dist.cluster = chosen_workers;
+    }
   } else {
     auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
     if (!plan.ok()) return fail(plan.status().to_string());
     f.dist.plan = *plan;
     if (!parallel::find_strategy(plan->strategy)->variants(*plan).empty()) {  // e.g. --bp-plan auto: priced on the profile
       const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows,
-                              f.device_speed, f.memory_limit, f.profile, false};
+                              f.device_speed, f.memory_limit, f.profile, false, f.dist.key_file, f.dist.insecure};
       auto v = decide_variants(pr, *c, *plan, *rows);
       if (!v.ok()) return fail(v.status().to_string());
       f.dist.plan = v->plan;

@@ -1,22 +1,17 @@
 #include "cli/plan_cmd.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <limits>
-#include <thread>
 
 #include "cli/commands.h"
-#include "comm/group.h"
-#include "comm/link.h"
 #include "core/io.h"
+#include "comm/keys.h"
 #include "core/json.h"
-#include "core/stats.h"
-#include "kernels/gemm.h"
 #include "model/tokenizer.h"
 #include "parallel/strategy.h"
+#include "runtime/cluster_profile.h"
 #include "runtime/distributed.h"
 
 namespace tessera::cli {
@@ -27,101 +22,6 @@ using planner::DeviceProfile;
 using planner::LinkProfile;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Round trips and one bulk message per ordered pair, every pair in turn,
-// through K ranks of one ZeroMQ group (threads, loopback TCP, the emulated
-// links applied by the sender as in a run). Latency: half the median round
-// trip of a 4-byte message; bandwidth: the bulk bytes over the bulk round
-// trip less the small one.
-Result<std::vector<std::vector<LinkProfile>>> measure_links(int K, const std::string& link_arg) {
-  std::vector<std::vector<LinkProfile>> out(static_cast<size_t>(K), std::vector<LinkProfile>(static_cast<size_t>(K)));
-  if (K < 2) return out;
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
-  comm::LinkMatrix links;
-  if (!link_arg.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(links, comm::LinkMatrix::from_arg(link_arg, K));
-  }
-  constexpr int kSmall = 7;
-  constexpr int64_t kBulkFloats = 256 * 1024;  // 1 MiB
-  const comm::Millis wait(120000);
-  std::vector<core::Status> status(static_cast<size_t>(K));
-  auto rank_main = [&](int rank) -> core::Status {
-    comm::GroupOptions o;
-    o.rank = rank;
-    o.endpoints = endpoints;
-    o.group_id = "tessera-profile";
-    o.insecure = true;  // loopback measurement: the payload is zeros
-    o.links = links;
-    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
-    int tag = 0;
-    for (int a = 0; a < K; ++a)
-      for (int b = 0; b < K; ++b) {
-        if (a == b) continue;
-        if (rank != a && rank != b) continue;
-        const int peer = rank == a ? b : a;
-        std::vector<double> rtt;
-        double bulk_s = 0;
-        for (int i = 0; i <= kSmall; ++i) {
-          const bool bulk = i == kSmall;
-          const int t = tag + i;
-          const int64_t floats = bulk ? kBulkFloats : 1;
-          const auto t0 = Clock::now();
-          if (rank == a) {
-            TESSERA_RETURN_IF_ERROR(g->isend(peer, t, core::Tensor::zeros_f32({floats})).wait(wait));
-            TESSERA_RETURN_IF_ERROR(g->irecv(peer, t).wait(wait).status());
-          } else {
-            TESSERA_RETURN_IF_ERROR(g->irecv(peer, t).wait(wait).status());
-            TESSERA_RETURN_IF_ERROR(g->isend(peer, t, core::Tensor::zeros_f32({1})).wait(wait));
-          }
-          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (i == 0) continue;  // warm-up
-          if (bulk) bulk_s = s;
-          else rtt.push_back(s);
-        }
-        if (rank == a) {
-          const double small = core::median(rtt);
-          LinkProfile& l = out[static_cast<size_t>(a)][static_cast<size_t>(b)];
-          l.latency_ms = 1e3 * small / 2;
-          l.bandwidth_mbps = static_cast<double>(kBulkFloats * 4 * 8) / std::max(bulk_s - small, 1e-6) / 1e6;
-        }
-      }
-    // Rank pairs were sequential; tags advance identically on every rank.
-    (void)tag;
-    return core::ok_status();
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < K; ++r) threads.emplace_back([&, r] { status[static_cast<size_t>(r)] = rank_main(r); });
-  for (auto& t : threads) t.join();
-  for (const auto& st : status)
-    if (!st.ok()) return st.with_context("measuring the links");
-  return out;
-}
-
-Result<DeviceProfile> terminal_profile(const model::ModelConfig& c, int64_t n, int threads, bool reprofile) {
-  const std::string path = planner::device_cache_path(c, n, threads);
-  if (!reprofile && core::file_exists(path)) {
-    auto text = core::read_file(path);
-    if (text.ok()) {
-      auto j = core::parse_json(text.value(), path);
-      if (j.ok()) {
-        auto d = DeviceProfile::from_json(j.value());
-        if (d.ok()) {
-          d.value().memory_bytes = static_cast<int64_t>(core::available_memory_bytes());  // memory changes; speed does not
-          return d;
-        }
-      }
-    }
-  }
-  kernels::set_blas_threads(threads);
-  core::ThreadPool pool(threads);
-  TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, planner::measure_device(c, n, 8, &pool));
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (!ec) (void)core::write_file(path, d.to_json().dump(1) + "\n");  // a cache: failing to write it costs only time
-  return d;
-}
 
 Result<std::vector<std::string>> split_list(const std::string& text, int k, const char* what) {
   std::vector<std::string> out;
@@ -177,15 +77,32 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
     TESSERA_ASSIGN_OR_RETURN(p, ClusterProfile::load(r.profile_file));
     K = p.size();
   } else {
-    if (!r.cluster_file.empty())
-      return core::unimplemented("profiling a cluster's daemons is not implemented yet: measure with --devices or pass --profile FILE");
-    if (K < 1 || K > 64) return core::invalid_argument("--devices must be in [1, 64]");
-    if (r.threads < 1) return core::invalid_argument("--threads-per-device must be >= 1");
-    TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, terminal_profile(c, plan_rows(c, r.seq), r.threads, r.reprofile));
-    // Local devices share this machine's memory.
-    d.memory_bytes /= K;
-    p.devices.assign(static_cast<size_t>(K), d);
-    TESSERA_ASSIGN_OR_RETURN(p.links, measure_links(K, r.link));
+    if (!r.cluster_file.empty()) {
+      // The terminal and every daemon measure themselves with the same code
+      // as local devices; the links are measured through the group they form.
+      runtime::ClusterProfileOptions o;
+      TESSERA_ASSIGN_OR_RETURN(o.cluster, runtime::load_cluster_file(r.cluster_file));
+      o.insecure = r.insecure;
+      if (!r.insecure) {
+        if (r.key_file.empty()) return core::invalid_argument("profiling a cluster needs --key (the workers' key file) or --insecure");
+        TESSERA_ASSIGN_OR_RETURN(o.key, comm::read_key_file(r.key_file));
+      }
+      o.model_dir = r.model_dir;
+      o.threads = r.threads;
+      o.rows = plan_rows(c, r.seq);
+      o.link = r.link;
+      o.reprofile = r.reprofile;
+      TESSERA_ASSIGN_OR_RETURN(p, runtime::profile_cluster(o, c));
+      K = p.size();
+    } else {
+      if (K < 1 || K > 64) return core::invalid_argument("--devices must be in [1, 64]");
+      if (r.threads < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+      TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, runtime::device_profile(c, plan_rows(c, r.seq), r.threads, r.reprofile));
+      // Local devices share this machine's memory.
+      d.memory_bytes /= K;
+      p.devices.assign(static_cast<size_t>(K), d);
+      TESSERA_ASSIGN_OR_RETURN(p.links, runtime::measure_local_links(K, r.link));
+    }
   }
   if (!r.device_speed.empty()) {
     TESSERA_ASSIGN_OR_RETURN(const auto v, parse_device_speeds(r.device_speed, K));
@@ -207,20 +124,17 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
 }
 
 Result<AutoChoice> choose_plan(const ProfileRequest& r, const model::ModelConfig& c, int64_t rows) {
-  if (!r.cluster_file.empty() && r.profile_file.empty())
-    return core::unimplemented("--strategy auto with --cluster needs --profile FILE (profiling daemons is not implemented yet)");
   TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster_profile(r, c));
+  return choose_plan(p, c, rows);
+}
+
+Result<AutoChoice> choose_plan(const ClusterProfile& p, const model::ModelConfig& c, int64_t rows) {
   planner::PlannerOptions o;
   o.rows = rows;
   TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, p, o));
   AutoChoice a;
   a.candidate = t.rows[static_cast<size_t>(t.chosen)];
   a.plan = a.candidate.plan;
-  if (!r.cluster_file.empty()) {
-    for (size_t i = 0; i < a.candidate.members.size(); ++i)
-      if (a.candidate.members[i] != static_cast<int>(i))
-        return core::unimplemented("the plan leaves out a worker of the cluster file; remove it from the file to run this plan");
-  }
   return a;
 }
 
@@ -264,7 +178,9 @@ void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
   cmd->add_option("--seq", f.req.seq, "rows to plan for (text models; default 128)");
   cmd->add_option("--device-speed", f.req.device_speed, "emulated speed of each device, e.g. 1,0.5");
   cmd->add_option("--memory-limit", f.req.memory_limit, "memory budget of each device, e.g. 1GB,512MB");
-  cmd->add_flag("--reprofile", f.req.reprofile, "measure the device again (ignore the cached profile)");
+  cmd->add_flag("--reprofile", f.req.reprofile, "measure the devices again (ignore the cached profiles)");
+  cmd->add_option("--key", f.req.key_file, "with --cluster: the key file the workers were started with");
+  cmd->add_flag("--insecure", f.req.insecure, "with --cluster: workers started with --insecure");
 }
 
 std::string fmt_ms(double v) {

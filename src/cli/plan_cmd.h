@@ -27,13 +27,16 @@ struct ProfileRequest {
   std::string memory_limit;  // "1GB,512MB": budgets
   std::string profile_file;  // given: read instead of measuring
   bool reprofile = false;    // ignore the cached device profile
+  std::string key_file;      // with a cluster file: the workers' key
+  bool insecure = false;     // with a cluster file: workers without a key
 };
 
 // The rows a plan is made for: --seq, or a ViT's patches + CLS.
 int64_t plan_rows(const model::ModelConfig& c, int64_t seq);
-// The cluster's profile: read from the file, or measured (the terminal's
-// kernels, cached; every local device is this machine; links through the
-// transport), with --device-speed and --memory-limit applied.
+// The cluster's profile: read from the file, or measured (each device's
+// kernels, cached; local devices are this machine, a cluster file's workers
+// measure themselves through their daemons; links through the transport),
+// with --device-speed and --memory-limit applied.
 [[nodiscard]] core::Result<planner::ClusterProfile> cluster_profile(const ProfileRequest& r, const model::ModelConfig& c);
 
 // What `run --strategy auto` runs: the chosen row of the plan table for
@@ -44,6 +47,8 @@ struct AutoChoice {
   planner::Candidate candidate;
 };
 [[nodiscard]] core::Result<AutoChoice> choose_plan(const ProfileRequest& r, const model::ModelConfig& c, int64_t rows);
+// The same on a profile already measured.
+[[nodiscard]] core::Result<AutoChoice> choose_plan(const planner::ClusterProfile& p, const model::ModelConfig& c, int64_t rows);
 // The rows of a request: its ids, its text's tokens, or a ViT's patches + CLS.
 [[nodiscard]] core::Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c,
                                                  const std::string& text, size_t ids);

@@ -51,12 +51,19 @@ int serve_command(ServeFlags& f) {
   // After a failover: the planner over the devices left under --strategy
   // auto (links measured on loopback with --link: the daemons' own links are
   // measured only for the full cluster), else the same strategy over fewer.
-  o.plan_for = [&f, world, c = *config](int k) -> core::Result<runtime::PlanChoice> {
+  // The whole cluster's profile is measured once (through the daemons), at
+  // the first start, while they are idle; re-admissions reuse it.
+  auto cluster_profile_memo = std::make_shared<std::optional<planner::ClusterProfile>>();
+  o.plan_for = [&f, world, c = *config, cluster_profile_memo](int k) -> core::Result<runtime::PlanChoice> {
     const auto& dist = f.serve.dist;
     if (f.plan->strategy == "auto") {
       const ProfileRequest pr{dist.model_dir, k, k == world ? dist.cluster_file : "", dist.link, dist.threads_per_device,
-                              0, "", k == world ? f.memory_limit : "", f.profile, false};
-      TESSERA_ASSIGN_OR_RETURN(AutoChoice a, choose_plan(pr, c, plan_rows(c, 0)));
+                              0, "", k == world ? f.memory_limit : "", f.profile, false, dist.key_file, dist.insecure};
+      if (k == world && !cluster_profile_memo->has_value()) {
+        TESSERA_ASSIGN_OR_RETURN(*cluster_profile_memo, cluster_profile(pr, c));
+      }
+      TESSERA_ASSIGN_OR_RETURN(AutoChoice a, k == world ? choose_plan(**cluster_profile_memo, c, plan_rows(c, 0))
+                                                        : choose_plan(pr, c, plan_rows(c, 0)));
       return runtime::PlanChoice{a.plan, a.candidate.members};
     }
     TESSERA_ASSIGN_OR_RETURN(parallel::Plan p, build_plan(*f.plan, f.plan->strategy, k, true));

@@ -1,12 +1,15 @@
 // The worker daemon and the terminal's cluster file.
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <limits>
 
 #include "comm/control.h"
 #include "core/io.h"
+#include "core/json.h"
 #include "core/logging.h"
 #include "planner/profile.h"
+#include "runtime/cluster_profile.h"
 #include "runtime/distributed.h"
 
 namespace tessera::runtime {
@@ -44,6 +47,12 @@ Result<Endpoint> split_endpoint(const std::string& ep) {
 Result<std::string> next_port_endpoint(const std::string& endpoint) {
   TESSERA_ASSIGN_OR_RETURN(Endpoint e, split_endpoint(endpoint));
   return e.scheme_host + ":" + std::to_string(e.port + 1);
+}
+
+std::string daemon_model_name(const std::string& model_dir) {
+  const std::filesystem::path p = std::filesystem::path(model_dir).lexically_normal();
+  const std::string name = p.filename().string();
+  return name.empty() ? p.parent_path().filename().string() : name;  // "dir/" has an empty filename
 }
 
 Result<std::string> bind_form(const std::string& endpoint) {
@@ -134,6 +143,8 @@ Result<ClusterFile> parse_cluster_file(const std::string& text, const std::strin
   return c;
 }
 
+bool is_ping(const json& request) { return request.is_object() && request.size() == 1 && request.contains("ping"); }
+
 Status run_worker_daemon(const DaemonOptions& opts) {
   std::optional<comm::ClusterKey> key;
   if (!opts.insecure) {
@@ -160,6 +171,31 @@ Status run_worker_daemon(const DaemonOptions& opts) {
       if (request.status().code() == core::ErrorCode::kTimeout) continue;
       spdlog::warn("control: {}; resetting the control socket", request.status().to_string());
       TESSERA_RETURN_IF_ERROR(server->reset());
+      continue;
+    }
+    auto parsed = core::parse_json(*request, "control request");
+    // A ping: the terminal checks that the daemon is up and holds its key.
+    if (parsed.ok() && is_ping(*parsed)) {
+      TESSERA_RETURN_IF_ERROR(answer(json({{"ok", true}})));
+      continue;
+    }
+    // A profile request: answer with this device's profile, or join the
+    // terminal's link measurement (runtime/cluster_profile.h).
+    if (parsed.ok() && is_profile_request(*parsed)) {
+      auto pj = ProfileJob::from_json(*parsed);
+      if (!pj.ok()) {
+        spdlog::warn("control: refused a profile request: {}", pj.status().to_string());
+        TESSERA_RETURN_IF_ERROR(answer(json({{"ok", false}, {"error", pj.status().to_string()}})));
+        continue;
+      }
+      if (pj->part == ProfileJob::Part::kDevice) {
+        TESSERA_RETURN_IF_ERROR(answer(daemon_device_profile(*pj, opts.model_roots)));
+        continue;
+      }
+      TESSERA_RETURN_IF_ERROR(answer(json({{"ok", true}})));
+      const Status st = daemon_link_profile(*pj, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
+      if (st.ok()) spdlog::info("link profile of group {} done", pj->group_id);
+      else spdlog::warn("link profile of group {} ended: {}", pj->group_id, st.to_string());
       continue;
     }
     auto job = JobSpec::from_json(*request);

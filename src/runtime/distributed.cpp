@@ -391,8 +391,7 @@ Status Session::start_daemon_jobs() {
     w.rank = r;
     w.device_speed = device_speed_of(r);
     // A daemon finds the model by name under its own roots.
-    w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().filename().string();
-    if (w.model_dir.empty()) w.model_dir = std::filesystem::path(opts_.model_dir).lexically_normal().parent_path().filename().string();
+    w.model_dir = daemon_model_name(opts_.model_dir);
     const std::string& ep = cluster_->workers[static_cast<size_t>(r - 1)];
     TESSERA_ASSIGN_OR_RETURN(std::string answer,
                              comm::control_request(ep, key_, w.to_json().dump(), comm::Millis(opts_.timeout_ms)));

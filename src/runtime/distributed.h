@@ -60,6 +60,9 @@ struct DaemonOptions {
   std::vector<std::string> model_roots;  // --models: where job models are looked up
 };
 core::Status run_worker_daemon(const DaemonOptions& opts);
+// The control request a daemon answers {"ok": true} to, doing nothing.
+inline constexpr const char* kPingRequest = R"({"ping":true})";
+bool is_ping(const nlohmann::json& request);
 
 // A cluster file (TOML) for the terminal:
 //   terminal = "tcp://192.168.1.10:7100"   # this device's data endpoint
@@ -85,6 +88,9 @@ core::Result<ClusterFile> parse_cluster_file(const std::string& text, const std:
 // "tcp://host:7070" -> "tcp://host:7071"; "tcp://host:7070" -> "tcp://*:7070" for binding.
 core::Result<std::string> next_port_endpoint(const std::string& endpoint);
 core::Result<std::string> bind_form(const std::string& endpoint);
+// The name a daemon looks a model up by (under its --models roots): the
+// terminal's model folder name.
+std::string daemon_model_name(const std::string& model_dir);
 
 struct DistributedOptions {
   std::string model_dir;

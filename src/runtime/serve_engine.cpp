@@ -108,8 +108,8 @@ bool Engine::device_failure(const Status& st) {
 }
 
 bool Engine::probe(const std::string& endpoint, std::chrono::milliseconds timeout) const {
-  // Any answer will do: a daemon back in its loop answers even "{}".
-  return comm::control_request(endpoint, key_, "{}", timeout).ok();
+  // Any answer will do: a daemon back in its loop answers.
+  return comm::control_request(endpoint, key_, kPingRequest, timeout).ok();
 }
 
 Status Engine::ensure_session() {

@@ -29,8 +29,11 @@
 #include "core/io.h"
 #include "model/safetensors.h"
 #include "planner/profile.h"
+#include "runtime/cluster_profile.h"
 #include "runtime/distributed.h"
 #include "runtime/job.h"
+
+#include "cli_util.h"
 
 namespace tessera {
 namespace {
@@ -49,7 +52,7 @@ std::string tmp(const std::string& name) {
 
 // Ports [2000, 7000): clear of distributed_test (7000..16000) and of
 // pick_local_endpoints (16384 and up); each test of this file takes its own.
-int port_base(int test_slot) { return 2000 + static_cast<int>(::getpid() % 160) * 30 + test_slot * 10; }
+int port_base(int test_slot) { return 2000 + static_cast<int>(::getpid() % 100) * 40 + test_slot * 10; }
 std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 // A `tessera worker` writing its log to `log`; stopped (SIGTERM) on scope exit.
@@ -256,6 +259,7 @@ TEST(DaemonTest, MultiFrameRequestsDoNotStopTheDaemon) {
   EXPECT_EQ(a.value("ok", true), false) << a.dump();
   EXPECT_TRUE(d.alive());
   EXPECT_NE(d.log().find("malformed request"), std::string::npos) << d.log();
+  EXPECT_EQ(answer(d.endpoint(), key, runtime::kPingRequest).value("ok", false), true);  // the terminal's probe
 }
 
 // Audit defect 8: the data port bound tcp://*:PORT whatever --listen said.
@@ -367,6 +371,43 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
            refused(j, std::string("link ") + link);
          }
        }},
+      {"bad profile requests",  // the profile side of the control channel (runtime/cluster_profile.h)
+       [&] {
+         runtime::ProfileJob dev;
+         dev.model = "gpt2-tiny";
+         dev.rows = 8;
+         runtime::ProfileJob links;
+         links.part = runtime::ProfileJob::Part::kLinks;
+         links.endpoints = {hostile_terminal, d.data_endpoint()};
+         links.group_id = "hostile-profile";
+         const json good_dev = dev.to_json(), good_links = links.to_json();
+         const std::vector<std::pair<json, std::pair<std::string, json>>> bad = {
+             {good_dev, {"part", "everything"}},  {good_dev, {"part", 3}},
+             {good_dev, {"model", "../../etc"}},  {good_dev, {"model", "/etc"}},
+             {good_dev, {"model", ""}},           {good_dev, {"model", "missing"}},
+             {good_dev, {"threads", 0}},          {good_dev, {"threads", 100000}},
+             {good_dev, {"rows", 0}},             {good_dev, {"rows", 1e300}},
+             {good_dev, {"rows", 100000}},  // beyond the model's positions
+             {good_dev, {"reprofile", "yes"}},
+             {good_links, {"rank", 0}},           {good_links, {"rank", 2}},
+             {good_links, {"endpoints", json::array({hostile_terminal})}},
+             {good_links, {"endpoints", std::vector<std::string>(100, hostile_terminal)}},
+             {good_links, {"group_id", ""}},      {good_links, {"link", "@/etc/passwd"}},
+             {good_links, {"link", "/dev/zero"}}, {good_links, {"timeout_ms", -1}},
+         };
+         for (const auto& [base_request, change] : bad) {
+           json j = base_request;
+           j["profile"][change.first] = change.second;
+           refused(j, "profile " + change.first + " = " + change.second.dump());
+         }
+         refused(json{{"profile", 5}}, "profile 5");
+         // A good one is answered with a profile the terminal can read.
+         const json a = answer(d.endpoint(), key, good_dev.dump());
+         ASSERT_EQ(a.value("ok", false), true) << a.dump();
+         auto p = planner::DeviceProfile::from_json(a["profile"]);
+         ASSERT_TRUE(p.ok()) << p.status().to_string();
+         EXPECT_FALSE(p->gemm.empty());
+       }},
       {"silent terminal",  // accepted, then never joins: the daemon waits the job's timeout, no more
        [&] {
          const json a = answer(d.endpoint(), key, good.dump());
@@ -445,6 +486,88 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
   ASSERT_EQ(a.shape(), b.shape());
   for (int64_t i = 0; i < a.numel(); ++i) EXPECT_NEAR(a.f32()[i], b.f32()[i], 1e-4f);
   EXPECT_TRUE(d.alive());
+}
+
+// `tessera profile --cluster`: the terminal and two daemons measure
+// themselves with the same code as local devices, the links are measured
+// through the group they form (with the emulation), the cluster file's
+// budgets apply, and `plan` and `run --strategy auto` work from it. A
+// terminal budget too small for the whole model makes auto use the daemons;
+// the result equals one device.
+TEST(DaemonTest, ProfilePlanAndAutoRunThroughDaemons) {
+  const std::string key_path = tmp("cluster.key");
+  const comm::ClusterKey key = make_key(key_path);
+  const int base = port_base(3);
+  Daemon a(base, key_path, tmp("a.log")), b(base + 2, key_path, tmp("b.log"));
+  ASSERT_TRUE(wait_until_serving(a, key)) << a.log();
+  ASSERT_TRUE(wait_until_serving(b, key)) << b.log();
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\n[[worker]]\nendpoint = \"" + a.endpoint() +
+                                            "\"\nmemory = \"300MB\"\n[[worker]]\nendpoint = \"" + b.endpoint() + "\"\n")
+                  .ok());
+  const std::string env = "XDG_CACHE_HOME=" + tmp("cache");
+  const std::string model = " --model " + kData + "/bert-tiny", on_cluster = " --cluster " + cluster + " --key " + key_path;
+  const std::string prof = tmp("profile.json");
+
+  const testing::CmdResult r =
+      testing::run("profile" + model + on_cluster + " --link 100mbit,5ms --seq 16 --out " + prof, env);
+  ASSERT_EQ(r.code, 0) << r.err << a.log() << b.log();
+  const auto p = planner::ClusterProfile::load(prof);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  ASSERT_EQ(p->size(), 3);
+  for (const auto& d : p->devices) {
+    EXPECT_FALSE(d.gemm.empty());
+    EXPECT_GT(d.attention_gflops, 0);
+    EXPECT_GT(d.memory_bytes, 0);
+  }
+  EXPECT_NE(p->devices[1].name.find(a.endpoint()), std::string::npos) << p->devices[1].name;
+  EXPECT_NE(p->devices[2].name.find(b.endpoint()), std::string::npos) << p->devices[2].name;
+  EXPECT_EQ(p->devices[1].memory_bytes, 300000000);  // the cluster file's budget
+  // The terminal and daemon b share this host's memory three ways.
+  EXPECT_LT(p->devices[0].memory_bytes, static_cast<int64_t>(core::available_memory_bytes() / 2));
+  EXPECT_LT(p->devices[2].memory_bytes, static_cast<int64_t>(core::available_memory_bytes() / 2));
+  for (int from = 0; from < 3; ++from)
+    for (int to = 0; to < 3; ++to) {
+      if (from == to) continue;
+      const planner::LinkProfile& l = p->link(from, to);
+      EXPECT_GE(l.latency_ms, 4.9) << from << "->" << to;  // every message waits 5 ms
+      EXPECT_GT(l.bandwidth_mbps, 0) << from << "->" << to;
+      EXPECT_LE(l.bandwidth_mbps, 200) << from << "->" << to;  // paced, not loopback
+    }
+  EXPECT_NE(a.log().find("link profile of group"), std::string::npos) << a.log();
+
+  // Without the key the terminal says what is missing.
+  const testing::CmdResult keyless = testing::run("profile" + model + " --cluster " + cluster + " --out " + tmp("x.json"), env);
+  EXPECT_NE(keyless.code, 0);
+  EXPECT_NE(keyless.err.find("--key"), std::string::npos) << keyless.err;
+
+  // The plan table for the run below, measured through the daemons again.
+  const testing::CmdResult planned = testing::run("plan" + model + on_cluster + " --seq 10 --json", env);  // the request's rows
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  const json t = json::parse(planned.out, nullptr, false);
+  ASSERT_TRUE(t.is_object()) << planned.out;
+  int64_t single_bytes = 0;
+  for (const json& row : t["rows"])
+    if (row["plan"]["strategy"] == "single") single_bytes = row["prediction"]["devices"][0]["memory_bytes"].get<int64_t>();
+  ASSERT_GT(single_bytes, 0) << planned.out;
+
+  // A terminal budget 4% short of what one device needs: auto must use a
+  // daemon (tensor parallelism leaves the terminal a tenth less here).
+  const std::string ids = " --ids 101,205,203,137,321,110,209,203,207,102";
+  const std::string got = tmp("got.safetensors"), ref = tmp("ref.safetensors");
+  const testing::CmdResult run = testing::run(
+      "run" + model + on_cluster + ids + " --strategy auto --stats --dump " + got + " --memory-limit " +
+          std::to_string(single_bytes * 96 / 100) + ",300MB,1GB",
+      env);
+  ASSERT_EQ(run.code, 0) << run.err << a.log() << b.log();
+  const json stats = json::parse(run.out, nullptr, false);
+  ASSERT_TRUE(stats.is_object()) << run.out;
+  EXPECT_GE(stats["devices"].get<int>(), 2) << run.out;
+  EXPECT_TRUE(stats.contains("predicted_ms")) << run.out;
+  ASSERT_EQ(testing::run("run" + model + ids + " --dump " + ref).code, 0);
+  EXPECT_LE(testing::dump_max_diff(ref, got, "hidden.2"), 1e-4f);
+  EXPECT_TRUE(a.alive());
+  EXPECT_TRUE(b.alive());
 }
 
 }  // namespace
