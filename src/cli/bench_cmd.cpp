@@ -57,6 +57,7 @@ struct BenchSweepFlags {
   bool planner = false;  // --planner: the planner's grid (bench_planner.cpp)
   std::vector<std::string> speed_mixes = {"1,1", "1,0.5", "1,0.25"};
   std::string memory_limit;
+  std::vector<std::string> full_set = {"galaxy", "voltage"};
   // The strategies' own flags (--cr, --no-overlap, ...), applied to each
   // strategy that takes them; --strategies entries may add "name:key=value".
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
@@ -403,6 +404,7 @@ int bench(BenchSweepFlags& f) {
     g.threads = f.threads;
     g.speed_mixes = f.speed_mixes;
     g.memory_limit = f.memory_limit;
+    g.full_set = f.full_set;
     g.out = f.out;
     g.plot = f.plot;
     g.timeout_s = f.timeout_s;
@@ -609,6 +611,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device-speeds", f->speed_mixes, "--planner: speed mixes, e.g. '1,1' '1,0.5' (K = entries)")
       ->capture_default_str();
   cmd->add_option("--memory-limit", f->memory_limit, "--planner: every device's budget, e.g. 1GB,512MB");
+  cmd->add_option("--full-set", f->full_set,
+                  "--planner: strategies also run over every device, planned and split equally, where the planner left "
+                  "devices out (the heterogeneity check); comma-separated, 'none' for none")
+      ->delimiter(',')
+      ->capture_default_str();
   auto* secure = cmd->add_flag("--secure", f->secure, "CURVE-encrypt the links (default: off, to measure the strategies)");
   cmd->add_flag("--insecure", f->insecure, "no CURVE encryption (the default here)")->excludes(secure);
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();

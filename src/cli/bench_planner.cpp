@@ -5,7 +5,9 @@
 // `auto` chose, to CSV. Rows are measured in alternating rounds (every
 // session stays loaded; round r runs each once), so a load that comes and
 // goes touches all alike. Plans with an uneven partition are also run with
-// the equal one, to show what heterogeneity-aware partitioning gains.
+// the equal one, to show what heterogeneity-aware partitioning gains; where a
+// strategy's best plan leaves devices out (--full-set), its partition over
+// every device is run beside the equal one over every device.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -29,7 +31,7 @@ namespace tessera::cli {
 namespace {
 
 struct Entry {
-  std::string label;  // the strategy, or "<strategy> equal"
+  std::string label;  // the strategy, "<strategy> equal", "<strategy> all", "<strategy> all equal"
   parallel::Plan plan;
   std::vector<int> members;
   double predicted_ms = 0;
@@ -77,6 +79,22 @@ core::Result<std::vector<Entry>> entries_of(const PlannerGridFlags& f, const mod
   o.rows = rows;
   TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(cfg, p, o));
   std::vector<Entry> out;
+  // `plan`'s strategy and devices split equally, when that fits.
+  auto add_equal_split = [&](const parallel::Plan& plan, const std::vector<int>& members, const std::string& label,
+                             std::vector<Entry>& to) {
+    Entry eq;
+    eq.label = label;
+    eq.plan.strategy = plan.strategy;
+    eq.plan.world = plan.world;
+    eq.members = members;
+    if (!parallel::complete_plan(eq.plan, cfg).ok()) return;
+    auto sched = parallel::estimate(eq.plan, cfg, rows);
+    auto pred = sched.ok() ? planner::predict(*sched, p.subset(members)) : core::Result<planner::Prediction>(sched.status());
+    if (!pred.ok() || !pred->fits) return;  // the equal split does not fit: nothing to compare
+    eq.predicted_ms = pred->latency_ms;
+    for (const auto& d : pred->devices) eq.memory_bytes += d.memory_bytes;
+    to.push_back(std::move(eq));
+  };
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const planner::Candidate& c = t.rows[i];
     if (!c.feasible) continue;
@@ -89,19 +107,23 @@ core::Result<std::vector<Entry>> entries_of(const PlannerGridFlags& f, const mod
     e.chosen = static_cast<int>(i) == t.chosen;
     const bool even_alternative = c.members.size() > 1 && uneven(c.plan.ratios);
     out.push_back(std::move(e));
-    if (even_alternative) {  // the same strategy and devices, split equally
-      Entry eq;
-      eq.label = c.plan.strategy + " equal";
-      eq.plan.strategy = c.plan.strategy;
-      eq.plan.world = c.plan.world;
-      eq.members = c.members;
-      if (!parallel::complete_plan(eq.plan, cfg).ok()) continue;
-      auto sched = parallel::estimate(eq.plan, cfg, rows);
-      auto pred = sched.ok() ? planner::predict(*sched, p.subset(c.members)) : core::Result<planner::Prediction>(sched.status());
-      if (!pred.ok() || !pred->fits) continue;  // the equal split does not fit: nothing to compare
-      eq.predicted_ms = pred->latency_ms;
-      for (const auto& d : pred->devices) eq.memory_bytes += d.memory_bytes;
-      out.push_back(std::move(eq));
+    if (even_alternative) add_equal_split(c.plan, c.members, c.plan.strategy + " equal", out);
+    // The heterogeneity check where the planner left devices out: the
+    // strategy's own partition over every device against the equal one.
+    const bool full = std::find(f.full_set.begin(), f.full_set.end(), c.plan.strategy) != f.full_set.end();
+    if (full && K > 1 && static_cast<int>(c.members.size()) < K) {
+      std::vector<int> every(static_cast<size_t>(K));
+      for (int d = 0; d < K; ++d) every[static_cast<size_t>(d)] = d;
+      auto whole = planner::plan_strategy(*parallel::find_strategy(c.plan.strategy), cfg, p, every, o);
+      if (!whole.ok() || !whole->feasible || !uneven(whole->plan.ratios)) continue;
+      Entry a;
+      a.label = c.plan.strategy + " all";
+      a.plan = whole->plan;
+      a.members = every;
+      a.predicted_ms = whole->prediction.latency_ms;
+      for (const auto& d : whole->prediction.devices) a.memory_bytes += d.memory_bytes;
+      out.push_back(std::move(a));
+      add_equal_split(whole->plan, every, c.plan.strategy + " all equal", out);
     }
   }
   return out;

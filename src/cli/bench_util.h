@@ -33,6 +33,9 @@ struct PlannerGridFlags {
   int threads = 1;
   std::vector<std::string> speed_mixes;  // "1,1", "1,0.5": one grid axis; K = entries
   std::string memory_limit;              // budgets for every point ("1GB,512MB")
+  // Strategies also measured over every device, as planned and split
+  // equally, where their best plan leaves devices out.
+  std::vector<std::string> full_set;
   std::string out = "planner.csv";
   bool plot = false;
   int64_t timeout_s = 60;
