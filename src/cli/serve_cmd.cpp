@@ -48,25 +48,27 @@ int serve_command(ServeFlags& f) {
   auto config = model::load_config(d.model_dir);
   if (!config.ok()) return fail(config.status().to_string());
   d.plan.world = world;
-  // After a failover: the planner over the devices left under --strategy
-  // auto (links measured on loopback with --link: the daemons' own links are
-  // measured only for the full cluster), else the same strategy over fewer.
-  // The whole cluster's profile is measured once (through the daemons), at
-  // the first start, while they are idle; re-admissions reuse it.
-  auto cluster_profile_memo = std::make_shared<std::optional<planner::ClusterProfile>>();
-  o.plan_for = [&f, world, c = *config, cluster_profile_memo](int k) -> core::Result<runtime::PlanChoice> {
+  // Under --strategy auto the devices are profiled once, before serving
+  // (every daemon of a cluster file through its own daemon, or --profile):
+  // after a failover or a re-admission the planner plans over the profiles
+  // of the devices left. Other strategies run over fewer devices as they are.
+  std::optional<planner::ClusterProfile> profile;
+  if (f.plan->strategy == "auto") {
     const auto& dist = f.serve.dist;
-    if (f.plan->strategy == "auto") {
-      const ProfileRequest pr{dist.model_dir, k, k == world ? dist.cluster_file : "", dist.link, dist.threads_per_device,
-                              0, "", k == world ? f.memory_limit : "", f.profile, false, dist.key_file, dist.insecure};
-      if (k == world && !cluster_profile_memo->has_value()) {
-        TESSERA_ASSIGN_OR_RETURN(*cluster_profile_memo, cluster_profile(pr, c));
-      }
-      TESSERA_ASSIGN_OR_RETURN(AutoChoice a, k == world ? choose_plan(**cluster_profile_memo, c, plan_rows(c, 0))
-                                                        : choose_plan(pr, c, plan_rows(c, 0)));
+    const ProfileRequest pr{dist.model_dir, world, dist.cluster_file, dist.link, dist.threads_per_device, 0, "",
+                            f.memory_limit, f.profile, false, dist.key_file, dist.insecure};
+    auto p = cluster_profile(pr, *config);
+    if (!p.ok()) return fail(p.status().to_string());
+    if (p->size() != world)
+      return fail("the profile has " + std::to_string(p->size()) + " devices, the server " + std::to_string(world));
+    profile = *p;
+  }
+  o.plan_for = [&f, profile, c = *config](const std::vector<int>& devices) -> core::Result<runtime::PlanChoice> {
+    if (profile) {
+      TESSERA_ASSIGN_OR_RETURN(AutoChoice a, choose_plan(profile->subset(devices), c, plan_rows(c, 0)));
       return runtime::PlanChoice{a.plan, a.candidate.members};
     }
-    TESSERA_ASSIGN_OR_RETURN(parallel::Plan p, build_plan(*f.plan, f.plan->strategy, k, true));
+    TESSERA_ASSIGN_OR_RETURN(parallel::Plan p, build_plan(*f.plan, f.plan->strategy, static_cast<int>(devices.size()), true));
     return runtime::PlanChoice{p, {}};
   };
   o.on_listening = [](const std::string& host, int port) {

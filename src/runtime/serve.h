@@ -27,9 +27,11 @@ struct ServeOptions {
   // The model, the devices (local workers: dist.plan.world; or a cluster
   // file and key), links, threads, loading timeout, memory budgets.
   DistributedOptions dist;
-  // The plan over `world` >= 2 devices: at start and after every change of
-  // devices (the planner's under --strategy auto, else the same strategy).
-  std::function<core::Result<PlanChoice>(int world)> plan_for;
+  // The plan over `devices` (2 or more indices into the configured devices,
+  // the terminal's 0 first): at start and after every change of devices
+  // (the planner's under --strategy auto, else the same strategy). The
+  // choice's members index into `devices`.
+  std::function<core::Result<PlanChoice>(const std::vector<int>& devices)> plan_for;
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"

@@ -191,9 +191,10 @@ Status Engine::start_session(bool first) {
       choice.plan.strategy = "single";
       choice.plan.world = 1;
     } else {
-      auto c = opts_.plan_for(world);
+      auto c = opts_.plan_for(std::vector<int>(avail.begin(), avail.begin() + world));
       if (!c.ok()) {
         last = c.status();
+        spdlog::warn("serve: no plan over {} device(s): {}", world, last.to_string());
         continue;
       }
       choice = *c;

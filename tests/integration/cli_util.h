@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/io.h"
@@ -35,6 +36,29 @@ inline CmdResult run(const std::string& args, const std::string& env = "") {
   const std::string out = tmp("out.txt"), err = tmp("err.txt");
   const int status = std::system((env + (env.empty() ? "" : " ") + kBin + " " + args + " >" + out + " 2>" + err).c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, core::read_file(out).value(), core::read_file(err).value()};
+}
+
+// A terminal budget under which `tessera plan PLAN_ARGS --json` chooses a
+// plan that uses a worker: each time the choice runs on the terminal alone,
+// the budget becomes a byte less than that plan needs. `other_budgets` are
+// the workers' (",1GB,1GB"). Returns what the chosen plan needs on the
+// terminal (the budget to run it with), or -1 when none is found.
+inline int64_t terminal_budget_that_needs_a_worker(const std::string& plan_args, const std::string& other_budgets,
+                                                   const std::string& env) {
+  std::string limit;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const CmdResult r = run("plan " + plan_args + " --json" + limit, env);
+    const auto t = nlohmann::json::parse(r.out, nullptr, false);
+    if (r.code != 0 || !t.is_object() || !t.contains("chosen")) {
+      ADD_FAILURE() << "plan failed: " << r.err << r.out;
+      return -1;
+    }
+    const auto& row = t["rows"][t["chosen"].get<size_t>()];
+    const int64_t terminal = row["prediction"]["devices"][0]["memory_bytes"].get<int64_t>();
+    if (row["members"].size() >= 2) return terminal;
+    limit = " --memory-limit " + std::to_string(terminal - 1) + other_budgets;
+  }
+  return -1;
 }
 
 // The largest difference between tensor `name` of two --dump files.

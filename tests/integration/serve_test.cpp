@@ -21,6 +21,7 @@
 #include "model/generate.h"
 #include "model/image.h"
 #include "model/transformer.h"
+#include "runtime/distributed.h"
 #include "runtime/serve_api.h"
 
 namespace tessera {
@@ -173,7 +174,9 @@ Stream stream_completion(const Server& s, const json& body, const std::function<
   auto c = s.client();
   auto r = c.send(req);
   EXPECT_TRUE(r) << "no answer";
-  if (r) EXPECT_EQ(r->status, 200);
+  if (r) {
+    EXPECT_EQ(r->status, 200);
+  }
   return out;
 }
 
@@ -403,7 +406,7 @@ TEST(ServeTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
 }
 
 // Ports [1100, 1950): clear of the other integration tests' ranges.
-int port_base() { return 1100 + static_cast<int>(::getpid() % 85) * 10; }
+int port_base() { return 1100 + static_cast<int>(::getpid() % 60) * 15; }  // 15 ports each, below daemon_test's 2000
 std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 std::unique_ptr<Proc> daemon(int port, const std::string& key, const std::string& log) {
@@ -413,7 +416,7 @@ std::unique_ptr<Proc> daemon(int port, const std::string& key, const std::string
 
 bool serving(int port, const comm::ClusterKey& key) {
   for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;)
-    if (comm::control_request(local(port), key, "{}", std::chrono::milliseconds(500)).ok()) return true;
+    if (comm::control_request(local(port), key, runtime::kPingRequest, std::chrono::milliseconds(500)).ok()) return true;
   return false;
 }
 
@@ -534,6 +537,53 @@ TEST(ServeFailoverTest, SilentDaemonIsDroppedAndTheRequestReplayed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   EXPECT_TRUE(readmitted) << s.health().dump() << s.proc().log();
+}
+
+// --strategy auto on a cluster: the devices are profiled through their
+// daemons before serving; a terminal budget a byte short of one device makes
+// the plan use a daemon; when a daemon it uses falls silent, the planner
+// plans again over the profiles of the devices left and the request is
+// replayed there, equal to the single device.
+TEST(ServeFailoverTest, AutoPlansAgainOverTheDevicesLeft) {
+  const std::string key_path = tmp("cluster.key");
+  const comm::ClusterKey key = comm::generate_cluster_key().value();
+  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
+  const int base = port_base() + 10;
+  std::unique_ptr<Proc> d[2] = {daemon(base, key_path, tmp("d1.log")), daemon(base + 2, key_path, tmp("d2.log"))};
+  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d[0]->log() << d[1]->log();
+  const std::string cluster = tmp("cluster.toml");
+  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
+                                            local(base + 2) + "\"]\n")
+                  .ok());
+  const std::string env = "XDG_CACHE_HOME=" + tmp("cache");
+  const int64_t terminal_bytes = testing::terminal_budget_that_needs_a_worker(
+      "--model " + kData + "/bert-tiny --cluster " + cluster + " --key " + key_path, ",1GB,1GB", env);
+  ASSERT_GT(terminal_bytes, 0);
+
+  ::setenv("XDG_CACHE_HOME", tmp("cache").c_str(), 1);  // the server reads the same device profiles
+  Server s({"--model", kData + "/bert-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "auto", "--timeout", "5",
+            "--memory-limit", std::to_string(terminal_bytes) + ",1GB,1GB"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::vector<int64_t> ids = {101, 11, 12, 13, 102};
+  const core::Tensor want = reference_forward("bert-tiny", {ids, {}, {}}).pooler;
+  auto r = s.post("/v1/embeddings", {{"input", ids}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
+  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+  const json health = s.health();
+  const int used = health["devices"][1]["state"] == "active" ? 0 : 1;
+  ASSERT_EQ(health["devices"][1 + used]["state"], "active") << health.dump();  // a daemon takes part
+
+  d[used]->signal(SIGSTOP);
+  r = s.post("/v1/embeddings", {{"input", ids}});
+  d[used]->signal(SIGCONT);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
+  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
+  EXPECT_NE(s.proc().log().find("failover #1"), std::string::npos) << s.proc().log();
+  const json after = s.health();
+  EXPECT_EQ(after["devices"][1 + used]["state"], "dropped") << after.dump();
+  EXPECT_EQ(after["devices"][2 - used]["state"], "active") << after.dump();  // the plan moved to the other daemon
 }
 
 }  // namespace
