@@ -194,11 +194,17 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     const int64_t copies = std::clamp<int64_t>(kColdWeightBytes / std::max<int64_t>(w.numel() * 4, 1) + 1, 2, 64);
     std::vector<kernels::PackedLinear> packed;
     for (int64_t i = 0; i < copies; ++i) packed.push_back(kernels::PackedLinear::pack(w));
+    // With the epilogue the model fuses into each: FFN-in its activation
+    // (GELU is a few percent of a layer), the two output projections the
+    // residual; the QKV projection none.
+    const kernels::Activation act = k == F && cols == I ? c.act : kernels::Activation::kNone;
+    const bool residual = cols == F;
     for (int64_t m : rows) {
       core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
+      core::Tensor r = residual ? core::Tensor::zeros_f32({m, cols}) : core::Tensor();
       const double s = time_best(3, [&] {
         for (const auto& p : packed)
-          kernels::linear_rows_f32(pool, x.f32(), m, p, b, kernels::Activation::kNone, nullptr, y.f32());
+          kernels::linear_rows_f32(pool, x.f32(), m, p, b, act, residual ? r.f32() : nullptr, y.f32());
       }) / static_cast<double>(copies);
       d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
     }
@@ -246,7 +252,7 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  return base + "/tessera/profile4-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  return base + "/tessera/profile5-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 
