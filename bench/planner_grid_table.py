@@ -39,7 +39,7 @@ def main():
                     points.setdefault((model, row["link"], row["speeds"]), []).append(row)
         except FileNotFoundError:
             pass
-    errors, per_model = [], {}
+    errors, per_model, shared = [], {}, []
     within, worst, slower, total = 0, 0.0, 0, 0
     print("| model | link | speeds | auto chose | predicted ms | measured ms | best measured | one device | planned vs equal split |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -50,6 +50,8 @@ def main():
         for r in table:
             e = abs(float(r["error_rel"]))
             errors.append(e)
+            if ";" in r["members"]:
+                shared.append(e)
             per_model.setdefault(model.split(",")[0] if "budgets" not in model else "memory case", []).append(e)
         best = min(table, key=lambda r: float(r["measured_ms"]))
         single = next((r for r in table if r["strategy"] == "single"), None)
@@ -81,6 +83,8 @@ def main():
     print()
     print(f"table rows measured: {len(errors)}; |predicted - measured| / measured: median {100 * statistics.median(errors):.1f}%, "
           f"p90 {100 * p90(errors):.1f}%")
+    if shared:
+        print(f"  rows on two devices: median {100 * statistics.median(shared):.1f}%, p90 {100 * p90(shared):.1f}% ({len(shared)} rows)")
     for model, e in per_model.items():
         print(f"  {model}: median {100 * statistics.median(e):.1f}%, p90 {100 * p90(e):.1f}% ({len(e)} rows)")
     print(f"auto within 5% of the best measured: {within} of {total} points; worst {worst:.2f}x; "
