@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <iostream>
 #include <limits>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/io.h"
@@ -71,39 +72,40 @@ int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
 }
 
 Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::ModelConfig& c) {
+  std::optional<runtime::ClusterFile> cluster;
+  if (!r.cluster_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(cluster, runtime::load_cluster_file(r.cluster_file));
+  }
   ClusterProfile p;
-  int K = r.devices;
   if (!r.profile_file.empty()) {
     TESSERA_ASSIGN_OR_RETURN(p, ClusterProfile::load(r.profile_file));
-    K = p.size();
-  } else {
-    if (!r.cluster_file.empty()) {
-      // The terminal and every daemon measure themselves with the same code
-      // as local devices; the links are measured through the group they form.
-      runtime::ClusterProfileOptions o;
-      TESSERA_ASSIGN_OR_RETURN(o.cluster, runtime::load_cluster_file(r.cluster_file));
-      o.insecure = r.insecure;
-      if (!r.insecure) {
-        if (r.key_file.empty()) return core::invalid_argument("profiling a cluster needs --key (the workers' key file) or --insecure");
-        TESSERA_ASSIGN_OR_RETURN(o.key, comm::read_key_file(r.key_file));
-      }
-      o.model_dir = r.model_dir;
-      o.threads = r.threads;
-      o.rows = plan_rows(c, r.seq);
-      o.link = r.link;
-      o.reprofile = r.reprofile;
-      TESSERA_ASSIGN_OR_RETURN(p, runtime::profile_cluster(o, c));
-      K = p.size();
-    } else {
-      if (K < 1 || K > 64) return core::invalid_argument("--devices must be in [1, 64]");
-      if (r.threads < 1) return core::invalid_argument("--threads-per-device must be >= 1");
-      TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, runtime::device_profile(c, plan_rows(c, r.seq), r.threads, r.reprofile));
-      // Local devices share this machine's memory.
-      d.memory_bytes /= K;
-      p.devices.assign(static_cast<size_t>(K), d);
-      TESSERA_ASSIGN_OR_RETURN(p.links, runtime::measure_local_links(K, r.link));
+  } else if (cluster) {
+    // The terminal and every daemon measure themselves with the same code
+    // as local devices; the links are measured through the group they form.
+    runtime::ClusterProfileOptions o;
+    o.cluster = *cluster;
+    o.insecure = r.insecure;
+    if (!r.insecure) {
+      if (r.key_file.empty()) return core::invalid_argument("profiling a cluster needs --key (the workers' key file) or --insecure");
+      TESSERA_ASSIGN_OR_RETURN(o.key, comm::read_key_file(r.key_file));
     }
+    o.model_dir = r.model_dir;
+    o.threads = r.threads;
+    o.rows = plan_rows(c, r.seq);
+    o.link = r.link;
+    o.reprofile = r.reprofile;
+    TESSERA_ASSIGN_OR_RETURN(p, runtime::profile_cluster(o, c));
+  } else {
+    const int K = r.devices;
+    if (K < 1 || K > 64) return core::invalid_argument("--devices must be in [1, 64]");
+    if (r.threads < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+    TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, runtime::device_profile(c, plan_rows(c, r.seq), r.threads, r.reprofile));
+    // Local devices share this machine's memory.
+    d.memory_bytes /= K;
+    p.devices.assign(static_cast<size_t>(K), d);
+    TESSERA_ASSIGN_OR_RETURN(p.links, runtime::measure_local_links(K, r.link));
   }
+  const int K = p.size();
   if (!r.device_speed.empty()) {
     TESSERA_ASSIGN_OR_RETURN(const auto v, parse_device_speeds(r.device_speed, K));
     for (int d = 0; d < K; ++d) p.devices[static_cast<size_t>(d)].speed = v[static_cast<size_t>(d)];
@@ -111,12 +113,11 @@ Result<ClusterProfile> cluster_profile(const ProfileRequest& r, const model::Mod
   std::vector<int64_t> budgets;
   if (!r.memory_limit.empty()) {
     TESSERA_ASSIGN_OR_RETURN(budgets, parse_memory_limits(r.memory_limit, K));
-  } else if (!r.cluster_file.empty()) {  // the cluster file's [[worker]] memory entries
-    TESSERA_ASSIGN_OR_RETURN(const runtime::ClusterFile cf, runtime::load_cluster_file(r.cluster_file));
-    if (1 + static_cast<int>(cf.workers.size()) != K)
+  } else if (cluster) {  // the cluster file's [[worker]] memory entries
+    if (1 + static_cast<int>(cluster->workers.size()) != K)
       return core::invalid_argument("the profile has " + std::to_string(K) + " devices, the cluster file " +
-                                    std::to_string(1 + cf.workers.size()));
-    budgets = cf.memory_limits();
+                                    std::to_string(1 + cluster->workers.size()));
+    budgets = cluster->memory_limits();
   }
   for (size_t d = 0; d < budgets.size(); ++d)  // a device without a budget keeps what it has
     if (budgets[d] != std::numeric_limits<int64_t>::max()) p.devices[d].memory_bytes = budgets[d];
@@ -212,11 +213,7 @@ void print_table(const planner::PlanTable& t) {
 int plan_command(const PlanCmd& f) {
   auto c = model::load_config(f.req.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
-  ProfileRequest req = f.req;
-  if (!req.cluster_file.empty() && req.profile_file.empty()) {
-    auto cluster = runtime::load_cluster_file(req.cluster_file);
-    if (!cluster.ok()) return fail(cluster.status().to_string());
-  }
+  const ProfileRequest& req = f.req;
   auto p = cluster_profile(req, c.value());
   if (!p.ok()) return fail(p.status().to_string());
   planner::PlannerOptions o;

@@ -80,24 +80,9 @@ Result<std::vector<LinkProfile>> row_from_tensor(const core::Tensor& t, int K, i
   return row;
 }
 
-// "tcp://host:port" -> "host".
-std::string endpoint_host(const std::string& ep) {
-  const size_t start = ep.find("://");
-  const size_t colon = ep.rfind(':');
-  if (start == std::string::npos || colon == std::string::npos || colon <= start + 3) return ep;
-  return ep.substr(start + 3, colon - start - 3);
-}
-
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
   TESSERA_ASSIGN_OR_RETURN(const std::string answer, comm::control_request(endpoint, o.key, job.to_json().dump(), o.timeout));
-  auto a = core::parse_json(answer, "the answer of worker " + endpoint);
-  if (!a.ok()) return core::network_error(a.status().message());
-  if (!a->is_object() || !a->contains("ok") || (*a)["ok"] != true) {
-    const bool has_error = a->is_object() && a->contains("error") && (*a)["error"].is_string();
-    return core::network_error("worker " + endpoint + " refused to profile: " +
-                               (has_error ? (*a)["error"].get<std::string>() : std::string("bad answer")));
-  }
-  return std::move(*a);
+  return daemon_answer(endpoint, answer, "profile");
 }
 
 }  // namespace
@@ -295,8 +280,11 @@ Result<planner::ClusterProfile> profile_cluster(const ClusterProfileOptions& o, 
     p.devices.push_back(std::move(*d));
   }
   // Devices behind the same host share its memory.
-  std::vector<std::string> hosts = {endpoint_host(o.cluster.terminal)};
-  for (const std::string& ep : o.cluster.workers) hosts.push_back(endpoint_host(ep));
+  std::vector<std::string> hosts;
+  TESSERA_ASSIGN_OR_RETURN(hosts.emplace_back(), endpoint_host(o.cluster.terminal));
+  for (const std::string& ep : o.cluster.workers) {
+    TESSERA_ASSIGN_OR_RETURN(hosts.emplace_back(), endpoint_host(ep));
+  }
   std::map<std::string, int> sharing;
   for (const std::string& h : hosts) ++sharing[h];
   for (int d = 0; d < world; ++d) p.devices[static_cast<size_t>(d)].memory_bytes /= sharing[hosts[static_cast<size_t>(d)]];

@@ -55,6 +55,19 @@ std::string daemon_model_name(const std::string& model_dir) {
   return name.empty() ? p.parent_path().filename().string() : name;  // "dir/" has an empty filename
 }
 
+Result<std::string> endpoint_host(const std::string& endpoint) {
+  TESSERA_ASSIGN_OR_RETURN(const Endpoint e, split_endpoint(endpoint));
+  return e.scheme_host.substr(6);  // after "tcp://"
+}
+
+Result<json> daemon_answer(const std::string& endpoint, const std::string& answer, const std::string& what) {
+  const json a = json::parse(answer, nullptr, false);
+  if (a.is_object() && a.contains("ok") && a["ok"] == true) return a;
+  const bool has_error = a.is_object() && a.contains("error") && a["error"].is_string();
+  return core::network_error("worker " + endpoint + " refused to " + what + ": " +
+                             (has_error ? a["error"].get<std::string>() : std::string("bad answer")));
+}
+
 Result<std::string> bind_form(const std::string& endpoint) {
   TESSERA_ASSIGN_OR_RETURN(Endpoint e, split_endpoint(endpoint));
   return "tcp://*:" + std::to_string(e.port);

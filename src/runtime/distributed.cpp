@@ -395,12 +395,7 @@ Status Session::start_daemon_jobs() {
     const std::string& ep = cluster_->workers[static_cast<size_t>(r - 1)];
     TESSERA_ASSIGN_OR_RETURN(std::string answer,
                              comm::control_request(ep, key_, w.to_json().dump(), comm::Millis(opts_.timeout_ms)));
-    json a = json::parse(answer, nullptr, false);
-    if (a.is_discarded() || !a.is_object() || !a.contains("ok") || a["ok"] != true) {
-      const bool has_error = a.is_object() && a.contains("error") && a["error"].is_string();
-      return core::network_error("worker " + ep + " refused the job: " +
-                                 (has_error ? a["error"].get<std::string>() : std::string("bad answer")));
-    }
+    TESSERA_RETURN_IF_ERROR(daemon_answer(ep, answer, "take the job").status());
   }
   return core::ok_status();
 }

@@ -91,6 +91,11 @@ core::Result<std::string> bind_form(const std::string& endpoint);
 // The name a daemon looks a model up by (under its --models roots): the
 // terminal's model folder name.
 std::string daemon_model_name(const std::string& model_dir);
+// "tcp://host:7070" -> "host" (devices behind one host share its memory).
+core::Result<std::string> endpoint_host(const std::string& endpoint);
+// A daemon's answer to a control request: the JSON object when it says
+// {"ok": true}, else a network error "worker EP refused to WHAT: <its error>".
+core::Result<nlohmann::json> daemon_answer(const std::string& endpoint, const std::string& answer, const std::string& what);
 
 struct DistributedOptions {
   std::string model_dir;
