@@ -8,6 +8,8 @@ namespace {
 using core::Result;
 using core::Tensor;
 
+constexpr const char* kName = "single";
+
 // model::generate's layers: every layer with the whole cache.
 class SingleDecoder final : public Decoder {
  public:
@@ -25,7 +27,7 @@ class SingleDecoder final : public Decoder {
 
 class Single final : public Strategy {
  public:
-  std::string name() const override { return "single"; }
+  std::string name() const override { return kName; }
   std::string summary() const override { return "one device, no communication"; }
   bool runs_decoupled() const override { return true; }
 
@@ -67,5 +69,14 @@ class Single final : public Strategy {
 }  // namespace
 
 std::unique_ptr<Strategy> make_single_strategy() { return std::make_unique<Single>(); }
+
+Plan single_device_plan() {
+  Plan p;
+  p.strategy = kName;
+  p.world = 1;
+  return p;
+}
+
+bool is_single_device(const Plan& plan) { return plan.strategy == kName && plan.world == 1; }
 
 }  // namespace tessera::parallel

@@ -117,6 +117,11 @@ const Strategy* find_strategy(const std::string& name);
 [[nodiscard]] core::Result<const Strategy*> strategy_for(const std::string& name);
 std::vector<const Strategy*> strategies();
 std::string strategy_names();  // "single, tp, ..."
+// The one-device plan (the registry's one-device strategy, world 1, not yet
+// completed), and whether a plan is it: code outside parallel/ asks these
+// rather than writing the strategy's name. Both live in single.cpp.
+Plan single_device_plan();
+bool is_single_device(const Plan& plan);
 
 // Common checks (world, ratios), then the strategy's own complete().
 [[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);

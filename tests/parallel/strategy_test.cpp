@@ -146,6 +146,20 @@ TEST(StrategyTest, PlansAreCheckedByTheirStrategy) {
   EXPECT_FALSE(Plan::from_json(nlohmann::json{{"strategy", "tp"}, {"world", 2}, {"options", 5}}).ok());
 }
 
+TEST(StrategyTest, TheSingleDevicePlanIsTheRegistrysOneDeviceStrategy) {
+  auto cfg = model::load_config(kData + "/bert-tiny").value();
+  Plan one = single_device_plan();
+  EXPECT_EQ(one.world, 1);
+  EXPECT_NE(find_strategy(one.strategy), nullptr);
+  EXPECT_TRUE(is_single_device(one));
+  ASSERT_TRUE(complete_plan(one, cfg).ok());
+  EXPECT_TRUE(is_single_device(one));
+  EXPECT_FALSE(is_single_device(make_plan("tp", 1)));
+  Plan many = single_device_plan();
+  many.world = 2;
+  EXPECT_FALSE(is_single_device(many));
+}
+
 TEST(StrategyTest, ATestOnlyStrategyRunsInProcess) {
   register_strategy(std::make_unique<testing::Replicate>());
   ASSERT_NE(find_strategy("test-replicate"), nullptr);
