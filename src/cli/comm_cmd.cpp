@@ -22,6 +22,7 @@
 #include "comm/group.h"
 #include "comm/keys.h"
 #include "core/io.h"
+#include "core/limits.h"
 
 extern char** environ;
 
@@ -162,7 +163,7 @@ struct TempKey {
 };
 
 void run_bench(BenchArgs a) {
-  if (a.ranks < 1 || a.ranks > 64) fail_with("--ranks must be in 1..64");
+  if (a.ranks < 1 || a.ranks > core::kMaxDevices) fail_with("--ranks must be in 1.." + std::to_string(core::kMaxDevices));
   if (a.bytes < 0) fail_with("--bytes must be >= 0");
   if (a.iters < 1 || a.warmup < 0) fail_with("--iters must be >= 1 and --warmup >= 0");
   if (a.timeout_ms < 1 || a.timeout_ms > 86400000) fail_with("--timeout-ms must be between 1 and 86400000");

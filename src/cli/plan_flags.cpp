@@ -3,6 +3,8 @@
 #include <cmath>
 #include <set>
 
+#include "core/limits.h"
+
 namespace tessera::cli {
 
 using core::Result;
@@ -91,7 +93,8 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   parallel::Plan plan;
   plan.strategy = strategy;
   plan.world = world;
-  if (world < 1 || world > 64) return core::invalid_argument("--devices must be in [1, 64]");
+  if (world < 1 || world > core::kMaxDevices)
+    return core::invalid_argument("--devices must be in [1, " + std::to_string(core::kMaxDevices) + "]");
   if (!f.partition.empty()) {
     TESSERA_ASSIGN_OR_RETURN(plan.ratios, parallel::parse_ratios(f.partition, world));
   }

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "core/limits.h"
 
 namespace tessera::parallel {
 
@@ -85,10 +86,11 @@ Result<Plan> Plan::from_json(const json& j) {
   p.strategy = j["strategy"].get<std::string>();
   if (!j.contains("world") || !j["world"].is_number_integer()) return core::invalid_argument("plan: 'world' must be an integer");
   const int64_t world = j["world"].get<int64_t>();
-  if (world < 1 || world > 64) return core::invalid_argument("plan: 'world' must be in [1, 64]");
+  if (world < 1 || world > core::kMaxDevices)
+    return core::invalid_argument("plan: 'world' must be in [1, " + std::to_string(core::kMaxDevices) + "]");
   p.world = static_cast<int>(world);
   if (j.contains("ratios")) {
-    if (!j["ratios"].is_array() || j["ratios"].size() > 64) return core::invalid_argument("plan: 'ratios' must be a short array");
+    if (!j["ratios"].is_array() || j["ratios"].size() > core::kMaxDevices) return core::invalid_argument("plan: 'ratios' must be a short array");
     for (const auto& r : j["ratios"]) {
       if (!r.is_number()) return core::invalid_argument("plan: 'ratios' must hold numbers");
       p.ratios.push_back(r.get<double>());
@@ -225,7 +227,8 @@ model::LoadOptions shard_load_options(Range heads, Range ffn, int rank) {
 
 Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
-  if (plan.world < 1 || plan.world > 64) return core::invalid_argument("device count must be in [1, 64]");
+  if (plan.world < 1 || plan.world > core::kMaxDevices)
+    return core::invalid_argument("device count must be in [1, " + std::to_string(core::kMaxDevices) + "]");
   if (plan.ratios.empty()) plan.ratios = equal_ratios(plan.world);
   if (static_cast<int>(plan.ratios.size()) != plan.world)
     return core::invalid_argument("partition has " + std::to_string(plan.ratios.size()) + " entries for " +

@@ -11,6 +11,7 @@
 
 #include "core/io.h"
 #include "core/json.h"
+#include "core/limits.h"
 #include "core/stats.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
@@ -123,8 +124,8 @@ json ClusterProfile::to_json() const {
 
 Result<ClusterProfile> ClusterProfile::from_json(const json& j) {
   if (!j.is_object() || !j.contains("devices") || !j["devices"].is_array() || j["devices"].empty() ||
-      j["devices"].size() > 64)
-    return core::invalid_argument("profile: 'devices' must be an array of 1 to 64 device profiles");
+      j["devices"].size() > core::kMaxDevices)
+    return core::invalid_argument("profile: 'devices' must be an array of 1 to " + std::to_string(core::kMaxDevices) + " device profiles");
   ClusterProfile c;
   for (const json& d : j["devices"]) {
     TESSERA_ASSIGN_OR_RETURN(DeviceProfile p, DeviceProfile::from_json(d));

@@ -1,6 +1,7 @@
 #include "runtime/job.h"
 
 #include "core/io.h"
+#include "core/limits.h"
 
 namespace tessera::runtime {
 
@@ -40,7 +41,8 @@ Result<JobSpec> JobSpec::from_json(const std::string& text) {
   TESSERA_ASSIGN_OR_RETURN(const json* dir, field(j, "model", json::value_t::string));
   TESSERA_ASSIGN_OR_RETURN(const json* threads, field(j, "threads", json::value_t::number_integer));
   TESSERA_ASSIGN_OR_RETURN(const json* plan, field(j, "plan", json::value_t::object));
-  if (eps->size() < 1 || eps->size() > 64) return core::invalid_argument("job: 1..64 endpoints required");
+  if (eps->size() < 1 || eps->size() > static_cast<size_t>(core::kMaxDevices))
+    return core::invalid_argument("job: 1.." + std::to_string(core::kMaxDevices) + " endpoints required");
   for (const auto& e : *eps) {
     if (!e.is_string() || e.get_ref<const std::string&>().size() > 256)
       return core::invalid_argument("job: endpoints must be short strings");
