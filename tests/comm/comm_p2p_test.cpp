@@ -72,7 +72,7 @@ TEST(P2P, PostedReceivesMatchInOrderAndWithdrawnOnesKeepTheirMessage) {
     TESSERA_EXPECT_OR_FAIL(ta.f32()[0] == 1 && tb.f32()[0] == 2, "posting order");
     {
       RecvHandle c = g.irecv(0, 0);
-      while (!c.ready()) std::this_thread::sleep_for(1ms);
+      TESSERA_EXPECT_OR_FAIL(compute_until([&] { return c.ready(); }), "message 3 never came");
       // c holds message 3 but is dropped uncollected: it must go back.
     }
     TESSERA_ASSIGN_OR_RETURN(core::Tensor tc, g.recv(0, 0, 5000ms));
@@ -82,37 +82,49 @@ TEST(P2P, PostedReceivesMatchInOrderAndWithdrawnOnesKeepTheirMessage) {
   EXPECT_TRUE(all_ok(st)) << statuses_to_string(st);
 }
 
-TEST(P2P, AsyncOverlapsComputation) {
-  // With a 50 Mbit/s link, 1.25 MB takes ~200 ms in flight; 200 ms of
-  // "compute" posted after isend/irecv should overlap with it.
+TEST(P2P, AsyncOperationsProgressWhileTheCallerComputes) {
+  // Overlap in terms of events, not of the clock: posting a receive does not
+  // block its caller, and both the send and the receive complete while their
+  // callers compute, without either calling wait(). Rank 0 sends only when
+  // rank 1 asks, so rank 1's receive cannot have completed before that. The
+  // 50 Mbit/s link keeps the 1.25 MB in flight for ~200 ms of that
+  // computation. (How much wall time overlap saves is a speed property, for
+  // the benchmarks: bench/strategies.sh runs galaxy with and without it.)
   auto st = run_inproc(
       2,
       [](Group& g) -> core::Status {
-        const int peer = 1 - g.rank();
-        core::Timer timer;
-        SendHandle s = g.isend(peer, 0, core::Tensor::zeros(core::DType::kU8, {1250000}));
-        RecvHandle r = g.irecv(peer, 0);
-        TESSERA_EXPECT_OR_FAIL(!r.ready(), "message cannot have arrived yet");
-        std::this_thread::sleep_for(200ms);  // computation
-        TESSERA_RETURN_IF_ERROR(s.wait(5000ms));
-        TESSERA_ASSIGN_OR_RETURN(core::Tensor t, r.wait(5000ms));
-        TESSERA_EXPECT_OR_FAIL(t.nbytes() == 1250000, "size");
-        const double ms = timer.ms();
-        // Serial would be >= 400 ms.
-        TESSERA_EXPECT_OR_FAIL(ms < 330, "no overlap: " + std::to_string(ms) + " ms");
-        return core::ok_status();
+        const int64_t bytes = 1250000;
+        if (g.rank() == 1) {
+          RecvHandle r = g.irecv(0, 0);
+          TESSERA_EXPECT_OR_FAIL(!r.ready(), "nothing was sent yet");
+          TESSERA_RETURN_IF_ERROR(g.send(0, 1, core::Tensor::zeros(core::DType::kU8, {0}), 5000ms));  // "send now"
+          TESSERA_EXPECT_OR_FAIL(compute_until([&] { return r.ready(); }), "the receive never completed on its own");
+          TESSERA_ASSIGN_OR_RETURN(core::Tensor t, r.wait(0ms));  // ready: no waiting
+          TESSERA_EXPECT_OR_FAIL(t.nbytes() == bytes, "size");
+          return core::ok_status();
+        }
+        TESSERA_RETURN_IF_ERROR(g.recv(1, 1, 5000ms).status());
+        SendHandle s = g.isend(1, 0, core::Tensor::zeros(core::DType::kU8, {bytes}));
+        TESSERA_EXPECT_OR_FAIL(compute_until([&] { return s.ready(); }), "the send never completed on its own");
+        return s.wait(0ms);
       },
       [](GroupOptions& o) { o.links = LinkMatrix::uniform(2, LinkSpec{50e6, 0}); });
   EXPECT_TRUE(all_ok(st)) << statuses_to_string(st);
 }
 
-TEST(P2P, PacedTenMegabytesTakeEightTenthsOfASecond) {
+// A lower bound only: the link cannot deliver 10 MB at 100 Mbit/s in less
+// than 0.8 s, however loaded the machine. That pacing adds nothing beyond the
+// link's rate is the pacer's model, checked exactly (no clock) by
+// Link.PacerSerialisesAndDelays in comm_wire_test; end-to-end throughput is
+// a speed property, measured by `tessera comm-bench --link`.
+TEST(P2P, PacedTenMegabytesTakeAtLeastTheLinkTime) {
   double seconds = 0;
   auto st = run_inproc(
       2,
       [&](Group& g) -> core::Status {
         if (g.rank() == 1) {
           TESSERA_ASSIGN_OR_RETURN(core::Tensor t, g.recv(0, 0, 10000ms));
+          TESSERA_EXPECT_OR_FAIL(t.nbytes() == 10000000, "size");
           return g.send(0, 1, core::Tensor::zeros(core::DType::kU8, {0}), 5000ms);
         }
         core::Timer timer;
@@ -124,10 +136,12 @@ TEST(P2P, PacedTenMegabytesTakeEightTenthsOfASecond) {
       [](GroupOptions& o) { o.links = LinkMatrix::uniform(2, LinkSpec{100e6, 0}); });
   ASSERT_TRUE(all_ok(st)) << statuses_to_string(st);
   EXPECT_GT(seconds, 0.6);
-  EXPECT_LT(seconds, 1.2);
   std::printf("10 MB over 100mbit: %.3f s\n", seconds);
 }
 
+// A lower bound only: a round trip over two 50 ms links takes at least
+// 100 ms. That latency delays a message without holding back the next one is
+// checked exactly by Link.PacerSerialisesAndDelays.
 TEST(P2P, LatencyDelaysDelivery) {
   double seconds = 0;
   auto st = run_inproc(
@@ -139,15 +153,15 @@ TEST(P2P, LatencyDelaysDelivery) {
           return g.send(0, 0, t, 5000ms);
         }
         core::Timer timer;
-        TESSERA_RETURN_IF_ERROR(g.send(peer, 0, core::Tensor::from_f32({1}, {1}), 5000ms));
-        TESSERA_RETURN_IF_ERROR(g.recv(peer, 0, 5000ms).status());
+        TESSERA_RETURN_IF_ERROR(g.send(peer, 0, core::Tensor::from_f32({1}, {7}), 5000ms));
+        TESSERA_ASSIGN_OR_RETURN(core::Tensor echo, g.recv(peer, 0, 5000ms));
         seconds = timer.ms() / 1000.0;
+        TESSERA_EXPECT_OR_FAIL(echo.f32()[0] == 7, "the echo");
         return core::ok_status();
       },
       [](GroupOptions& o) { o.links = LinkMatrix::uniform(2, LinkSpec{0, 0.050}); });
   ASSERT_TRUE(all_ok(st)) << statuses_to_string(st);
   EXPECT_GT(seconds, 0.095);
-  EXPECT_LT(seconds, 0.3);
 }
 
 TEST(P2P, TimeoutsAndBadArguments) {
@@ -156,7 +170,7 @@ TEST(P2P, TimeoutsAndBadArguments) {
       core::Timer t;
       auto r = g.recv(1, 42, 100ms);
       TESSERA_EXPECT_OR_FAIL(!r.ok() && r.status().code() == core::ErrorCode::kTimeout, "timeout");
-      TESSERA_EXPECT_OR_FAIL(t.ms() >= 95 && t.ms() < 1000, "timeout duration");
+      TESSERA_EXPECT_OR_FAIL(t.ms() >= 95, "gave up before the timeout");  // a lower bound: load cannot break it
       auto bad = g.send(0, 0, core::Tensor::zeros_f32({1}), 100ms);  // to self
       TESSERA_EXPECT_OR_FAIL(bad.code() == core::ErrorCode::kInvalidArgument, "self");
       bad = g.send(5, 0, core::Tensor::zeros_f32({1}), 100ms);
@@ -198,11 +212,10 @@ TEST(P2P, PeerLeavingFailsPendingReceives) {
       // The message sent before leaving is still delivered...
       TESSERA_ASSIGN_OR_RETURN(core::Tensor t, g.recv(2, 0, 5000ms));
       TESSERA_EXPECT_OR_FAIL(t.f32()[0] == 9, "value");
-      // ...then receives from it fail fast instead of timing out.
-      core::Timer timer;
+      // ...then receives from it fail because it left (kNetwork), not at
+      // their timeout (which would be kTimeout).
       auto r = g.recv(2, 0, 20000ms);
       TESSERA_EXPECT_OR_FAIL(r.status().code() == core::ErrorCode::kNetwork, "left: " + r.status().to_string());
-      TESSERA_EXPECT_OR_FAIL(timer.ms() < 5000, "fast failure");
       TESSERA_EXPECT_OR_FAIL(!g.peer_alive(2) && g.peer_alive(1), "alive flags");
       auto s = g.send(2, 0, core::Tensor::zeros_f32({1}), 1000ms);
       TESSERA_EXPECT_OR_FAIL(s.code() == core::ErrorCode::kNetwork, "send to departed");

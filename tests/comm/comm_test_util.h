@@ -126,6 +126,22 @@ inline std::vector<int> wait_children(Children& c, std::chrono::seconds limit) {
   return codes;
 }
 
+// "Computes" (a little arithmetic per step, never a wait on the group) until
+// done() holds or `limit` passed; returns whether done() held. Tests use it
+// to show that transfers progress while their caller is busy: nothing in
+// the loop drives the transport.
+template <typename Done>
+bool compute_until(Done done, std::chrono::milliseconds limit = std::chrono::milliseconds(20000)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  volatile double acc = 0;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    for (int i = 0; i < 1000; ++i) acc = acc + i * 0.5;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 // Exactly representable test values.
 inline float value_of(int rank, int64_t row, int64_t col) {
   return static_cast<float>(rank * 1000 + row * 10 + col);

@@ -222,6 +222,9 @@ TEST(Link, PacerSerialisesAndDelays) {
   EXPECT_NEAR(duration<double>(burst.schedule(100000, t1) - t1).count(), 0.2, 1e-6);  // no credit left
   LinkPacer lat(LinkSpec{0, 0.002}, 0);
   EXPECT_NEAR(duration<double>(lat.schedule(1 << 30, t0) - t0).count(), 0.002, 1e-9);
+  // Latency delays each message without holding back the next: one posted
+  // 1 ms later leaves 1 ms later, not a whole latency after the first.
+  EXPECT_NEAR(duration<double>(lat.schedule(1, t0 + milliseconds(1)) - t0).count(), 0.003, 1e-9);
 }
 
 TEST(Keys, GenerateWriteRead) {
