@@ -12,7 +12,7 @@
 #include "core/io.h"
 #include "core/tensor.h"
 #include "kernels/gemm.h"
-#include "parallel/voltage.h"
+#include "parallel/partition_attention.h"
 
 namespace tessera::cli {
 

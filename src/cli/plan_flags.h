@@ -14,7 +14,7 @@
 namespace tessera::cli {
 
 struct PlanFlags {
-  std::string strategy = "single";
+  std::string strategy = parallel::single_device_plan().strategy;
   int devices = 1;
   std::string partition;  // "r1,r2,..."; empty = equal
   std::map<std::string, std::string> given;  // flag -> value ("" for bare flags), as typed

@@ -1,5 +1,6 @@
-// Voltage's partitioned attention (Algorithm 1): the attention output of a
-// block of rows, by Eq. (3) or by the reordered Eq. (8).
+// Partitioned attention (Voltage's Algorithm 1), a kernel apart from any
+// strategy: the attention output of a block of rows, by Eq. (3) or by the
+// reordered Eq. (8). Voltage runs it; bench-attention times it (Fig. 6).
 #pragma once
 
 #include <cstdint>

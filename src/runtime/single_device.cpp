@@ -102,8 +102,7 @@ Result<RunResult> run_single(const RunRequest& req) {
     }
     return r;
   }
-  parallel::Plan single;
-  single.strategy = "single";
+  parallel::Plan single = parallel::single_device_plan();
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(single, m.config()));
   TESSERA_RETURN_IF_ERROR(check_request_memory(single, m.config(), input_rows(m.config(), in)));
   TESSERA_ASSIGN_OR_RETURN(r.output, m.forward(in, {}, &pool));
