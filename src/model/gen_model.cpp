@@ -1,9 +1,9 @@
 #include "model/gen_model.h"
 
-#include <sys/stat.h>
-
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <system_error>
 
 #include "core/io.h"
 #include "model/safetensors.h"
@@ -197,7 +197,10 @@ Status gen_model(const GenModelOptions& o) {
   TESSERA_ASSIGN_OR_RETURN(json cj, gen_model_config(o));
   TESSERA_ASSIGN_OR_RETURN(ModelConfig c, parse_config(cj.dump()));
   if (o.out_dir.empty()) return core::invalid_argument("no output folder given");
-  ::mkdir(o.out_dir.c_str(), 0755);
+  // Missing parent folders are created, as `mkdir -p` would.
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) return core::io_error("cannot create folder " + o.out_dir + ": " + ec.message());
   TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/config.json", cj.dump(2) + "\n"));
   Rng rng(o.seed);
   std::map<std::string, Tensor> tensors;

@@ -130,6 +130,20 @@ TEST(GenModelTest, WritesLoadableModelsForOverriddenPresets) {
     EXPECT_EQ(m->config().layers, 2);
     EXPECT_EQ(m->config().hidden, 32);
   }
+  // Missing parent folders are created (mkdir -p); a file in the way is an error.
+  GenModelOptions nested;
+  nested.preset = "gpt2";
+  nested.out_dir = ::testing::TempDir() + "/gen-nested/a/b/c";
+  nested.layers = 1;
+  nested.hidden = 32;
+  nested.heads = 4;
+  nested.vocab = 300;
+  const core::Status made = gen_model(nested);
+  ASSERT_TRUE(made.ok()) << made.to_string();
+  EXPECT_TRUE(Transformer::load(nested.out_dir).ok());
+  ASSERT_TRUE(core::write_file(::testing::TempDir() + "/gen-file", "").ok());
+  nested.out_dir = ::testing::TempDir() + "/gen-file/c";
+  EXPECT_FALSE(gen_model(nested).ok());
   GenModelOptions bad;
   bad.preset = "llama";
   bad.out_dir = ::testing::TempDir() + "/gen-bad";
