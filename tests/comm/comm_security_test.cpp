@@ -3,6 +3,7 @@
 // is counted.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "comm_test_util.h"
@@ -61,6 +62,48 @@ FrameHeader base_header(FrameKind kind, uint32_t src, uint32_t world, const std:
 
 uint64_t accepted_frames(const CommStats& s) { return s.control_bytes_received / kHeaderSize; }
 
+// The connection events of one of our own raw sockets (libzmq's socket
+// monitor), so a test can see what the rank it talks to did to it.
+class Events {
+ public:
+  Events(zmq::context_t& ctx, zmq::socket_t& s, const std::string& name) : pair_(ctx, zmq::socket_type::pair) {
+    const std::string ep = "inproc://events-" + name;
+    if (zmq_socket_monitor(s.handle(), ep.c_str(), ZMQ_EVENT_ALL) != 0) throw zmq::error_t();
+    pair_.set(zmq::sockopt::linger, 0);
+    pair_.connect(ep);
+  }
+  // Waits (at most `limit`) for an event in `mask`; the first such event, or 0.
+  // Returns 0 at once if an event in `never` comes first.
+  int wait_for(int mask, int never = 0, std::chrono::milliseconds limit = std::chrono::milliseconds(20000)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return 0;
+      pair_.set(zmq::sockopt::rcvtimeo, static_cast<int>(left.count()));
+      zmq::message_t ev;
+      if (!pair_.recv(ev)) return 0;
+      uint16_t event = 0;
+      if (ev.size() >= sizeof(event)) std::memcpy(&event, ev.data(), sizeof(event));
+      while (ev.more()) {  // the endpoint frame
+        zmq::message_t rest;
+        if (!pair_.recv(rest) || !rest.more()) break;
+      }
+      seen_ |= event;
+      if (event & never) return 0;
+      if (event & mask) return event;
+    }
+  }
+  int seen() const { return seen_; }
+  void close() { pair_.close(); }  // before the context is closed
+
+ private:
+  zmq::socket_t pair_;
+  int seen_ = 0;
+};
+
+constexpr int kRefused = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_DISCONNECTED;
+
 }  // namespace
 
 TEST(Security, RankWithWrongKeyCannotJoin) {
@@ -101,9 +144,11 @@ TEST(Security, IntruderFramesAreNeverAccepted) {
   ASSERT_TRUE(intruder_key.ok());
   zmq::context_t ctx(1);
   std::vector<zmq::socket_t> socks;
+  std::vector<std::unique_ptr<Events>> events;
   for (int variant = 0; variant < 3; ++variant) {
     socks.emplace_back(ctx, zmq::socket_type::dealer);
     zmq::socket_t& s = socks.back();
+    events.push_back(std::make_unique<Events>(ctx, s, "intruder-" + std::to_string(variant)));
     s.set(zmq::sockopt::linger, 0);
     s.set(zmq::sockopt::routing_id, "tsr1");
     if (variant == 0) {
@@ -122,13 +167,20 @@ TEST(Security, IntruderFramesAreNeverAccepted) {
     s.send(header_msg(h), zmq::send_flags::sndmore);
     s.send(zmq::str_buffer("evil"), zmq::send_flags::none);
   }
-  // Wait (a condition, not a guess) until the key check has refused the intruder.
-  for (int wait = 0; wait < 1000 && groups[0]->stats().auth_rejections < 1; ++wait) std::this_thread::sleep_for(10ms);
+  // Rank 0 has refused every intruder: each sees its handshake fail or its
+  // connection dropped, never a completed handshake, so none of their frames
+  // can reach the group. (Variant 0 is refused by the key check, which
+  // counts it before it answers: auth_rejections below.)
+  for (int variant = 0; variant < 3; ++variant) {
+    EXPECT_NE(events[variant]->wait_for(kRefused, ZMQ_EVENT_HANDSHAKE_SUCCEEDED), 0)
+        << "intruder " << variant << " was not refused (events 0x" << std::hex << events[variant]->seen() << ")";
+  }
   auto r = groups[0]->recv(1, 0, 200ms);
   EXPECT_EQ(r.status().code(), core::ErrorCode::kTimeout) << "an intruder's frame was accepted";
   const CommStats after = groups[0]->stats();
   EXPECT_EQ(after.total.messages_received, before.total.messages_received);
   EXPECT_GE(after.auth_rejections, 1u);  // the key check refused variant 0
+  events.clear();
   for (auto& s : socks) s.close();
   ctx.close();
 
@@ -243,13 +295,22 @@ TEST(Security, FuzzedFramesAreCountedNeverCrash) {
   }
 
   // A frame over the size limit: libzmq drops that connection before
-  // allocating it.
+  // allocating it. The sender sees its connection dropped, and rank 0's
+  // frame checks never saw the frame (nothing rejected, nothing received).
+  // Were the limit not applied, the frame would reach them (one more
+  // rejection) and the connection would stay up.
+  const CommStats before_huge = groups[0]->stats();
   zmq::socket_t huge(ctx, zmq::socket_type::dealer);
   huge.set(zmq::sockopt::linger, 0);
   huge.set(zmq::sockopt::routing_id, "huge");
+  Events huge_events(ctx, huge, "huge");
   huge.connect((*eps)[0]);
   huge.send(zmq::buffer(std::string(2 << 20, 'z')), zmq::send_flags::none);
-  std::this_thread::sleep_for(300ms);
+  EXPECT_NE(huge_events.wait_for(ZMQ_EVENT_DISCONNECTED), 0)
+      << "rank 0 kept the connection (events 0x" << std::hex << huge_events.seen() << ")";
+  const CommStats after_huge = groups[0]->stats();
+  EXPECT_EQ(after_huge.frames_rejected, before_huge.frames_rejected);
+  EXPECT_EQ(after_huge.total.messages_received, before_huge.total.messages_received);
 
   // Ranks 0 and 1 still work.
   ASSERT_TRUE(groups[1]->send(0, 5, core::Tensor::from_f32({2}, {1, 2}), 5000ms).ok());
@@ -261,6 +322,7 @@ TEST(Security, FuzzedFramesAreCountedNeverCrash) {
   to0.close();
   to1.close();
   huge.close();
+  huge_events.close();
   groups.clear();
   ctx.close();
 }

@@ -100,6 +100,9 @@ TEST_P(CollectivesTcp, MatchReferenceAcrossProcesses) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTcp, ::testing::Values(1, 2, 3, 4, 5, 8));
 
+// A lower bound only (the link cannot carry 10 MB at 100 Mbit/s in less than
+// 0.8 s); that pacing adds nothing beyond the rate is Link.PacerSerialisesAndDelays,
+// and throughput is `tessera comm-bench --link`'s to measure.
 TEST(Tcp, PacedTenMegabytes) {
   const TcpSetup setup = make_setup(2);
   Children c = fork_ranks(2, [&](int r) {
@@ -120,7 +123,7 @@ TEST(Tcp, PacedTenMegabytes) {
     if (!st.ok()) return report(r, st);
     const double s = timer.ms() / 1000.0;
     std::printf("10 MB over tcp paced at 100mbit: %.3f s\n", s);
-    return s > 0.6 && s < 1.2 ? 0 : 3;
+    return s > 0.6 ? 0 : 3;
   });
   const auto codes = wait_children(c, 60s);
   EXPECT_EQ(codes[0], 0);
@@ -128,47 +131,67 @@ TEST(Tcp, PacedTenMegabytes) {
 }
 
 // A forked rank is SIGKILLed (or SIGSTOPped) while every rank is inside an
-// allgather slowed to a few seconds by pacing: the others must return an
-// error well before the collective's timeout.
+// allgather that cannot finish without it: the victim's links out have an
+// hour of latency, so its own part (and whatever it forwards) never leaves
+// it. Each rank tells the parent once its allgather has moved a message (it
+// is inside, and cannot have finished); only then is the victim stopped.
+// The survivors must fail because the rank is lost (kNetwork), not at the
+// collective's 30 s timeout (kTimeout): the status says which, no clock.
 static void lose_rank_mid_allgather(int sig) {
-  const int k = 3;
+  const int k = 3, victim = 2;
   const TcpSetup setup = make_setup(k);
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   Children c = fork_ranks(k, [&](int r) {
     ::close(fds[0]);
     GroupOptions o = tcp_options(setup, r);
-    o.links = LinkMatrix::uniform(k, LinkSpec{20e6, 0});  // 2 MB per hop: 0.8 s
+    auto links = LinkMatrix::from_json(R"({"latency_ms": [[0, 0, 0], [0, 0, 0], [3600000, 3600000, 0]]})", k);
+    if (!links.ok()) return report(r, links.status());
+    o.links = *links;
     o.heartbeat_interval = 200ms;
     o.heartbeat_timeout = 1000ms;
     auto g = Group::create(o);
     if (!g.ok()) return report(r, g.status());
-    [[maybe_unused]] ssize_t n = ::write(fds[1], "x", 1);
+    std::atomic<bool> returned{false};
+    std::thread inside([&, grp = g->get()] {
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (!returned && std::chrono::steady_clock::now() < deadline) {
+        const TrafficCounters t = grp->stats().op(OpKind::kAllgather).traffic;
+        if (t.messages_sent + t.messages_received > 0) {
+          [[maybe_unused]] ssize_t n = ::write(fds[1], "x", 1);
+          return;
+        }
+        std::this_thread::sleep_for(1ms);  // polling a state, bounded by the deadline
+      }
+    });
     core::Timer timer;
     core::Tensor out;
     core::Status st = allgather(**g, AllgatherOptions{30000ms, 0}, core::Tensor::zeros(core::DType::kU8, {2000000}), &out);
-    const double ms = timer.ms();
-    std::fprintf(stderr, "rank %d: allgather returned after %.0f ms: %s\n", r, ms, st.to_string().c_str());
+    returned = true;
+    inside.join();
+    std::fprintf(stderr, "rank %d: allgather returned after %.0f ms: %s\n", r, timer.ms(), st.to_string().c_str());
+    if (r == victim) return 0;  // never gets here
     if (st.ok()) return 3;
-    if (st.code() != core::ErrorCode::kNetwork) return 4;
-    return ms < 6000 ? 0 : 5;
+    return st.code() == core::ErrorCode::kNetwork ? 0 : 4;
   });
   ::close(fds[1]);
-  ASSERT_TRUE(read_ready(fds[0], k)) << "ranks did not form the group";
+  const bool inside = read_ready(fds[0], k);
   ::close(fds[0]);
-  std::this_thread::sleep_for(300ms);  // inside the allgather
-  ::kill(c.pids[2], sig);
-  const auto t0 = std::chrono::steady_clock::now();
-  // Collect the survivors first; the victim is killed by wait_children.
+  if (!inside) {
+    for (pid_t p : c.pids) ::kill(p, SIGKILL);
+    wait_children(c, 5s);
+    FAIL() << "the ranks did not all enter the allgather";
+  }
+  ::kill(c.pids[victim], sig);
+  // Collect the survivors first. Their deadline is past the collective's
+  // timeout, so what decides is their status, not how long they took.
   Children survivors{{c.pids[0], c.pids[1]}};
-  const auto codes = wait_children(survivors, 20s);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  Children victim{{c.pids[2]}};
-  ::kill(c.pids[2], SIGKILL);
-  wait_children(victim, 5s);
-  EXPECT_EQ(codes[0], 0);
-  EXPECT_EQ(codes[1], 0);
-  EXPECT_LT(waited, 8.0);
+  const auto codes = wait_children(survivors, 60s);
+  Children lost{{c.pids[victim]}};
+  ::kill(c.pids[victim], SIGKILL);
+  wait_children(lost, 5s);
+  EXPECT_EQ(codes[0], 0) << "4: the allgather ended at its timeout, not at the loss";
+  EXPECT_EQ(codes[1], 0) << "4: the allgather ended at its timeout, not at the loss";
 }
 
 TEST(Tcp, KilledRankMakesOthersFailFast) { lose_rank_mid_allgather(SIGKILL); }
