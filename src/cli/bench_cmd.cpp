@@ -21,14 +21,13 @@
 
 #include "cli/bench_util.h"
 #include "cli/commands.h"
-#include "cli/plan_cmd.h"
 #include "comm/link.h"
 #include "core/io.h"
 #include "model/safetensors.h"
 #include "parallel/strategy.h"
 #include "cli/plan_flags.h"
 #include "core/stats.h"
-#include "runtime/distributed.h"
+#include "runtime/deployment.h"
 #include "runtime/job.h"
 
 extern char** environ;
@@ -188,9 +187,9 @@ double bandwidth_mbit(const std::string& link) {
 
 // One combination: warm-up and timed runs in one session; the figures of the
 // median run go into the row.
-void measure(const BenchSweepFlags& f, const runtime::DistributedOptions& base, const parallel::Plan& plan,
+void measure(const BenchSweepFlags& f, const runtime::SessionOptions& base, const parallel::Plan& plan,
              const runtime::RunRequest& req, Row& row) {
-  runtime::DistributedOptions o = base;
+  runtime::SessionOptions o = base;
   o.plan = plan;
   o.link = row["link"] == "none" ? "" : row["link"];
   auto session = runtime::Session::start(o);
@@ -459,7 +458,7 @@ int bench(BenchSweepFlags& f) {
   std::map<std::string, Row> done;
   for (const auto& r : kept) done[row_key(r)] = r;
 
-  runtime::DistributedOptions base;
+  runtime::SessionOptions base;
   base.model_dir = f.model;
   base.threads_per_device = f.threads;
   base.insecure = !f.secure;
@@ -513,8 +512,14 @@ int bench(BenchSweepFlags& f) {
             st = parallel::complete_plan(checked, *cfg);
             if (st.ok() && !parallel::find_strategy(plan->strategy)->variants(checked).empty()) {
               // Open choices (bp's --bp-plan auto) priced on a profile at this link.
-              const ProfileRequest pr{f.model, k, "", row["link"] == "none" ? "" : row["link"], f.threads, rows, "", "", "", false, "", false};
-              auto v = decide_variants(pr, *cfg, checked, rows);
+              runtime::ClusterOptions co;
+              co.model_dir = f.model;
+              co.devices = k;
+              co.link = row["link"] == "none" ? "" : row["link"];
+              co.threads_per_device = f.threads;
+              auto cluster = runtime::Cluster::open(co);
+              auto v = cluster.ok() ? runtime::decide_variants(*cluster, *cfg, checked, rows)
+                                    : core::Result<planner::VariantChoice>(cluster.status());
               st = v.status();
               if (v.ok()) {
                 *plan = v->plan;

@@ -19,12 +19,11 @@
 
 #include "cli/bench_util.h"
 #include "cli/commands.h"
-#include "cli/plan_cmd.h"
 #include "core/io.h"
 #include "core/stats.h"
 #include "model/config.h"
 #include "planner/planner.h"
-#include "runtime/distributed.h"
+#include "runtime/deployment.h"
 
 namespace tessera::cli {
 
@@ -73,8 +72,15 @@ bool uneven(const std::vector<double>& r) {
 // The plan table of one grid point, as entries to measure.
 core::Result<std::vector<Entry>> entries_of(const PlannerGridFlags& f, const model::ModelConfig& cfg, int64_t rows,
                                              const std::string& link, const std::string& speeds, int K) {
-  const ProfileRequest pr{f.model, K, "", link, f.threads, rows, speeds, f.memory_limit, "", false, "", false};
-  TESSERA_ASSIGN_OR_RETURN(const planner::ClusterProfile p, cluster_profile(pr, cfg));
+  runtime::ClusterOptions co;
+  co.model_dir = f.model;
+  co.devices = K;
+  co.link = link;
+  co.threads_per_device = f.threads;
+  co.device_speed = speeds;
+  co.memory_limit = f.memory_limit;
+  TESSERA_ASSIGN_OR_RETURN(runtime::Cluster cluster, runtime::Cluster::open(co));
+  TESSERA_ASSIGN_OR_RETURN(const planner::ClusterProfile p, cluster.profile(cfg, rows));
   planner::PlannerOptions o;
   o.rows = rows;
   TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(cfg, p, o));
@@ -137,7 +143,7 @@ int bench_planner(const PlannerGridFlags& f) {
   if (f.links.empty() || f.speed_mixes.empty()) return fail("--link and --device-speeds must not be empty");
   auto cfg = model::load_config(f.model);
   if (!cfg.ok()) return fail(cfg.status().to_string());
-  const int64_t rows = plan_rows(*cfg, f.seq);
+  const int64_t rows = runtime::plan_rows(*cfg, f.seq);
   auto input = bench_input(*cfg, rows, f.threads);
   if (!input.ok()) return fail(input.status().to_string());
   std::filesystem::path mp = std::filesystem::path(f.model).lexically_normal();
@@ -154,11 +160,11 @@ int bench_planner(const PlannerGridFlags& f) {
     const std::string link = f.latency.empty() ? bw : bw + "," + f.latency;
     for (const std::string& mix : f.speed_mixes) {
       const int K = static_cast<int>(std::count(mix.begin(), mix.end(), ',')) + 1;
-      auto speeds = parse_device_speeds(mix, K);
+      auto speeds = runtime::parse_device_speeds(mix, K);
       if (!speeds.ok()) return fail(speeds.status().to_string());
       std::vector<int64_t> limits;
       if (!f.memory_limit.empty()) {
-        auto l = parse_memory_limits(f.memory_limit, K);
+        auto l = runtime::parse_memory_limits(f.memory_limit, K);
         if (!l.ok()) return fail(l.status().to_string());
         limits = *l;
       }
@@ -166,7 +172,7 @@ int bench_planner(const PlannerGridFlags& f) {
       if (!entries.ok()) return fail(link + " " + mix + ": " + entries.status().to_string());
       std::fprintf(stderr, "%s speeds %s: %zu plans\n", link.c_str(), mix.c_str(), entries->size());
       auto start = [&](Entry& e) {
-        runtime::DistributedOptions o;
+        runtime::SessionOptions o;
         o.model_dir = f.model;
         o.plan = e.plan;
         o.threads_per_device = f.threads;

@@ -6,7 +6,6 @@
 #include <random>
 
 #include "cli/commands.h"
-#include "cli/plan_cmd.h"
 #include "cli/plan_flags.h"
 #include "core/stats.h"
 #include "core/io.h"
@@ -16,7 +15,7 @@
 #include "model/generate.h"
 #include "model/tokenizer.h"
 #include "parallel/strategy.h"
-#include "runtime/distributed.h"
+#include "runtime/deployment.h"
 #include "runtime/single_device.h"
 
 namespace tessera::cli {
@@ -25,7 +24,7 @@ namespace {
 
 struct RunFlags {
   runtime::RunRequest req;
-  runtime::DistributedOptions dist;
+  runtime::ClusterOptions cluster;
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
   bool stats = false;
   int64_t timeout_s = 60;
@@ -35,9 +34,6 @@ struct RunFlags {
   bool json = false;
   int64_t generate = 0;
   bool greedy = false;
-  std::string profile;  // --strategy auto: a profile instead of measuring
-  std::string memory_limit;  // "1GB,512MB"
-  std::string device_speed;  // "1,0.5"
 };
 
 void add_input_options(CLI::App* cmd, RunFlags& f) {
@@ -81,14 +77,6 @@ nlohmann::json with_work_figures(const runtime::Session& s) {
     r["bytes_per_layer"] = r["bytes_sent"].get<double>() / layers;
   }
   return j;
-}
-
-template <typename T>
-std::vector<T> keep_members(const std::vector<T>& all, const std::vector<int>& members) {
-  if (all.empty()) return all;
-  std::vector<T> kept;
-  for (int m : members) kept.push_back(all[static_cast<size_t>(m)]);
-  return kept;
 }
 
 // Generation on a session: the median run by ms per token is reported
@@ -138,70 +126,28 @@ int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only) 
 
 int run_distributed(RunFlags& f, bool ids_only = false) {
   if (f.reps < 1 || f.warmup < 0) return fail("--reps must be >= 1 and --warmup >= 0");
-  f.dist.model_dir = f.req.model_dir;
-  f.dist.timeout_ms = int64_t{f.timeout_s} * 1000;
-  int world = f.plan->devices;
-  std::optional<runtime::ClusterFile> cluster_file;
-  if (!f.dist.cluster_file.empty()) {
-    auto cluster = runtime::load_cluster_file(f.dist.cluster_file);
-    if (!cluster.ok()) return fail(cluster.status().to_string());
-    cluster_file = *cluster;
-    world = 1 + static_cast<int>(cluster->workers.size());
-    f.dist.memory_limits = cluster->memory_limits();  // --memory-limit, when given, overrides the file's
-  }
-  if (!f.memory_limit.empty()) {
-    auto limits = parse_memory_limits(f.memory_limit, world);
-    if (!limits.ok()) return fail(limits.status().to_string());
-    f.dist.memory_limits = *limits;
-  }
-  if (!f.device_speed.empty()) {
-    auto speeds = parse_device_speeds(f.device_speed, world);
-    if (!speeds.ok()) return fail(speeds.status().to_string());
-    f.dist.device_speeds = *speeds;
-  }
+  f.cluster.model_dir = f.req.model_dir;
+  f.cluster.timeout_ms = int64_t{f.timeout_s} * 1000;
+  f.cluster.devices = f.plan->devices;
+  auto cluster = runtime::Cluster::open(f.cluster);
+  if (!cluster.ok()) return fail(cluster.status().to_string());
   auto c = model::load_config(f.req.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
-  auto rows = request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
+  auto rows = runtime::request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
   if (!rows.ok()) return fail(rows.status().to_string());
-  f.dist.budget_rows = *rows;  // budgets are checked for this request, as the planner plans it
-  std::optional<AutoChoice> chosen;
+  runtime::DeployRequest dr;
+  dr.rows = *rows;  // planned for, and budgets checked at, this request's rows
   if (f.plan->strategy == "auto") {
-    const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows, f.device_speed, f.memory_limit,
-                            f.profile, false, f.dist.key_file, f.dist.insecure};
-    auto a = choose_plan(pr, *c, *rows);
-    if (!a.ok()) return fail(a.status().to_string());
-    chosen = *a;
-    f.dist.plan = a->plan;
-    // The chosen devices' budgets and speeds (members in order, on the first local devices).
-    f.dist.memory_limits = keep_members(f.dist.memory_limits, a->candidate.members);
-    f.dist.device_speeds = keep_members(f.dist.device_speeds, a->candidate.members);
-    // The plan runs on the daemons it chose, in its order (rank r on member
-    // r: the planner may leave workers out or reorder them).
-    if (cluster_file) {
-      const auto& m = a->candidate.members;
-      if (m.empty() || m.front() != 0) return fail("the plan does not run on the terminal");
-      runtime::ClusterFile chosen_workers;
-      chosen_workers.terminal = cluster_file->terminal;
-      chosen_workers.memory = {cluster_file->memory[0]};
-      for (size_t i = 1; i < m.size(); ++i) {
-        chosen_workers.workers.push_back(cluster_file->workers[static_cast<size_t>(m[i] - 1)]);
-        chosen_workers.memory.push_back(cluster_file->memory[static_cast<size_t>(m[i])]);
-      }
-      f.dist.cluster = chosen_workers;
-    }
+    dr.plan.strategy = "auto";
   } else {
-    auto plan = build_plan(*f.plan, f.plan->strategy, world, true);
+    auto plan = build_plan(*f.plan, f.plan->strategy, cluster->size(), true);
     if (!plan.ok()) return fail(plan.status().to_string());
-    f.dist.plan = *plan;
-    if (!parallel::find_strategy(plan->strategy)->variants(*plan).empty()) {  // e.g. --bp-plan auto: priced on the profile
-      const ProfileRequest pr{f.req.model_dir, world, f.dist.cluster_file, f.dist.link, f.dist.threads_per_device, *rows,
-                              f.device_speed, f.memory_limit, f.profile, false, f.dist.key_file, f.dist.insecure};
-      auto v = decide_variants(pr, *c, *plan, *rows);
-      if (!v.ok()) return fail(v.status().to_string());
-      f.dist.plan = v->plan;
-    }
+    dr.plan = *plan;
   }
-  auto session = runtime::Session::start(f.dist);
+  auto deployment = runtime::deploy(*cluster, *c, dr);
+  if (!deployment.ok()) return fail(deployment.status().to_string());
+  const std::optional<planner::Candidate>& chosen = deployment->chosen;
+  auto session = runtime::Session::start(deployment->session);
   if (!session.ok()) return fail(session.status().to_string());
   if (f.generate > 0) return generate_distributed(**session, f, ids_only);
   for (int i = 0; i < f.warmup; ++i)
@@ -223,17 +169,16 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
     j["latency_min_ms"] = *std::min_element(latencies.begin(), latencies.end());
     j["latency_max_ms"] = *std::max_element(latencies.begin(), latencies.end());
     if (chosen) {
-      j["predicted_ms"] = chosen->candidate.prediction.latency_ms;
-      j["planner"] = {{"plan", chosen->plan.to_json()}, {"members", chosen->candidate.members},
-                      {"prediction", chosen->candidate.prediction.to_json()}, {"notes", chosen->candidate.notes}};
+      j["predicted_ms"] = chosen->prediction.latency_ms;
+      j["planner"] = deployment->planner_json();
     }
     std::cout << j.dump() << '\n';
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
   } else {
     if (chosen)
-      std::cout << "plan: " << chosen->plan.strategy << " on " << chosen->plan.world << " device(s), predicted "
-                << chosen->candidate.prediction.latency_ms << " ms\n";
+      std::cout << "plan: " << deployment->plan.strategy << " on " << deployment->plan.world << " device(s), predicted "
+                << chosen->prediction.latency_ms << " ms\n";
     r->latency_ms = core::median(latencies);
     std::cout << runtime::format_human(*r);
     if (f.reps > 1) std::cout << "(median of " << f.reps << " runs)\n";
@@ -246,10 +191,9 @@ int run_command(RunFlags& f) {
   // Checked in seconds, before the conversion to milliseconds.
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
-  // A memory budget is checked by the session, also for one device.
-  if (f.plan->strategy != "single" || f.plan->devices != 1 || !f.dist.cluster_file.empty() || !f.memory_limit.empty() ||
-      !f.device_speed.empty())
-    return run_distributed(f);
+  // A memory budget or an emulated speed is honoured by a session, also for one device.
+  f.cluster.devices = f.plan->devices;
+  if (!runtime::runs_in_process(f.cluster, f.plan->strategy)) return run_distributed(f);
   f.req.generate_tokens = f.generate;
   auto r = runtime::run_single(f.req);
   if (!r.ok()) return fail(r.status().to_string());
@@ -282,16 +226,16 @@ void add_run(CLI::App& app) {
 
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) {
   add_plan_flags(cmd, f->plan);
-  cmd->add_option("--threads-per-device", f->dist.threads_per_device, "compute threads of each device")->capture_default_str();
-  cmd->add_option("--cpus-per-device", f->dist.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
+  cmd->add_option("--threads-per-device", f->cluster.threads_per_device, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--cpus-per-device", f->cluster.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
       ->capture_default_str();
-  cmd->add_option("--link", f->dist.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
-  cmd->add_option("--cluster", f->dist.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
-  cmd->add_option("--key", f->dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
-  cmd->add_flag("--insecure", f->dist.insecure, "no CURVE encryption (benchmarks)");
-  cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
-  cmd->add_option("--device-speed", f->device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
-  cmd->add_option("--profile", f->profile, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
+  cmd->add_option("--link", f->cluster.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
+  cmd->add_option("--cluster", f->cluster.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
+  cmd->add_option("--key", f->cluster.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
+  cmd->add_flag("--insecure", f->cluster.insecure, "no CURVE encryption (benchmarks)");
+  cmd->add_option("--memory-limit", f->cluster.memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
+  cmd->add_option("--device-speed", f->cluster.device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
+  cmd->add_option("--profile", f->cluster.profile_file, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
@@ -311,8 +255,8 @@ void add_generate(CLI::App& app) {
   add_distributed_options(cmd, f);
   cmd->callback([f] {
     int rc = finish_parse(*f);
-    if (rc == 0 && (f->plan->strategy != "single" || f->plan->devices != 1 || !f->dist.cluster_file.empty() ||
-                    !f->memory_limit.empty())) {
+    f->cluster.devices = f->plan->devices;
+    if (rc == 0 && !runtime::runs_in_process(f->cluster, f->plan->strategy)) {
       if (f->timeout_s < 1 || f->timeout_s > 86400) throw CLI::RuntimeError(fail("--timeout must be between 1 and 86400 seconds"));
       f->req.gen.greedy = f->greedy;
       throw CLI::RuntimeError(run_distributed(*f, true));

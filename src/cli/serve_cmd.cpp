@@ -2,7 +2,6 @@
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "cli/plan_cmd.h"
 #include "cli/plan_flags.h"
 #include "core/io.h"
 #include "runtime/serve.h"
@@ -13,18 +12,22 @@ namespace {
 
 struct ServeFlags {
   runtime::ServeOptions serve;
+  runtime::ClusterOptions cluster;
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
-  std::string api_key_file, memory_limit, profile;
+  std::string api_key_file;
   int64_t timeout_s = 60;
   double deadline_s = 120;
 };
 
 int serve_command(ServeFlags& f) {
   runtime::ServeOptions& o = f.serve;
-  runtime::DistributedOptions& d = o.dist;
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
   if (!(f.deadline_s >= 0.001 && f.deadline_s <= 86400)) return fail("--deadline must be between 0.001 and 86400 seconds");
-  d.timeout_ms = f.timeout_s * 1000;
+  f.cluster.timeout_ms = f.timeout_s * 1000;
+  f.cluster.devices = f.plan->devices;
+  auto cluster = runtime::Cluster::open(f.cluster);
+  if (!cluster.ok()) return fail(cluster.status().to_string());
+  o.cluster = *cluster;
   o.deadline_ms = static_cast<int64_t>(f.deadline_s * 1000);
   if (!f.api_key_file.empty()) {
     auto key = core::read_file(f.api_key_file);
@@ -33,44 +36,15 @@ int serve_command(ServeFlags& f) {
     while (!o.api_key.empty() && std::isspace(static_cast<unsigned char>(o.api_key.back()))) o.api_key.pop_back();
     if (o.api_key.empty()) return fail("--api-key: '" + f.api_key_file + "' is empty");
   }
-  int world = f.plan->devices;
-  if (!d.cluster_file.empty()) {
-    auto cluster = runtime::load_cluster_file(d.cluster_file);
-    if (!cluster.ok()) return fail(cluster.status().to_string());
-    world = 1 + static_cast<int>(cluster->workers.size());
-    d.memory_limits = cluster->memory_limits();  // [[worker]] memory = ...; --memory-limit overrides
-  }
-  if (!f.memory_limit.empty()) {
-    auto limits = parse_memory_limits(f.memory_limit, world);
-    if (!limits.ok()) return fail(limits.status().to_string());
-    d.memory_limits = *limits;
-  }
-  auto config = model::load_config(d.model_dir);
-  if (!config.ok()) return fail(config.status().to_string());
-  d.plan.world = world;
-  // Under --strategy auto the devices are profiled once, before serving
-  // (every daemon of a cluster file through its own daemon, or --profile):
-  // after a failover or a re-admission the planner plans over the profiles
-  // of the devices left. Other strategies run over fewer devices as they are.
-  std::optional<planner::ClusterProfile> profile;
   if (f.plan->strategy == "auto") {
-    const auto& dist = f.serve.dist;
-    const ProfileRequest pr{dist.model_dir, world, dist.cluster_file, dist.link, dist.threads_per_device, 0, "",
-                            f.memory_limit, f.profile, false, dist.key_file, dist.insecure};
-    auto p = cluster_profile(pr, *config);
-    if (!p.ok()) return fail(p.status().to_string());
-    if (p->size() != world)
-      return fail("the profile has " + std::to_string(p->size()) + " devices, the server " + std::to_string(world));
-    profile = *p;
+    o.plan.strategy = "auto";
+  } else {
+    // The strategy and its options over every device; after a failover the
+    // deployment runs it over the devices left.
+    auto plan = build_plan(*f.plan, f.plan->strategy, o.cluster.size(), true);
+    if (!plan.ok()) return fail(plan.status().to_string());
+    o.plan = *plan;
   }
-  o.plan_for = [&f, profile, c = *config](const std::vector<int>& devices) -> core::Result<runtime::PlanChoice> {
-    if (profile) {
-      TESSERA_ASSIGN_OR_RETURN(AutoChoice a, choose_plan(profile->subset(devices), c, plan_rows(c, 0)));
-      return runtime::PlanChoice{a.plan, a.candidate.members};
-    }
-    TESSERA_ASSIGN_OR_RETURN(parallel::Plan p, build_plan(*f.plan, f.plan->strategy, static_cast<int>(devices.size()), true));
-    return runtime::PlanChoice{p, {}};
-  };
   o.on_listening = [](const std::string& host, int port) {
     std::printf("listening on http://%s:%d\n", host.c_str(), port);
     std::fflush(stdout);
@@ -86,15 +60,15 @@ void add_serve_command(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
   f->plan->strategy = "auto";
   CLI::App* cmd = app.add_subcommand("serve", "serve one model over an OpenAI-compatible HTTP API (see docs/serving.md)");
-  cmd->add_option("--model", f->serve.dist.model_dir, "Hugging Face model folder")->required();
+  cmd->add_option("--model", f->cluster.model_dir, "Hugging Face model folder")->required();
   add_plan_flags(cmd, f->plan);
-  cmd->add_option("--cluster", f->serve.dist.cluster_file, "TOML file: terminal endpoint and worker daemons");
-  cmd->add_option("--key", f->serve.dist.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
-  cmd->add_flag("--insecure", f->serve.dist.insecure, "no CURVE encryption between devices (benchmarks)");
-  cmd->add_option("--link", f->serve.dist.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
-  cmd->add_option("--threads-per-device", f->serve.dist.threads_per_device, "compute threads of each device")->capture_default_str();
-  cmd->add_option("--memory-limit", f->memory_limit, "memory budget of each device, e.g. 1GB,512MB");
-  cmd->add_option("--profile", f->profile, "--strategy auto: profile JSON (tessera profile) instead of measuring");
+  cmd->add_option("--cluster", f->cluster.cluster_file, "TOML file: terminal endpoint and worker daemons");
+  cmd->add_option("--key", f->cluster.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
+  cmd->add_flag("--insecure", f->cluster.insecure, "no CURVE encryption between devices (benchmarks)");
+  cmd->add_option("--link", f->cluster.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
+  cmd->add_option("--threads-per-device", f->cluster.threads_per_device, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--memory-limit", f->cluster.memory_limit, "memory budget of each device, e.g. 1GB,512MB");
+  cmd->add_option("--profile", f->cluster.profile_file, "--strategy auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_option("--host", f->serve.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->serve.port, "port (0: any free port, printed)")->capture_default_str();
   cmd->add_option("--api-key", f->api_key_file, "file holding the key clients must send as 'Authorization: Bearer KEY'");

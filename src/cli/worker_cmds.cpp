@@ -1,7 +1,8 @@
 // Worker commands: the daemon a real device runs, and the hidden local
 // worker process that `tessera run --devices K` starts.
 #include "cli/commands.h"
-#include "runtime/distributed.h"
+#include "runtime/daemon.h"
+#include "runtime/worker.h"
 
 namespace tessera::cli {
 

@@ -19,6 +19,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kUnauthenticated: return "unauthenticated";
     case ErrorCode::kResourceExhausted: return "resource exhausted";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kUnavailable: return "unavailable";
   }
   return "unknown error";
 }

@@ -21,6 +21,8 @@ enum class ErrorCode {
   kUnauthenticated,
   kResourceExhausted,
   kInternal,
+  // No device can do it now (all dropped, or failing): try again later.
+  kUnavailable,
 };
 
 const char* error_code_name(ErrorCode code);
@@ -56,6 +58,7 @@ inline Status network_error(std::string m) { return {ErrorCode::kNetwork, std::m
 inline Status unauthenticated(std::string m) { return {ErrorCode::kUnauthenticated, std::move(m)}; }
 inline Status resource_exhausted(std::string m) { return {ErrorCode::kResourceExhausted, std::move(m)}; }
 inline Status internal_error(std::string m) { return {ErrorCode::kInternal, std::move(m)}; }
+inline Status unavailable(std::string m) { return {ErrorCode::kUnavailable, std::move(m)}; }
 
 template <typename T>
 class [[nodiscard]] Result {

@@ -13,11 +13,14 @@
 #include "comm/link.h"
 #include "core/io.h"
 #include "core/json.h"
+#include "core/limits.h"
 #include "core/logging.h"
 #include "core/stats.h"
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
+#include "runtime/daemon.h"
 #include "runtime/job.h"
+#include "runtime/protocol.h"
 
 namespace tessera::runtime {
 
@@ -81,7 +84,7 @@ Result<std::vector<LinkProfile>> row_from_tensor(const core::Tensor& t, int K, i
 }
 
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
-  TESSERA_ASSIGN_OR_RETURN(const std::string answer, comm::control_request(endpoint, o.key, job.to_json().dump(), o.timeout));
+  TESSERA_ASSIGN_OR_RETURN(const std::string answer, comm::control_request(endpoint, o.key, to_text(job), o.timeout));
   return daemon_answer(endpoint, answer, "profile");
 }
 
@@ -180,10 +183,8 @@ json ProfileJob::to_json() const {
   return {{"profile", p}};
 }
 
-bool is_profile_request(const json& j) { return j.is_object() && j.contains("profile"); }
-
 Result<ProfileJob> ProfileJob::from_json(const json& request) {
-  if (!is_profile_request(request) || !request["profile"].is_object())
+  if (!request.is_object() || !request.contains("profile") || !request["profile"].is_object())
     return core::invalid_argument("profile request: 'profile' must be an object");
   const json& j = request["profile"];
   ProfileJob p;
@@ -200,8 +201,9 @@ Result<ProfileJob> ProfileJob::from_json(const json& request) {
   }
   if (part != "links") return core::invalid_argument("profile request: part must be 'device' or 'links'");
   p.part = Part::kLinks;
-  if (!j.contains("endpoints") || !j["endpoints"].is_array() || j["endpoints"].size() < 2 || j["endpoints"].size() > 64)
-    return core::invalid_argument("profile request: 2..64 endpoints required");
+  if (!j.contains("endpoints") || !j["endpoints"].is_array() || j["endpoints"].size() < 2 ||
+      j["endpoints"].size() > static_cast<size_t>(core::kMaxDevices))
+    return core::invalid_argument("profile request: 2.." + std::to_string(core::kMaxDevices) + " endpoints required");
   for (const json& e : j["endpoints"]) {
     if (!e.is_string() || e.get_ref<const std::string&>().empty() || e.get_ref<const std::string&>().size() > 256)
       return core::invalid_argument("profile request: endpoints must be short strings");
@@ -228,8 +230,10 @@ json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>
                                     std::to_string(c.max_rows()));
     return device_profile(c, job.rows, job.threads, job.reprofile);
   }();
-  if (!measured.ok()) return {{"ok", false}, {"error", measured.status().to_string()}};
-  return {{"ok", true}, {"profile", measured->to_json()}};
+  if (!measured.ok()) return refusal(measured.status().to_string());
+  json a = ok_answer();
+  a["profile"] = measured->to_json();
+  return a;
 }
 
 Status daemon_link_profile(const ProfileJob& job, const WorkerEnv& env) {
@@ -250,7 +254,8 @@ Status daemon_link_profile(const ProfileJob& job, const WorkerEnv& env) {
 Result<planner::ClusterProfile> profile_cluster(const ClusterProfileOptions& o, const model::ModelConfig& c) {
   if (!o.insecure && !o.key) return core::invalid_argument("profiling a cluster needs --key (the workers' key file) or --insecure");
   const int world = 1 + static_cast<int>(o.cluster.workers.size());
-  if (world > 64) return core::invalid_argument("a cluster has at most 64 devices");
+  if (world > core::kMaxDevices)
+    return core::invalid_argument("a cluster has at most " + std::to_string(core::kMaxDevices) + " devices");
   // Every daemon answers first: one that is down, or holds another key,
   // fails here in seconds rather than after a device profile's timeout.
   for (const std::string& ep : o.cluster.workers) {

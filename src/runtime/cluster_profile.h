@@ -15,7 +15,8 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "planner/profile.h"
-#include "runtime/distributed.h"
+#include "runtime/cluster_file.h"
+#include "runtime/worker.h"
 
 namespace tessera::runtime {
 
@@ -59,8 +60,6 @@ struct ProfileJob {
   // Every field checked: the request comes from the network.
   [[nodiscard]] static core::Result<ProfileJob> from_json(const nlohmann::json& j);
 };
-// A control request for profiling ({"profile": {...}}), not a job.
-bool is_profile_request(const nlohmann::json& j);
 
 // The daemon's side of a kDevice request: the reply to send.
 nlohmann::json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>& roots);

@@ -29,7 +29,12 @@ Result<const json*> field(const json& j, const char* name, json::value_t want) {
 Result<JobSpec> JobSpec::from_json(const std::string& text) {
   if (text.size() > (1u << 20)) return core::invalid_argument("job: larger than 1 MiB");
   const json j = json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return core::parse_error("job is not a JSON object");
+  if (j.is_discarded()) return core::parse_error("job is not a JSON object");
+  return from_object(j);
+}
+
+Result<JobSpec> JobSpec::from_object(const json& j) {
+  if (!j.is_object()) return core::parse_error("job is not a JSON object");
   JobSpec s;
   TESSERA_ASSIGN_OR_RETURN(const json* rank, field(j, "rank", json::value_t::number_integer));
   TESSERA_ASSIGN_OR_RETURN(const json* eps, field(j, "endpoints", json::value_t::array));
@@ -100,6 +105,23 @@ Result<std::string> inline_link_arg(const std::string& arg, int world) {
   std::string compact = j.dump();
   if (compact.size() > (64u << 10)) return core::invalid_argument("link matrix '" + path + "' is larger than 64 KiB");
   return compact;
+}
+
+Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key) {
+  comm::GroupOptions o;
+  o.rank = job.rank;
+  o.endpoints = job.endpoints;
+  o.group_id = job.group_id;
+  o.insecure = job.insecure;
+  o.connect_timeout = comm::Millis(job.timeout_ms);
+  if (!job.insecure) {
+    if (!key) return core::invalid_argument("a secure job needs the cluster key");
+    o.key = key;
+  }
+  if (!job.link.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(o.links, job_links(job.link, static_cast<int>(job.endpoints.size())));
+  }
+  return o;
 }
 
 Result<parallel::Plan> JobSpec::completed_plan(const model::ModelConfig& config) const {

@@ -7,9 +7,12 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "comm/group.h"
+#include "comm/keys.h"
 #include "comm/link.h"
 #include "core/status.h"
 #include "parallel/strategy.h"
@@ -40,10 +43,14 @@ struct JobSpec {
 
   nlohmann::json to_json() const;
   [[nodiscard]] static core::Result<JobSpec> from_json(const std::string& text);
+  [[nodiscard]] static core::Result<JobSpec> from_object(const nlohmann::json& j);  // already parsed
   // The plan completed against the model's config.
   [[nodiscard]] core::Result<parallel::Plan> completed_plan(const model::ModelConfig& config) const;
 };
 
+// The group a job forms (its rank's place, the links it emulates); `key` is
+// required unless the job is insecure.
+[[nodiscard]] core::Result<comm::GroupOptions> group_options(const JobSpec& job, const std::optional<comm::ClusterKey>& key);
 // The links a job describes, built without touching the file system.
 [[nodiscard]] core::Result<comm::LinkMatrix> job_links(const std::string& link, int world);
 // The terminal's --link argument as a job carries it: a spec as it is, a

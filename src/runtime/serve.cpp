@@ -45,10 +45,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-using serve_detail::Device;
+using tessera::runtime::Device;
 using serve_detail::DeviceView;
 using serve_detail::Engine;
-using serve_detail::http_error;
 using serve_detail::Metrics;
 
 // --- the queue -------------------------------------------------------------
@@ -103,24 +102,7 @@ class Admission {
 
 int http_status(const Status& st, std::string* message) {
   *message = st.message();
-  if (st.code() == core::ErrorCode::kResourceExhausted && message->rfind("HTTP ", 0) == 0) {
-    const int code = std::atoi(message->c_str() + 5);
-    *message = message->substr(message->find(": ") + 2);
-    return code;
-  }
-  switch (st.code()) {
-    case core::ErrorCode::kInvalidArgument:
-    case core::ErrorCode::kParseError:
-    case core::ErrorCode::kOutOfRange:
-      return 400;
-    case core::ErrorCode::kTimeout:
-      return 504;
-    case core::ErrorCode::kNetwork:
-    case core::ErrorCode::kResourceExhausted:
-      return 503;
-    default:
-      return 500;
-  }
+  return api::http_status(st.code());
 }
 
 const char* error_type(int status) {
@@ -147,9 +129,9 @@ class Server {
  public:
   explicit Server(const ServeOptions& opts)
       : opts_(opts), admission_(opts.queue), engine_(opts, metrics_),
-        model_name_(std::filesystem::path(opts.dist.model_dir).lexically_normal().filename().string()) {
+        model_name_(std::filesystem::path(opts.cluster.options().model_dir).lexically_normal().filename().string()) {
     if (model_name_.empty())
-      model_name_ = std::filesystem::path(opts.dist.model_dir).lexically_normal().parent_path().filename().string();
+      model_name_ = std::filesystem::path(opts.cluster.options().model_dir).lexically_normal().parent_path().filename().string();
   }
 
   Status run() {
@@ -362,7 +344,7 @@ class Server {
     if (vit != r->image.has_value())
       return send_error(res, 400, vit ? "this model classifies images: send \"image\"" : "this model classifies text: send \"input\"");
     if (vit) {
-      auto pp = model::load_image_preprocess(opts_.dist.model_dir, static_cast<int>(c.image_size));
+      auto pp = model::load_image_preprocess(opts_.cluster.options().model_dir, static_cast<int>(c.image_size));
       if (!pp.ok()) return fail(res, pp.status());
       auto px = model::decode_image(*r->image, *pp, "the image");
       if (!px.ok()) return send_error(res, 400, px.status().message());
@@ -571,7 +553,6 @@ Status serve(const ServeOptions& opts) {
   if (opts.max_body_bytes < 1024) return core::invalid_argument("--max-body must be at least 1024 bytes");
   TESSERA_RETURN_IF_ERROR(core::check_duration(std::chrono::milliseconds(opts.deadline_ms), "--deadline"));
   TESSERA_RETURN_IF_ERROR(core::check_duration(std::chrono::milliseconds(opts.failover_ms), "--failover-timeout"));
-  if (!opts.plan_for) return core::invalid_argument("serve needs a planner callback");
   if (g_signal_pipe[0] < 0 && ::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
     return core::internal_error("pipe failed: " + std::string(std::strerror(errno)));
   struct sigaction sa {};

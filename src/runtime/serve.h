@@ -11,27 +11,19 @@
 
 #include "core/status.h"
 #include "parallel/strategy.h"
-#include "runtime/distributed.h"
+#include "runtime/deployment.h"
 
 namespace tessera::runtime {
 
-// A plan and the devices it runs on: members[r] is the device of rank r,
-// an index into the devices offered (0 = the terminal). Empty members: the
-// first plan.world devices.
-struct PlanChoice {
-  parallel::Plan plan;
-  std::vector<int> members;
-};
-
 struct ServeOptions {
-  // The model, the devices (local workers: dist.plan.world; or a cluster
-  // file and key), links, threads, loading timeout, memory budgets.
-  DistributedOptions dist;
-  // The plan over `devices` (2 or more indices into the configured devices,
-  // the terminal's 0 first): at start and after every change of devices
-  // (the planner's under --strategy auto, else the same strategy). The
-  // choice's members index into `devices`.
-  std::function<core::Result<PlanChoice>(const std::vector<int>& devices)> plan_for;
+  // The model and the devices (Cluster::open): local workers or a cluster
+  // file's daemons and key; links, threads, loading timeout, memory budgets.
+  Cluster cluster;
+  // strategy "auto": the planner's choice over the devices, made again over
+  // the devices left after every failover or re-admission (each device is
+  // profiled once, at start). Otherwise this strategy and its options over
+  // the devices left, down to the terminal alone.
+  parallel::Plan plan;
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"

@@ -251,4 +251,21 @@ StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop
   return s;
 }
 
+int http_status(core::ErrorCode code) {
+  switch (code) {
+    case core::ErrorCode::kInvalidArgument:
+    case core::ErrorCode::kParseError:
+    case core::ErrorCode::kOutOfRange:
+      return 400;
+    case core::ErrorCode::kTimeout:
+      return 504;
+    case core::ErrorCode::kNetwork:
+    case core::ErrorCode::kResourceExhausted:
+    case core::ErrorCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
 }  // namespace tessera::runtime::api

@@ -51,6 +51,10 @@ struct ClassifyRequest {
   std::optional<std::string> image;  // ViT: the decoded bytes of a base64 PNG/JPEG
 };
 
+// The HTTP status that answers an error of this code: the request's fault
+// (400), no device to serve it now (503), a wait that ran out (504), or ours (500).
+int http_status(core::ErrorCode code);
+
 // Unknown fields are ignored; known fields of the wrong type, out of range,
 // or missing are errors (the server answers 400).
 [[nodiscard]] core::Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);

@@ -20,27 +20,19 @@ constexpr int kMaxFailoversPerRequest = 8;
 constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to be free again
 }  // namespace
 
-// A Status that carries the HTTP status to answer with.
-Status http_error(int status, const std::string& message) {
-  return {core::ErrorCode::kResourceExhausted, "HTTP " + std::to_string(status) + ": " + message};
-}
-
 Status Engine::start() {
-  TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.dist.model_dir));
-  auto tok = model::load_tokenizer(opts_.dist.model_dir);
+  TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.cluster.options().model_dir));
+  auto tok = model::load_tokenizer(opts_.cluster.options().model_dir);
   if (tok.ok()) tokenizer_ = std::move(*tok);
-  devices_.push_back({"terminal", "", true});
-  cluster_ = opts_.dist.cluster;
-  if (!cluster_ && !opts_.dist.cluster_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(cluster_, load_cluster_file(opts_.dist.cluster_file));
+  Cluster c = opts_.cluster;
+  if (opts_.plan.strategy == "auto") {
+    // Every device profiled once, before serving: later plans use the
+    // profiles of the devices left.
+    TESSERA_RETURN_IF_ERROR(c.profile(config_, plan_rows(config_, 0)).status());
   }
-  if (cluster_) {
-    for (const auto& w : cluster_->workers) devices_.push_back({w, w, true});
-    if (!opts_.dist.insecure) {
-      TESSERA_ASSIGN_OR_RETURN(key_, comm::read_key_file(opts_.dist.key_file));
-    }
-  } else {
-    for (int r = 1; r < opts_.dist.plan.world; ++r) devices_.push_back({"local-" + std::to_string(r), "", true});
+  {
+    std::lock_guard<std::mutex> l(view_mu_);
+    cluster_ = std::move(c);
   }
   return start_session(true);
 }
@@ -52,15 +44,16 @@ void Engine::stop() {
 
 DeviceView Engine::view() const {
   std::lock_guard<std::mutex> l(view_mu_);
-  return {devices_, members_, session_ ? session_->plan().strategy : "", session_ != nullptr};
+  return {cluster_ ? cluster_->devices() : std::vector<Device>{}, members_, session_ ? session_->plan().strategy : "",
+          session_ != nullptr};
 }
 
 void Engine::probe_dropped() {
   std::vector<std::string> dropped;
   {
     std::lock_guard<std::mutex> l(view_mu_);
-    if (!cluster_) return;
-    for (const auto& d : devices_)
+    if (!cluster_ || !cluster_->has_daemons()) return;
+    for (const auto& d : cluster_->devices())
       if (!d.active && !d.endpoint.empty()) dropped.push_back(d.endpoint);
   }
   for (const auto& ep : dropped)
@@ -75,7 +68,7 @@ Status Engine::with_failover(const std::function<Status(Session&)>& attempt) {
     TESSERA_RETURN_IF_ERROR(ensure_session());
     Status st = attempt(*session_);
     if (st.ok() || !device_failure(st)) return st;
-    if (tries >= kMaxFailoversPerRequest) return http_error(503, "devices keep failing: " + st.message());
+    if (tries >= kMaxFailoversPerRequest) return core::unavailable("devices keep failing: " + st.message());
     failover(st);
   }
 }
@@ -86,7 +79,7 @@ void Engine::count_bytes() {
   for (const auto& r : stats["ranks"]) {
     const int rank = r.value("rank", -1);
     if (rank < 0 || rank >= static_cast<int>(members_.size())) continue;
-    metrics_.bytes(devices_[static_cast<size_t>(members_[static_cast<size_t>(rank)])].name, r.value("bytes_sent", int64_t{0}));
+    metrics_.bytes(device(members_[static_cast<size_t>(rank)]).name, r.value("bytes_sent", int64_t{0}));
   }
 }
 
@@ -96,9 +89,9 @@ Result<std::vector<int64_t>> Engine::generate(Session& session, const std::vecto
   if (seq.ok() || seq.status().code() != core::ErrorCode::kUnimplemented) return seq;
   if (!full_model_) {
     spdlog::warn("{}; generating on the terminal alone", seq.status().to_string());
-    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts_.dist.model_dir));
+    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts_.cluster.options().model_dir));
     full_model_ = std::make_unique<model::Transformer>(std::move(m));
-    pool_ = std::make_unique<core::ThreadPool>(opts_.dist.threads_per_device);
+    pool_ = std::make_unique<core::ThreadPool>(opts_.cluster.options().threads_per_device);
   }
   return model::generate(*full_model_, prompt, opts, pool_.get());
 }
@@ -109,7 +102,7 @@ bool Engine::device_failure(const Status& st) {
 
 bool Engine::probe(const std::string& endpoint, std::chrono::milliseconds timeout) const {
   // Any answer will do: a daemon back in its loop answers.
-  return comm::control_request(endpoint, key_, kPingRequest, timeout).ok();
+  return comm::control_request(endpoint, cluster_->key(), kPingRequest, timeout).ok();
 }
 
 Status Engine::ensure_session() {
@@ -117,8 +110,11 @@ Status Engine::ensure_session() {
   {
     std::lock_guard<std::mutex> l(view_mu_);
     for (const auto& ep : back_)
-      for (auto& d : devices_)
-        if (d.endpoint == ep && !d.active) d.active = readmit = true;
+      for (int d = 0; d < cluster_->size(); ++d)
+        if (device(d).endpoint == ep && !device(d).active) {
+          cluster_->set_active(d, true);
+          readmit = true;
+        }
     back_.clear();
   }
   if (readmit) {
@@ -149,13 +145,13 @@ void Engine::failover(const Status& why) {
   for (int r : session_->lost_workers()) lost.push_back(members_[static_cast<size_t>(r)]);
   const std::vector<int> members = members_;
   reset_session();
-  if (cluster_) {
+  if (cluster_->has_daemons()) {
     // A daemon answers once its side of the old job has ended, which
     // waits for the terminal's goodbye: a few tries before giving up.
     const auto deadline = Clock::now() + std::chrono::milliseconds(kProbeWindowMs);
     std::vector<std::future<bool>> answers;
     for (size_t r = 1; r < members.size(); ++r)
-      answers.push_back(std::async(std::launch::async, [this, deadline, ep = devices_[static_cast<size_t>(members[r])].endpoint] {
+      answers.push_back(std::async(std::launch::async, [this, deadline, ep = device(members[r]).endpoint] {
         do {
           if (probe(ep, std::chrono::milliseconds(300))) return true;
         } while (Clock::now() < deadline);
@@ -170,8 +166,8 @@ void Engine::failover(const Status& why) {
   std::lock_guard<std::mutex> l(view_mu_);
   std::string names;
   for (int d : lost) {
-    devices_[static_cast<size_t>(d)].active = false;
-    names += (names.empty() ? "" : ", ") + devices_[static_cast<size_t>(d)].name;
+    cluster_->set_active(d, false);
+    names += (names.empty() ? "" : ", ") + device(d).name;
   }
   spdlog::warn("serve: failover #{}: {} ({}); dropped {}", metrics_.failovers(), why.message(),
                core::error_code_name(why.code()), names.empty() ? "nothing" : names);
@@ -181,65 +177,38 @@ Status Engine::start_session(bool first) {
   std::vector<int> avail;
   {
     std::lock_guard<std::mutex> l(view_mu_);
-    for (size_t d = 0; d < devices_.size(); ++d)
-      if (devices_[d].active) avail.push_back(static_cast<int>(d));
+    avail = cluster_->active();
   }
   Status last = core::ok_status();
   for (int world = static_cast<int>(avail.size()); world >= 1; --world) {
-    PlanChoice choice;
-    if (world == 1) {
-      choice.plan.strategy = "single";
-      choice.plan.world = 1;
-    } else {
-      auto c = opts_.plan_for(std::vector<int>(avail.begin(), avail.begin() + world));
-      if (!c.ok()) {
-        last = c.status();
-        spdlog::warn("serve: no plan over {} device(s): {}", world, last.to_string());
-        continue;
-      }
-      choice = *c;
+    DeployRequest req;
+    req.plan = world == 1 ? parallel::single_device_plan() : opts_.plan;  // down to the terminal alone
+    req.rows = 0;  // planned for plan_rows' default
+    req.run_timeout_ms = opts_.failover_ms;
+    auto d = deploy(*cluster_, config_, req, std::vector<int>(avail.begin(), avail.begin() + world));
+    if (!d.ok()) {
+      last = d.status();
+      spdlog::warn("serve: no plan over {} device(s): {}", world, last.to_string());
+      continue;
     }
-    std::vector<int> members;
-    if (choice.members.empty())
-      members.assign(avail.begin(), avail.begin() + choice.plan.world);
-    else
-      for (int m : choice.members) members.push_back(avail[static_cast<size_t>(m)]);
-    DistributedOptions d = opts_.dist;
-    d.plan = choice.plan;
-    d.run_timeout_ms = opts_.failover_ms;
-    d.cluster_file.clear();
-    d.cluster.reset();
-    if (cluster_ && members.size() > 1) {
-      ClusterFile c = *cluster_;  // the subset of its workers in this plan, with their budgets
-      c.workers.clear();
-      c.memory.resize(1);
-      for (size_t r = 1; r < members.size(); ++r) {
-        c.workers.push_back(devices_[static_cast<size_t>(members[r])].endpoint);
-        const auto m = static_cast<size_t>(members[r]);
-        c.memory.push_back(m < cluster_->memory.size() ? cluster_->memory[m] : 0);
-      }
-      d.cluster = c;
-    }
-    if (!opts_.dist.memory_limits.empty()) {
-      d.memory_limits.clear();
-      for (int m : members) d.memory_limits.push_back(opts_.dist.memory_limits[static_cast<size_t>(m)]);
-    }
-    auto s = Session::start(d);
+    // Budgets are checked for the model's longest input (the server takes any request).
+    d->session.budget_rows = 0;
+    auto s = Session::start(d->session);
     if (s.ok()) {
       std::lock_guard<std::mutex> l(view_mu_);
       session_ = std::move(*s);
       // The replaced session's model part and buffers were freed; hand the
       // pages back so that failovers do not ratchet the server's RSS.
       ::malloc_trim(0);
-      members_ = members;
-      spdlog::info("serve: {} over {} device(s)", choice.plan.strategy, members.size());
+      members_ = d->members;
+      spdlog::info("serve: {} over {} device(s)", d->plan.strategy, members_.size());
       return core::ok_status();
     }
     last = s.status();
-    spdlog::warn("serve: starting {} over {} device(s) failed: {}", choice.plan.strategy, world, last.to_string());
+    spdlog::warn("serve: starting {} over {} device(s) failed: {}", d->plan.strategy, world, last.to_string());
     if (first) return last;  // at start, a wrong setup is the user's to fix
   }
-  return http_error(503, "no device can serve this model: " + last.message());
+  return core::unavailable("no device can serve this model: " + last.message());
 }
 
 }  // namespace tessera::runtime::serve_detail

@@ -87,20 +87,12 @@ class Metrics {
 
 // --- the engine: devices, the session, failover ------------------------------
 
-struct Device {
-  std::string name;      // "terminal", "local-2", or the daemon's endpoint
-  std::string endpoint;  // daemons: the control endpoint
-  bool active = true;
-};
-
 struct DeviceView {
   std::vector<Device> devices;
   std::vector<int> members;
   std::string strategy;
   bool serving = false;
 };
-
-Status http_error(int status, const std::string& message);
 
 class Engine {
  public:
@@ -136,19 +128,18 @@ class Engine {
   // daemon is asked (the silent one does not answer). A local worker that is
   // merely silent cannot be told apart; the last one is dropped (they are alike).
   void failover(const Status& why);
-  // A session over the active devices: the plan for all of them, or for
-  // fewer when that fails (a strategy that cannot split over this many),
-  // down to the terminal alone if its budget allows.
+  // A session over the active devices: the deployment over all of them, or
+  // over fewer when that fails (a strategy that cannot split over this
+  // many), down to the terminal alone if its budget allows.
   Status start_session(bool first);
+  const Device& device(int d) const { return cluster_->devices()[static_cast<size_t>(d)]; }
 
   const ServeOptions& opts_;
   Metrics& metrics_;
   model::ModelConfig config_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
-  std::optional<ClusterFile> cluster_;
-  std::optional<comm::ClusterKey> key_;
-  mutable std::mutex view_mu_;  // devices_, members_ and session_ (the pointer) for /health
-  std::vector<Device> devices_;
+  mutable std::mutex view_mu_;  // the cluster's membership, members_ and session_ (the pointer) for /health
+  std::optional<Cluster> cluster_;  // set by start()
   std::vector<int> members_;
   std::unique_ptr<Session> session_;
   std::vector<std::string> back_;  // dropped daemons that answered a probe

@@ -2,7 +2,7 @@
 // first byte picks which; the rest is the file.
 #include "comm/keys.h"
 #include "fuzz_util.h"
-#include "runtime/distributed.h"
+#include "runtime/cluster_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const int once = tessera::fuzz::quiet();

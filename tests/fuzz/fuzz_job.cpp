@@ -1,12 +1,14 @@
-// What a daemon parses from a key holder: the job JSON (and the plan it
-// describes, completed against a fixture config), a profile request, a ping
-// and a link matrix.
+// What a daemon or a worker parses from a key holder: the job JSON (and the
+// plan it describes, completed against a fixture config), every control
+// request (ping, profile, job), the group's messages both ways, and a link
+// matrix.
 #include "comm/link.h"
 #include "core/json.h"
 #include "fuzz_util.h"
 #include "model/config.h"
 #include "runtime/cluster_profile.h"
 #include "runtime/job.h"
+#include "runtime/protocol.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const int once = tessera::fuzz::quiet();
@@ -20,19 +22,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)tessera::runtime::job_links(job->link, static_cast<int>(job->endpoints.size()));
     (void)tessera::runtime::JobSpec::from_json(job->to_json().dump());
   }
+  // The control channel: one typed request per text, each written back as it was read.
+  if (auto r = tessera::runtime::parse_control_request(input); r.ok()) {
+    using tessera::runtime::ProfileJob;
+    if (const auto* p = std::get_if<ProfileJob>(&*r)) {
+      if (p->part == ProfileJob::Part::kLinks &&
+          (p->rank < 1 || p->rank >= static_cast<int>(p->endpoints.size()) || p->timeout_ms < 1))
+        __builtin_trap();
+      if (p->part == ProfileJob::Part::kDevice && (p->threads < 1 || p->threads > 256 || p->rows < 1 || p->model.empty()))
+        __builtin_trap();
+    }
+    if (!tessera::runtime::parse_control_request(tessera::runtime::to_text(*r)).ok()) __builtin_trap();
+  }
+  // The group's messages, both ways: in bounds, and what is accepted round-trips.
   if (auto j = tessera::core::parse_json(input, "fuzz"); j.ok()) {
-    (void)tessera::runtime::is_ping(*j);
-    if (tessera::runtime::is_profile_request(*j)) {
-      auto p = tessera::runtime::ProfileJob::from_json(*j);
-      if (p.ok()) {
-        using Part = tessera::runtime::ProfileJob::Part;
-        if (p->part == Part::kLinks &&
-            (p->rank < 1 || p->rank >= static_cast<int>(p->endpoints.size()) || p->timeout_ms < 1))
-          __builtin_trap();
-        if (p->part == Part::kDevice && (p->threads < 1 || p->threads > 256 || p->rows < 1 || p->model.empty()))
-          __builtin_trap();
-        if (!tessera::runtime::ProfileJob::from_json(p->to_json()).ok()) __builtin_trap();  // what it accepts, it writes back
-      }
+    if (auto m = tessera::runtime::to_worker_from_json(*j); m.ok()) {
+      if (const auto* d = std::get_if<tessera::runtime::msg::Decode>(&*m); d && (d->n < 1 || d->pos < 0)) __builtin_trap();
+      if (const auto* r = std::get_if<tessera::runtime::msg::Run>(&*m); r && r->n < 1) __builtin_trap();
+      auto back = tessera::runtime::to_worker_from_json(tessera::runtime::to_json(*m));
+      if (!back.ok() || tessera::runtime::op_of(*back) != tessera::runtime::op_of(*m)) __builtin_trap();
+    }
+    if (auto m = tessera::runtime::to_terminal_from_json(*j); m.ok()) {
+      if (const auto* d = std::get_if<tessera::runtime::msg::Done>(&*m))
+        for (const auto& [k, v] : d->figures.items())
+          if (!v.is_number() && !v.is_object()) __builtin_trap();
+      if (!tessera::runtime::to_terminal_from_json(tessera::runtime::to_json(*m)).ok()) __builtin_trap();
     }
   }
   (void)tessera::comm::LinkMatrix::from_json(input, 1 + static_cast<int>(size % 4));

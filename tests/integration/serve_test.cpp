@@ -21,7 +21,7 @@
 #include "model/generate.h"
 #include "model/image.h"
 #include "model/transformer.h"
-#include "runtime/distributed.h"
+#include "runtime/protocol.h"
 #include "runtime/serve_api.h"
 
 namespace tessera {

@@ -11,7 +11,7 @@
 
 #include "../parallel/fixtures.h"
 #include "../parallel/replicate_strategy.h"
-#include "runtime/distributed.h"
+#include "runtime/session.h"
 
 namespace tessera {
 namespace {
@@ -20,7 +20,7 @@ TEST(CustomStrategyTest, RunsAsWorkerProcessesAndEqualsTheSingleDevice) {
   const std::string dir = parallel::testing::kData + "/gpt2-tiny";
   const auto in = parallel::testing::fixture_input("gpt2-tiny", "s13");
   const auto single = model::Transformer::load(dir).value().forward(in, {}, nullptr).value();
-  runtime::DistributedOptions o;
+  runtime::SessionOptions o;
   o.model_dir = dir;
   o.plan.strategy = "test-replicate";
   o.plan.world = 3;

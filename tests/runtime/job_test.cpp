@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "core/io.h"
-#include "runtime/distributed.h"
+#include "runtime/daemon.h"
 #include "runtime/in_process.h"
 #include "runtime/job.h"
 

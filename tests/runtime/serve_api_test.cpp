@@ -184,5 +184,20 @@ TEST(ServeApiTest, StopScanHoldsBackPossibleStops) {
   EXPECT_EQ(s.sendable, 2u);
 }
 
+// The HTTP status travels as the Status's code, never inside its message.
+TEST(ServeApiTest, ErrorCodesMapToHttpStatuses) {
+  EXPECT_EQ(http_status(core::ErrorCode::kInvalidArgument), 400);
+  EXPECT_EQ(http_status(core::ErrorCode::kParseError), 400);
+  EXPECT_EQ(http_status(core::ErrorCode::kOutOfRange), 400);
+  EXPECT_EQ(http_status(core::ErrorCode::kUnavailable), 503);
+  EXPECT_EQ(http_status(core::ErrorCode::kNetwork), 503);
+  EXPECT_EQ(http_status(core::ErrorCode::kResourceExhausted), 503);
+  EXPECT_EQ(http_status(core::ErrorCode::kTimeout), 504);
+  EXPECT_EQ(http_status(core::ErrorCode::kInternal), 500);
+  // A message that looks like a status is just a message.
+  const core::Status st = core::invalid_argument("HTTP 503: not really");
+  EXPECT_EQ(http_status(st.code()), 400);
+}
+
 }  // namespace
 }  // namespace tessera::runtime::api

@@ -1,6 +1,8 @@
 // Session::generate with worker processes (this binary is its own worker, as
-// in custom_strategy_test): tp, galaxy and pipeline equal the single device
-// token for token (up to a near-tie of the reference), seeded sampling
+// in custom_strategy_test): every strategy that decodes (the registry's
+// Strategy::decodes) equals the single device token for token on every
+// device count its plan accepts (up to a near-tie of the reference); the
+// others refuse generation clearly and still run forwards. Seeded sampling
 // equals, one long-lived session serves several requests and run()s in
 // between, and heartbeats go on while the caller holds a token.
 #include <gtest/gtest.h>
@@ -20,7 +22,9 @@
 #include <thread>
 
 #include "../parallel/generate_check.h"
-#include "runtime/distributed.h"
+#include "model/config.h"
+#include "parallel/strategy.h"
+#include "runtime/session.h"
 
 namespace tessera {
 namespace {
@@ -29,8 +33,17 @@ using parallel::testing::compare;
 using parallel::testing::gpt2_12l;
 using parallel::testing::margins;
 
+// Whether the registry's strategy `name` takes a plan for `world` devices of
+// the model with config `c`.
+bool plan_completes(const std::string& name, int world, const model::ModelConfig& c) {
+  parallel::Plan plan;
+  plan.strategy = name;
+  plan.world = world;
+  return parallel::complete_plan(plan, c).ok();
+}
+
 std::unique_ptr<runtime::Session> start(const std::string& dir, const std::string& strategy, int k) {
-  runtime::DistributedOptions o;
+  runtime::SessionOptions o;
   o.model_dir = dir;
   o.plan.strategy = strategy;
   o.plan.world = k;
@@ -53,8 +66,14 @@ TEST(SessionGenerateTest, ProcessesEqualTheSingleDeviceOverRepeatedRequests) {
   sampled.temperature = 0.7f;
   const std::vector<std::vector<int64_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {42}};
   int near_ties = 0, runs = 0;
-  for (const std::string s : {"tp", "galaxy", "pipeline"})
+  std::vector<std::string> tested;
+  for (const parallel::Strategy* strategy : parallel::strategies()) {
+    if (!strategy->decodes()) continue;
+    const std::string s = strategy->name();
+    bool across_devices = false;
     for (int k = 2; k <= 4; ++k) {
+      if (!plan_completes(s, k, m.config())) continue;
+      across_devices = true;
       auto session = start(dir, s, k);
       ASSERT_NE(session, nullptr);
       for (const auto& prompt : prompts) {  // caches reset per request
@@ -84,7 +103,14 @@ TEST(SessionGenerateTest, ProcessesEqualTheSingleDeviceOverRepeatedRequests) {
       const auto single = m.forward({prompts[0], {}, {}}, {}, nullptr).value();
       EXPECT_LT(parallel::testing::max_diff(fwd->output.logits, single.logits), 1e-3f);
     }
-  std::cout << "near-ties (top-2 margin < 1e-4, rest not compared): " << near_ties << " of " << runs << " runs\n";
+    // Only a one-device strategy decodes on none of 2..4 devices.
+    if (across_devices) tested.push_back(s);
+    else EXPECT_TRUE(plan_completes(s, 1, m.config())) << s << " decodes, but its plan takes no device count";
+  }
+  ASSERT_FALSE(tested.empty()) << "no strategy decodes across devices";
+  std::cout << "decoded across devices:";
+  for (const auto& s : tested) std::cout << " " << s;
+  std::cout << "\nnear-ties (top-2 margin < 1e-4, rest not compared): " << near_ties << " of " << runs << " runs\n";
 }
 
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
@@ -148,15 +174,26 @@ TEST(SessionGenerateTest, AWorkerKilledMidGenerationIsAnErrorNotAHang) {
 }
 
 TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
-  auto session = start(parallel::testing::kData + "/gpt2-tiny", "sp", 2);
-  ASSERT_NE(session, nullptr);
-  model::GenerateOptions o;
-  auto got = session->generate({1, 2, 3}, o);
-  ASSERT_FALSE(got.ok());
-  EXPECT_NE(got.status().to_string().find("cannot generate across devices"), std::string::npos);
-  runtime::RunRequest req;  // the session still serves forwards
-  req.ids = {1, 2, 3};
-  EXPECT_TRUE(session->run(req).ok());
+  // Every strategy that does not decode, where its plan takes two devices of
+  // this model: generation is refused with a clear error, forwards still run.
+  const std::string dir = parallel::testing::kData + "/gpt2-tiny";
+  const model::ModelConfig config = model::load_config(dir).value();
+  int tested = 0;
+  for (const parallel::Strategy* strategy : parallel::strategies()) {
+    if (strategy->decodes() || !plan_completes(strategy->name(), 2, config)) continue;
+    ++tested;
+    auto session = start(dir, strategy->name(), 2);
+    ASSERT_NE(session, nullptr) << strategy->name();
+    model::GenerateOptions o;
+    auto got = session->generate({1, 2, 3}, o);
+    ASSERT_FALSE(got.ok()) << strategy->name();
+    EXPECT_NE(got.status().to_string().find("cannot generate across devices"), std::string::npos)
+        << strategy->name() << ": " << got.status().to_string();
+    runtime::RunRequest req;  // the session still serves forwards
+    req.ids = {1, 2, 3};
+    EXPECT_TRUE(session->run(req).ok()) << strategy->name();
+  }
+  EXPECT_GT(tested, 0) << "every strategy decodes: nothing to refuse";
 }
 
 }  // namespace

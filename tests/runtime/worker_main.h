@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/distributed.h"
+#include "runtime/worker.h"
 #include "runtime/job.h"
 
 namespace tessera::runtime::testing {

@@ -1,0 +1,239 @@
+#include "runtime/deployment.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/limits.h"
+#include "model/tokenizer.h"
+#include "runtime/cluster_profile.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using planner::ClusterProfile;
+
+namespace {
+
+Result<std::vector<std::string>> split_list(const std::string& text, int k, const char* what) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (static_cast<int>(out.size()) != k)
+    return core::invalid_argument(std::string(what) + " needs " + std::to_string(k) + " values, got " + std::to_string(out.size()));
+  return out;
+}
+
+template <typename T>
+std::vector<T> keep_members(const std::vector<T>& all, const std::vector<int>& members) {
+  if (all.empty()) return all;
+  std::vector<T> kept;
+  for (int m : members) kept.push_back(all[static_cast<size_t>(m)]);
+  return kept;
+}
+
+}  // namespace
+
+Result<std::vector<double>> parse_device_speeds(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--device-speed"));
+  std::vector<double> out;
+  for (const auto& item : v) {
+    try {
+      size_t used = 0;
+      const double s = std::stod(item, &used);
+      if (used != item.size() || !(s > 0 && s <= 1)) throw std::invalid_argument("range");
+      out.push_back(s);
+    } catch (const std::exception&) {
+      return core::invalid_argument("--device-speed: '" + item + "' is not a speed in (0, 1]");
+    }
+  }
+  return out;
+}
+
+Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--memory-limit"));
+  std::vector<int64_t> out;
+  for (const auto& x : v) {
+    TESSERA_ASSIGN_OR_RETURN(const int64_t b, planner::parse_bytes(x));
+    out.push_back(b);
+  }
+  return out;
+}
+
+int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
+  if (c.family == model::Family::kVit) return c.max_rows();
+  return seq > 0 ? std::min(seq, c.max_rows()) : std::min<int64_t>(128, c.max_rows());
+}
+
+Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c, const std::string& text, size_t ids) {
+  if (c.family == model::Family::kVit) return c.max_rows();
+  if (ids > 0) return static_cast<int64_t>(ids);
+  if (text.empty()) return core::invalid_argument("give --text or --ids");
+  TESSERA_ASSIGN_OR_RETURN(auto tok, model::load_tokenizer(model_dir));
+  TESSERA_ASSIGN_OR_RETURN(const auto encoded, tok->encode(text, true));
+  return static_cast<int64_t>(encoded.size());
+}
+
+bool runs_in_process(const ClusterOptions& o, const std::string& strategy) {
+  return strategy == parallel::single_device_plan().strategy && o.devices == 1 && o.cluster_file.empty() &&
+         o.memory_limit.empty() && o.device_speed.empty();
+}
+
+Result<Cluster> Cluster::open(const ClusterOptions& o) {
+  Cluster c;
+  c.opts_ = o;
+  if (o.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+  int world = o.devices;
+  if (!o.cluster_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(c.file_, load_cluster_file(o.cluster_file));
+    world = 1 + static_cast<int>(c.file_->workers.size());
+    c.memory_limits_ = c.file_->memory_limits();
+    if (!o.insecure) {
+      if (o.key_file.empty())
+        return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+      TESSERA_ASSIGN_OR_RETURN(c.key_, comm::read_key_file(o.key_file));
+    }
+  }
+  if (!o.profile_file.empty()) {  // without a cluster file, a profile names the devices
+    TESSERA_ASSIGN_OR_RETURN(c.given_profile_, ClusterProfile::load(o.profile_file));
+    if (!c.file_) world = c.given_profile_->size();
+  }
+  if (world < 1 || world > core::kMaxDevices)
+    return core::invalid_argument("--devices must be in [1, " + std::to_string(core::kMaxDevices) + "]");
+  if (!o.memory_limit.empty()) {  // given, it overrides the file's budgets
+    TESSERA_ASSIGN_OR_RETURN(c.memory_limits_, parse_memory_limits(o.memory_limit, world));
+  }
+  if (!o.device_speed.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(c.speeds_, parse_device_speeds(o.device_speed, world));
+  }
+  c.devices_.push_back({"terminal", "", true});
+  if (c.file_) {
+    for (const auto& w : c.file_->workers) c.devices_.push_back({w, w, true});
+  } else {
+    for (int r = 1; r < world; ++r) c.devices_.push_back({"local-" + std::to_string(r), "", true});
+  }
+  return c;
+}
+
+std::vector<int> Cluster::active() const {
+  std::vector<int> out;
+  for (size_t d = 0; d < devices_.size(); ++d)
+    if (devices_[d].active) out.push_back(static_cast<int>(d));
+  return out;
+}
+
+Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t rows) {
+  if (const auto it = profiles_.find(rows); it != profiles_.end()) return it->second;
+  ClusterProfile p;
+  if (given_profile_) {
+    p = *given_profile_;
+  } else if (file_) {
+    ClusterProfileOptions po;
+    po.cluster = *file_;
+    po.insecure = opts_.insecure;
+    po.key = key_;
+    po.threads = opts_.threads_per_device;
+    po.rows = rows;
+    po.link = opts_.link;
+    po.reprofile = opts_.reprofile;
+    po.model_dir = opts_.model_dir;  // daemons look the model up by its folder name
+    TESSERA_ASSIGN_OR_RETURN(p, profile_cluster(po, c));
+  } else {
+    const int K = size();
+    TESSERA_ASSIGN_OR_RETURN(planner::DeviceProfile d, device_profile(c, rows, opts_.threads_per_device, opts_.reprofile));
+    d.memory_bytes /= K;  // local devices share this machine's memory
+    p.devices.assign(static_cast<size_t>(K), d);
+    TESSERA_ASSIGN_OR_RETURN(p.links, measure_local_links(K, opts_.link));
+  }
+  if (p.size() != size())
+    return core::invalid_argument("the profile has " + std::to_string(p.size()) + " devices, the cluster " +
+                                  std::to_string(size()));
+  for (size_t d = 0; d < speeds_.size(); ++d) p.devices[d].speed = speeds_[d];
+  for (size_t d = 0; d < memory_limits_.size(); ++d)  // a device without a budget keeps what it has
+    if (memory_limits_[d] != std::numeric_limits<int64_t>::max()) p.devices[d].memory_bytes = memory_limits_[d];
+  profiles_[rows] = p;
+  return p;
+}
+
+nlohmann::json Deployment::planner_json() const {
+  if (!chosen) return nlohmann::json::object();
+  return {{"plan", plan.to_json()},
+          {"members", chosen->members},
+          {"prediction", chosen->prediction.to_json()},
+          {"notes", chosen->notes}};
+}
+
+Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c, const planner::PlannerOptions& o) {
+  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster.profile(c, o.rows));
+  return planner::plan_all(c, p, o);
+}
+
+Result<planner::VariantChoice> decide_variants(Cluster& cluster, const model::ModelConfig& c, const parallel::Plan& plan,
+                                               int64_t rows) {
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* s, parallel::strategy_for(plan.strategy));
+  if (s->variants(plan).empty()) return planner::choose_variant(plan, c, {}, rows);
+  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster.profile(c, rows));
+  std::vector<int> first(static_cast<size_t>(std::min(plan.world, p.size())));
+  for (size_t i = 0; i < first.size(); ++i) first[i] = static_cast<int>(i);
+  return planner::choose_variant(plan, c, p.subset(first), rows);
+}
+
+Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const DeployRequest& r, std::vector<int> devices) {
+  if (devices.empty()) devices = cluster.active();
+  if (devices.empty() || devices.front() != 0) return core::invalid_argument("a deployment runs on the terminal");
+  for (int d : devices)
+    if (d < 0 || d >= cluster.size()) return core::invalid_argument("no device " + std::to_string(d) + " in the cluster");
+  const int64_t rows = r.rows > 0 ? r.rows : plan_rows(c, 0);
+  Deployment out;
+  if (r.plan.strategy == "auto") {
+    TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows));
+    planner::PlannerOptions o;
+    o.rows = rows;
+    TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
+    out.chosen = t.rows[static_cast<size_t>(t.chosen)];
+    out.plan = out.chosen->plan;
+    // The candidate's members index into `devices`.
+    for (int m : out.chosen->members) out.members.push_back(devices[static_cast<size_t>(m)]);
+    out.chosen->members = out.members;
+  } else {
+    out.plan = r.plan;
+    out.plan.world = static_cast<int>(devices.size());
+    if (!out.plan.ratios.empty() && static_cast<int>(out.plan.ratios.size()) != out.plan.world)
+      return core::invalid_argument("--partition names " + std::to_string(out.plan.ratios.size()) + " devices, the plan has " +
+                                    std::to_string(out.plan.world));
+    out.members = devices;
+    TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* s, parallel::strategy_for(out.plan.strategy));
+    if (!s->variants(out.plan).empty()) {  // e.g. --bp-plan auto: priced on the profile of these devices
+      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows));
+      TESSERA_ASSIGN_OR_RETURN(const planner::VariantChoice v, planner::choose_variant(out.plan, c, all.subset(devices), rows));
+      out.plan = v.plan;
+    }
+  }
+  if (out.members.empty() || out.members.front() != 0) return core::invalid_argument("the plan does not run on the terminal");
+  const ClusterOptions& o = cluster.options();
+  SessionOptions& s = out.session;
+  s.model_dir = o.model_dir;
+  s.plan = out.plan;
+  s.threads_per_device = o.threads_per_device;
+  s.link = o.link;
+  s.insecure = o.insecure;
+  s.key_file = o.key_file;
+  s.timeout_ms = o.timeout_ms;
+  s.run_timeout_ms = r.run_timeout_ms;
+  s.cpus_per_device = o.cpus_per_device;
+  s.budget_rows = rows;
+  // Local devices are alike: the chosen ones run as the first local
+  // processes, with their budgets and speeds. Daemons run where they are,
+  // in the plan's order.
+  s.memory_limits = keep_members(cluster.memory_limits(), out.members);
+  s.device_speeds = keep_members(cluster.speeds(), out.members);
+  if (cluster.file() && out.members.size() > 1) s.cluster = cluster.file()->subset(out.members);
+  return out;
+}
+
+}  // namespace tessera::runtime

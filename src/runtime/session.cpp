@@ -1,0 +1,417 @@
+#include "runtime/session.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "comm/control.h"
+#include "core/device_speed.h"
+#include "core/duration.h"
+#include "core/io.h"
+#include "core/limits.h"
+#include "core/logging.h"
+#include "kernels/gemm.h"
+#include "parallel/strategy.h"
+#include "planner/cost_model.h"
+#include "runtime/in_process.h"
+#include "runtime/protocol.h"
+#include "runtime/rank_figures.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+using nlohmann::json;
+
+namespace {
+
+// The cores this process may use; cpus_per_device indexes into them, so a
+// restricted cpuset still gets valid masks.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+cpu_set_t device_cpus(const std::vector<int>& allowed, int rank, int per_device) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int i = 0; i < per_device && !allowed.empty(); ++i)
+    CPU_SET(allowed[static_cast<size_t>(rank * per_device + i) % allowed.size()], &set);
+  return set;
+}
+
+// Every thread of this process: ZeroMQ and BLAS threads exist before pinning.
+void pin_all_threads(const cpu_set_t& set) {
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec))
+    (void)::sched_setaffinity(std::atoi(t.path().filename().c_str()), sizeof(set), &set);
+}
+
+}  // namespace
+
+Status Session::check_options() {
+  if (opts_.threads_per_device < 1) return core::invalid_argument("--threads-per-device must be >= 1");
+  if (opts_.cpus_per_device < 0) return core::invalid_argument("--cpus-per-device must be >= 0");
+  TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.timeout_ms), "--timeout"));
+  if (opts_.run_timeout_ms != 0)
+    TESSERA_RETURN_IF_ERROR(core::check_duration(comm::Millis(opts_.run_timeout_ms), "the run timeout"));
+  if (opts_.cluster) {
+    if (!opts_.insecure && opts_.key_file.empty())
+      return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+    const int world = 1 + static_cast<int>(opts_.cluster->workers.size());
+    if (opts_.plan.world != world)
+      return core::invalid_argument("the plan has " + std::to_string(opts_.plan.world) + " devices, the cluster " +
+                                    std::to_string(world));
+  }
+  if (opts_.plan.world < 1 || opts_.plan.world > core::kMaxDevices)
+    return core::invalid_argument("--devices must be in [1, " + std::to_string(core::kMaxDevices) + "]");
+  if (!opts_.device_speeds.empty()) {
+    if (static_cast<int>(opts_.device_speeds.size()) != opts_.plan.world)
+      return core::invalid_argument("--device-speed names " + std::to_string(opts_.device_speeds.size()) +
+                                    " devices, the plan has " + std::to_string(opts_.plan.world));
+    for (double s : opts_.device_speeds)
+      if (!(s > 0 && s <= 1)) return core::invalid_argument("--device-speed: each speed must be in (0, 1]");
+  }
+  return core::ok_status();
+}
+
+// The plan, completed, and the job every worker gets (its rank aside).
+Status Session::plan_job(const model::ModelConfig& cfg) {
+  plan_ = opts_.plan;
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan_, cfg));
+  if (!opts_.memory_limits.empty()) {
+    const int64_t rows = opts_.budget_rows > 0 ? std::min(opts_.budget_rows, cfg.max_rows()) : cfg.max_rows();
+    TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
+    TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
+  }
+  JobSpec& job = job_;
+  job.model_dir = opts_.model_dir;
+  job.threads = opts_.threads_per_device;
+  job.timeout_ms = opts_.timeout_ms;
+  TESSERA_ASSIGN_OR_RETURN(job.link, inline_link_arg(opts_.link, plan_.world));
+  job.insecure = opts_.insecure;
+  job.plan = plan_;
+  job.group_id = "tessera-" + std::to_string(::getpid()) + "-" +
+                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (opts_.cluster) {
+    job.endpoints.push_back(opts_.cluster->terminal);
+    for (const auto& w : opts_.cluster->workers) {
+      TESSERA_ASSIGN_OR_RETURN(std::string data, next_port_endpoint(w));
+      job.endpoints.push_back(data);
+    }
+    TESSERA_ASSIGN_OR_RETURN(bind_, bind_form(opts_.cluster->terminal));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(plan_.world));
+  }
+  return core::ok_status();
+}
+
+// The key stays in memory: read from the user's file, or made for this session.
+Status Session::prepare_key() {
+  if (opts_.insecure) return core::ok_status();
+  if (!opts_.key_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(key_, comm::read_key_file(opts_.key_file));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(key_, comm::generate_cluster_key());
+  }
+  return core::ok_status();
+}
+
+Status Session::start_daemon_jobs() {
+  for (int r = 1; r < plan_.world; ++r) {
+    JobSpec w = job_;
+    w.rank = r;
+    w.device_speed = device_speed_of(r);
+    // A daemon finds the model by name under its own roots.
+    w.model_dir = daemon_model_name(opts_.model_dir);
+    const std::string& ep = opts_.cluster->workers[static_cast<size_t>(r - 1)];
+    TESSERA_ASSIGN_OR_RETURN(std::string answer,
+                             comm::control_request(ep, key_, to_text(w), comm::Millis(opts_.timeout_ms)));
+    TESSERA_RETURN_IF_ERROR(daemon_answer(ep, answer, "take the job").status());
+  }
+  return core::ok_status();
+}
+
+Status Session::fork_local_workers() {
+  const std::vector<int> cpus = opts_.cpus_per_device > 0 ? allowed_cpus() : std::vector<int>{};
+  for (int r = 1; r < plan_.world; ++r) {
+    JobSpec w = job_;
+    w.rank = r;
+    w.device_speed = device_speed_of(r);
+    const std::string arg = w.to_json().dump();
+    // The key travels over a pipe the child inherits, never through a file or argv.
+    int fds[2] = {-1, -1};
+    if (key_) {
+      if (::pipe2(fds, O_CLOEXEC) != 0) return core::internal_error("pipe failed: " + std::string(std::strerror(errno)));
+      const std::string text = key_->public_z85 + "\n" + key_->secret_z85 + "\n";
+      const bool written = ::write(fds[1], text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ::close(fds[1]);
+      if (!written) {
+        ::close(fds[0]);
+        return core::internal_error("writing the key pipe failed");
+      }
+    }
+    const std::string key_fd = std::to_string(fds[0]);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      if (fds[0] >= 0) ::close(fds[0]);
+      return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
+    }
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
+      if (!cpus.empty()) {  // inherited across exec
+        const cpu_set_t set = device_cpus(cpus, r, opts_.cpus_per_device);
+        (void)::sched_setaffinity(0, sizeof(set), &set);
+      }
+      if (fds[0] >= 0) (void)::fcntl(fds[0], F_SETFD, 0);  // this one descriptor survives exec
+      // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
+      ::setenv("OPENBLAS_NUM_THREADS", std::to_string(w.threads).c_str(), 1);
+      const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), "--key-fd", key_fd.c_str(), nullptr};
+      ::execv("/proc/self/exe", const_cast<char* const*>(argv));
+      ::_exit(127);
+    }
+    if (fds[0] >= 0) ::close(fds[0]);
+    children_.push_back(pid);
+  }
+  if (!cpus.empty()) {  // the terminal is device 0 until the session ends
+    unpinned_cpus_ = cpus;
+    pin_all_threads(device_cpus(cpus, 0, opts_.cpus_per_device));
+  }
+  return core::ok_status();
+}
+
+// Forms the group, loads the terminal's part and waits until every worker
+// has loaded its own.
+Status Session::connect_and_load(const model::ModelConfig& cfg) {
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
+  go.bind_endpoint = bind_;
+  // With a short run timeout (serve's failover), a silent peer must not hold
+  // the goodbye that frees the others for the next plan.
+  if (opts_.run_timeout_ms > 0) go.close_timeout = std::min(go.close_timeout, comm::Millis(opts_.run_timeout_ms));
+  TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
+  start_heartbeats();  // workers that load faster than the terminal must not give up on it
+  rss_before_load_ = memory_baseline();
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m,
+                           model::Transformer::load(opts_.model_dir, parallel::load_options(plan_, cfg, 0)));
+  model_ = std::make_unique<model::Transformer>(std::move(m));
+  for (int r = 1; r < plan_.world; ++r) {
+    TESSERA_ASSIGN_OR_RETURN(const ToTerminal reply, recv_from_worker(*group_, r, comm::Millis(opts_.timeout_ms)));
+    if (const auto* e = std::get_if<msg::Error>(&reply))
+      return core::internal_error("worker " + std::to_string(r) + ": " + e->message);
+    const auto* ready = std::get_if<msg::Ready>(&reply);
+    if (ready == nullptr) return core::invalid_argument("worker " + std::to_string(r) + " did not report ready");
+    ready_.push_back(*ready);
+  }
+  kernels::set_blas_threads(opts_.threads_per_device);
+  sync_ = std::make_unique<CommSynchronizer>(*group_, comm::Millis(run_timeout_ms()));
+  return core::ok_status();
+}
+
+// Pings every worker while no run is in progress (a run's own messages show
+// the terminal is alive; pings between them keep idle workers from giving up).
+void Session::start_heartbeats() {
+  if (plan_.world < 2) return;
+  heartbeat_ = std::thread([this] {
+    const auto interval = std::chrono::milliseconds(job_.heartbeat_ms);
+    std::unique_lock<std::mutex> lock(wire_mu_);
+    while (!stopping_) {
+      for (int w = 1; w < group_->size(); ++w)
+        if (group_->peer_alive(w)) (void)send_to_worker(*group_, w, msg::Ping{}, interval);
+      heartbeat_cv_.wait_for(lock, interval, [this] { return stopping_; });
+    }
+  });
+}
+
+void Session::stop_heartbeats() {
+  {
+    std::lock_guard<std::mutex> lock(wire_mu_);
+    stopping_ = true;
+  }
+  heartbeat_cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+Result<std::unique_ptr<Session>> Session::start(const SessionOptions& opts) {
+  std::unique_ptr<Session> s(new Session());
+  s->opts_ = opts;
+  TESSERA_RETURN_IF_ERROR(s->check_options());
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(opts.model_dir));
+  TESSERA_RETURN_IF_ERROR(s->plan_job(cfg));
+  TESSERA_RETURN_IF_ERROR(s->prepare_key());
+  TESSERA_RETURN_IF_ERROR(s->opts_.cluster ? s->start_daemon_jobs() : s->fork_local_workers());
+  TESSERA_RETURN_IF_ERROR(s->connect_and_load(cfg));
+  return s;
+}
+
+std::vector<int> Session::lost_workers() const {
+  std::vector<int> lost;
+  for (int w = 1; group_ && w < group_->size(); ++w)
+    if (!group_->peer_alive(w)) lost.push_back(w);
+  return lost;
+}
+
+Result<RunResult> Session::run(const RunRequest& req) {
+  RunRequest r = req;
+  r.model_dir = opts_.model_dir;
+  TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(*model_, r));
+  return run_input(in, r.dump_path);
+}
+
+Result<RunResult> Session::run_input(const model::ModelInput& in, const std::string& dump_path) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);
+  const std::lock_guard<std::mutex> wire_lock(wire_mu_);  // no pings during a run
+  if (const int64_t rows = input_rows(model_->config(), in);
+      !opts_.memory_limits.empty() && opts_.budget_rows > 0 && rows > opts_.budget_rows)
+    return core::resource_exhausted("a request of " + std::to_string(rows) + " rows; the memory budgets were checked for " +
+                                    std::to_string(opts_.budget_rows));
+  TESSERA_RETURN_IF_ERROR(check_request_memory(plan_, model_->config(), input_rows(model_->config(), in)));
+  if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
+  RunResult out;
+  out.config = model_->config();
+  out.input_ids = in.ids;
+  const comm::Millis timeout(run_timeout_ms());
+  int64_t n = 0;
+  core::Timer t;
+  auto tell_workers = [&](int64_t rows) {
+    n = rows;
+    for (int w = 1; w < group_->size(); ++w)
+      TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Run{rows}, timeout));
+    // Counters cover the strategy's traffic, not the control messages.
+    sync_->reset_stats();
+    group_->reset_stats();
+    return core::ok_status();
+  };
+  {
+    const core::ScopedDeviceSpeed speed(device_speed_of(0));
+    TESSERA_ASSIGN_OR_RETURN(out.output, terminal_forward(*model_, plan_, *sync_, in, pool_.get(), tell_workers));
+  }
+  out.latency_ms = t.ms();
+  TESSERA_RETURN_IF_ERROR(collect_stats(out.latency_ms, {{"rows", n}}));
+  if (!dump_path.empty()) TESSERA_RETURN_IF_ERROR(write_dump(dump_path, out));
+  return out;
+}
+
+// Every worker's "done" after a run or a generation, with the terminal's own figures.
+Status Session::collect_stats(double latency_ms, json extra) {
+  const comm::Millis timeout(run_timeout_ms());
+  json ranks = json::array();
+  ranks.push_back(rank_stats(*sync_, *group_, latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
+  for (int w = 1; w < group_->size(); ++w) {
+    TESSERA_ASSIGN_OR_RETURN(const ToTerminal reply, recv_from_worker(*group_, w, timeout));
+    const auto* done = std::get_if<msg::Done>(&reply);
+    if (done == nullptr) return core::invalid_argument("worker " + std::to_string(w) + " sent an unexpected reply");
+    // The figures are printed with the rank they claim: it must be the sender's.
+    if (!done->figures.contains("rank") || !done->figures["rank"].is_number_integer() || done->figures["rank"].get<int64_t>() != w)
+      return core::invalid_argument("worker " + std::to_string(w) + " sent malformed figures");
+    ranks.push_back(done->figures);
+  }
+  stats_ = {{"strategy", plan_.strategy},
+            {"plan", plan_.to_json()},
+            {"devices", group_->size()},
+            {"threads_per_device", opts_.threads_per_device},
+            {"link", opts_.link.empty() ? "unpaced" : opts_.link},
+            {"layers", model_->config().layers},
+            {"latency_ms", latency_ms},
+            {"ranks", ranks}};
+  stats_.update(extra);
+  return core::ok_status();
+}
+
+Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+  const std::lock_guard<std::mutex> run_lock(run_mu_);
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
+  if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
+  const comm::Millis timeout(run_timeout_ms());  // serve's failover timeout notices a silent device
+  const int64_t positions = model::generation_positions(model_->config(), static_cast<int64_t>(prompt.size()), opts);
+  auto tell_workers = [&](const ToWorker& m) {
+    for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
+    return core::ok_status();
+  };
+  std::unique_ptr<parallel::Decoder> dec;
+  core::Timer t, decode_t;
+  double prefill_ms = 0;
+  int64_t steps = 0;
+  // Pings flow between chunks (while the caller streams a token), not during one.
+  auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    const std::lock_guard<std::mutex> wire_lock(wire_mu_);
+    if (!dec) {
+      TESSERA_ASSIGN_OR_RETURN(dec, strategy->make_decoder(*model_, plan_, *sync_, positions));
+      TESSERA_RETURN_IF_ERROR(tell_workers(msg::Generate{positions}));
+    }
+    const int64_t n = x.dim(0);
+    TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}));
+    auto y = dec->forward(std::move(x), n, pos0, pool_.get());
+    if (pos0 == 0) {  // the figures cover the decode steps; the prefill is timed apart
+      prefill_ms = t.ms();
+      decode_t = core::Timer();
+      sync_->reset_stats();
+      group_->reset_stats();
+    } else {
+      ++steps;
+    }
+    return y;
+  };
+  auto seq = [&] {
+    const core::ScopedDeviceSpeed speed(device_speed_of(0));
+    return model::generate_with(*model_, prompt, opts, pool_.get(), layers);
+  }();
+  if (dec) {
+    const std::lock_guard<std::mutex> wire_lock(wire_mu_);
+    const double decode_ms = decode_t.ms();
+    // The workers end the generation even when it failed; its own error comes first.
+    Status st = tell_workers(msg::End{});
+    if (st.ok())
+      st = collect_stats(decode_ms, {{"rows", 1},
+                                     {"prompt_tokens", prompt.size()},
+                                     {"decode_steps", steps},
+                                     {"prefill_ms", prefill_ms},
+                                     {"decode_ms", decode_ms},
+                                     {"ms_per_token", steps > 0 ? decode_ms / static_cast<double>(steps) : 0.0}});
+    TESSERA_RETURN_IF_ERROR(seq.status());
+    TESSERA_RETURN_IF_ERROR(st);
+  }
+  return seq;
+}
+
+Status Session::stop_workers() {
+  if (group_)
+    for (int w = 1; w < group_->size(); ++w)
+      if (group_->peer_alive(w)) (void)send_to_worker(*group_, w, msg::Stop{}, comm::Millis(2000));
+  return core::ok_status();
+}
+
+Session::~Session() {
+  stop_heartbeats();
+  (void)stop_workers();
+  if (group_) group_->close();
+  // Give workers a moment to leave by themselves, then make sure.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (pid_t pid : children_) {
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  if (!unpinned_cpus_.empty()) pin_all_threads(device_cpus(unpinned_cpus_, 0, static_cast<int>(unpinned_cpus_.size())));
+}
+
+}  // namespace tessera::runtime

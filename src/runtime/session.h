@@ -1,0 +1,126 @@
+// The terminal's side of a distributed run (rank 0): it starts the workers
+// (local processes, or jobs on the daemons of a cluster), forms the group,
+// loads its own part, and then runs inferences and generations with the
+// workers, over the typed protocol of runtime/protocol.h. The terminal
+// tokenizes and embeds, the ranks run the plan's layer loop, and the
+// terminal applies the head. Which plan on which devices is decided before
+// (runtime/deployment.h).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <sys/types.h>
+#include <thread>
+#include <vector>
+
+#include "comm/group.h"
+#include "comm/keys.h"
+#include "core/status.h"
+#include "model/generate.h"
+#include "model/transformer.h"
+#include "runtime/cluster_file.h"
+#include "runtime/comm_sync.h"
+#include "runtime/job.h"
+#include "runtime/protocol.h"
+#include "runtime/single_device.h"
+
+namespace tessera::runtime {
+
+struct SessionOptions {
+  std::string model_dir;
+  // The plan, built once by the caller (runtime/deployment.h); with a
+  // cluster its world must be 1 + the number of workers.
+  parallel::Plan plan;
+  int threads_per_device = 1;
+  std::string link;       // emulated links; empty = unpaced
+  bool insecure = false;
+  std::string key_file;   // empty and secure: an ephemeral key for local workers (kept in memory)
+  // Set: these worker daemons, rank r on workers[r - 1], instead of local
+  // worker processes (the deployment's members, in the plan's order).
+  std::optional<ClusterFile> cluster;
+  int64_t timeout_ms = 60000;  // 1 ms .. 24 h
+  // > 0: the waits of a run (not of loading) end after this long, so that a
+  // silent device is noticed quickly (serve's failover); 0: timeout_ms.
+  int64_t run_timeout_ms = 0;
+  int cpus_per_device = 0;  // > 0: rank r runs on cores r*N..r*N+N-1 (mod the allowed cores)
+  // Bytes each device may use (weights + activations at the model's longest
+  // input, as the planner predicts them); empty: no limit. Checked before
+  // any device loads.
+  std::vector<int64_t> memory_limits;
+  // The input rows those budgets are checked at (0: the model's longest
+  // input); a longer request is then refused rather than run over budget.
+  int64_t budget_rows = 0;
+  // Emulated speed of each device in (0, 1] (--device-speed,
+  // core/device_speed.h); empty: all at full speed.
+  std::vector<double> device_speeds;
+};
+
+class Session {
+ public:
+  // Starts the local workers, forms the group and waits until every rank has
+  // loaded its weights.
+  static core::Result<std::unique_ptr<Session>> start(const SessionOptions& opts);
+  ~Session();
+
+  // One inference; latency excludes loading and process start.
+  core::Result<RunResult> run(const RunRequest& req);
+  // GPT-2 generation with a KV cache on every device (the strategy's
+  // Decoder): returns prompt + new ids and calls opts.on_token with each new
+  // one, the same tokens as model::generate for the same options. Caches
+  // live for one call; calls are serialized with run(), and heartbeats go on
+  // between tokens (on_token may take its time).
+  core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts);
+  // The same on an input already built (serve: tokenized or decoded there).
+  core::Result<RunResult> run_input(const model::ModelInput& in, const std::string& dump_path = "");
+  // Worker ranks whose connection is lost (crashed, or left).
+  std::vector<int> lost_workers() const;
+  // Per-rank figures of the last run (see docs): latency, compute and
+  // communication time, bytes per collective kind, weight bytes.
+  const nlohmann::json& last_stats() const { return stats_; }
+  const parallel::Plan& plan() const { return plan_; }
+  const model::Transformer& model() const { return *model_; }
+
+ private:
+  Session() = default;
+  core::Status stop_workers();
+  double device_speed_of(int rank) const {
+    return opts_.device_speeds.empty() ? 1.0 : opts_.device_speeds[static_cast<size_t>(rank)];
+  }
+
+  core::Status check_options();
+  core::Status plan_job(const model::ModelConfig& cfg);
+  core::Status prepare_key();
+  core::Status start_daemon_jobs();
+  core::Status fork_local_workers();
+  core::Status connect_and_load(const model::ModelConfig& cfg);
+  void start_heartbeats();
+  void stop_heartbeats();
+  int64_t run_timeout_ms() const { return opts_.run_timeout_ms > 0 ? opts_.run_timeout_ms : opts_.timeout_ms; }
+
+  SessionOptions opts_;
+  std::optional<comm::ClusterKey> key_;
+  std::string bind_;
+  JobSpec job_;
+  parallel::Plan plan_;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<comm::Group> group_;
+  std::unique_ptr<CommSynchronizer> sync_;
+  std::unique_ptr<core::ThreadPool> pool_;
+  std::vector<pid_t> children_;
+  std::vector<msg::Ready> ready_;  // what each worker reported after loading
+  std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
+  nlohmann::json stats_;
+  int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
+  core::Status collect_stats(double latency_ms, nlohmann::json extra);
+  std::mutex run_mu_;   // held by a run or a whole generation
+  std::mutex wire_mu_;  // held by a run, a generation's chunk, and by the heartbeat thread between its pings
+  std::condition_variable heartbeat_cv_;
+  bool stopping_ = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace tessera::runtime

@@ -1,0 +1,183 @@
+#include "runtime/worker.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "core/device_speed.h"
+#include "core/io.h"
+#include "core/thread_pool.h"
+#include "kernels/gemm.h"
+#include "model/transformer.h"
+#include "parallel/strategy.h"
+#include "runtime/comm_sync.h"
+#include "runtime/daemon.h"
+#include "runtime/protocol.h"
+#include "runtime/rank_figures.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+using nlohmann::json;
+
+namespace {
+
+// Copies a group's figures out when a worker's job ends, whichever way.
+struct StatsOnExit {
+  const comm::Group* group;
+  comm::CommStats* out;
+  ~StatsOnExit() {
+    if (out != nullptr) *out = group->stats();
+  }
+};
+
+// What a worker holds for the length of a job, and its answer to each
+// request: one overload per message (std::visit), so that a message the
+// protocol adds is a compile error here until it is handled.
+class WorkerLoop {
+ public:
+  WorkerLoop(const JobSpec& job, comm::Group& group, const model::Transformer& model, const parallel::Plan& plan,
+             const parallel::Strategy& strategy, int64_t weight_bytes, int64_t rss_before_load)
+      : job_(job), group_(group), model_(model), plan_(plan), strategy_(strategy), pool_(job.threads),
+        sync_(group, comm::Millis(job.timeout_ms)), weight_bytes_(weight_bytes), rss_before_load_(rss_before_load) {}
+
+  // Until "stop" (ok) or an error; `silence` ends a job whose terminal
+  // stopped pinging.
+  Status serve(comm::Millis silence) {
+    for (;;) {
+      auto req = recv_from_terminal(group_, silence);
+      if (!req.ok() && req.status().code() == core::ErrorCode::kTimeout)
+        return core::timeout_error("the terminal missed its heartbeats for " + std::to_string(silence.count()) + " ms");
+      if (!req.ok()) return req.status();
+      if (std::holds_alternative<msg::Stop>(*req)) return core::ok_status();
+      TESSERA_RETURN_IF_ERROR(std::visit([this](const auto& m) { return handle(m); }, *req));
+    }
+  }
+
+ private:
+  Status handle(const msg::Stop&) { return core::ok_status(); }
+  Status handle(const msg::Ping&) { return core::ok_status(); }
+
+  Status handle(const msg::Run& r) {
+    if (r.n > model_.config().max_rows()) return core::out_of_range("request of " + std::to_string(r.n) + " rows");
+    sync_.reset_stats();
+    group_.reset_stats();
+    core::Timer t;
+    TESSERA_RETURN_IF_ERROR(parallel::run_layers(model_, plan_, sync_, Tensor(), r.n, &pool_).status());
+    core::settle_device_speed();
+    return send_done(t.ms());
+  }
+
+  // A generation: "generate" makes the decoder (the previous request's
+  // caches go first), one "decode" per chunk, "end" drops the caches.
+  Status handle(const msg::Generate& g) {
+    if (g.positions > model_.config().max_positions)
+      return core::out_of_range("a generation of " + std::to_string(g.positions) + " positions");
+    dec_.reset();
+    positions_ = g.positions;
+    TESSERA_ASSIGN_OR_RETURN(dec_, strategy_.make_decoder(model_, plan_, sync_, positions_));
+    core::settle_device_speed();
+    return core::ok_status();
+  }
+
+  Status handle(const msg::Decode& d) {
+    if (!dec_) return core::invalid_argument("a decode step outside a generation");
+    if (d.pos + d.n > positions_)
+      return core::out_of_range("decode rows " + std::to_string(d.pos) + ".." + std::to_string(d.pos + d.n - 1) +
+                                " outside the cache");
+    core::Timer step;
+    TESSERA_RETURN_IF_ERROR(dec_->forward(Tensor(), d.n, d.pos, &pool_).status());
+    core::settle_device_speed();
+    if (d.pos == 0) {  // the figures cover the decode steps, not the prefill
+      sync_.reset_stats();
+      group_.reset_stats();
+      decode_ms_ = 0;
+    } else {
+      decode_ms_ += step.ms();  // time in steps: idle time between them is neither compute nor waiting
+    }
+    return core::ok_status();
+  }
+
+  Status handle(const msg::End&) {
+    dec_.reset();
+    return send_done(decode_ms_);
+  }
+
+  Status send_done(double ms) {
+    return send_to_terminal(group_, msg::Done{rank_stats(sync_, group_, ms, weight_bytes_, rss_before_load_)},
+                            comm::Millis(job_.timeout_ms));
+  }
+
+  const JobSpec& job_;
+  comm::Group& group_;
+  const model::Transformer& model_;
+  const parallel::Plan& plan_;
+  const parallel::Strategy& strategy_;
+  core::ThreadPool pool_;
+  CommSynchronizer sync_;
+  const int64_t weight_bytes_;
+  const int64_t rss_before_load_;
+  std::unique_ptr<parallel::Decoder> dec_;  // during a generation
+  int64_t positions_ = 0;
+  double decode_ms_ = 0;
+};
+
+}  // namespace
+
+Status run_worker(const JobSpec& job, const WorkerEnv& env) {
+  std::string model_dir = job.model_dir;
+  if (env.model_roots) {
+    TESSERA_ASSIGN_OR_RETURN(model_dir, resolve_model(job.model_dir, *env.model_roots));
+  }
+  TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
+  go.bind_endpoint = env.bind_endpoint;
+  if (env.max_connect.count() > 0) go.connect_timeout = std::min(go.connect_timeout, env.max_connect);
+  TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
+  const StatsOnExit report{group.get(), env.stats};
+  TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(model_dir));
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, job.completed_plan(cfg));
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
+  core::Timer load;
+  const int64_t rss_before_load = memory_baseline();
+  auto model = model::Transformer::load(model_dir, parallel::load_options(plan, cfg, job.rank));
+  const comm::Millis timeout(job.timeout_ms);
+  if (!model.ok()) {
+    (void)send_to_terminal(*group, msg::Error{model.status().to_string()}, timeout);
+    return model.status();
+  }
+  const int64_t weight_bytes = static_cast<int64_t>(model->weights().bytes());
+  TESSERA_RETURN_IF_ERROR(send_to_terminal(*group, msg::Ready{weight_bytes, load.ms()}, timeout));
+  kernels::set_blas_threads(job.threads);
+  core::set_device_speed(job.device_speed);
+  WorkerLoop loop(job, *group, *model, plan, *strategy, weight_bytes, rss_before_load);
+  // Liveness is judged by heartbeats, not progress: an idle terminal pings;
+  // one that falls silent loses its job within a few intervals.
+  return loop.serve(comm::Millis(job.heartbeat_ms * JobSpec::kMissedHeartbeats));
+}
+
+Result<comm::ClusterKey> read_key_from_fd(int fd) {
+  // "PUBLIC\nSECRET\n", Z85 keys of 40 characters each.
+  std::string text;
+  char buf[256];
+  for (;;) {
+    const ssize_t got = ::read(fd, buf, sizeof(buf));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return core::io_error("reading the key descriptor: " + std::string(std::strerror(errno)));
+    if (got == 0) break;
+    text.append(buf, static_cast<size_t>(got));
+    if (text.size() > 1024) break;
+  }
+  ::close(fd);
+  const size_t nl = text.find('\n');
+  if (text.size() != 82 || nl != 40 || text[81] != '\n') return core::invalid_argument("the key descriptor holds no key");
+  comm::ClusterKey key{text.substr(0, 40), text.substr(41, 40)};
+  TESSERA_RETURN_IF_ERROR(comm::validate_cluster_key(key));
+  return key;
+}
+
+
+}  // namespace tessera::runtime
