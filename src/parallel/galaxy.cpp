@@ -85,6 +85,7 @@ class Galaxy final : public Strategy {
                      core::ThreadPool* pool) const override {
     return run_cached(m, plan, sync, std::move(x), n, pool, nullptr, nullptr);
   }
+  bool decodes() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 int64_t positions) const override;
   // run(), and with `cache` the K/V of this rank's heads kept (positions 0..n-1).

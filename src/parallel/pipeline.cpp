@@ -141,6 +141,7 @@ class Pipeline final : public Strategy {
     return run_cached(m, plan, sync, std::move(x), n, 0, nullptr, ws, pool);
   }
 
+  bool decodes() const override { return true; }
   // Each device keeps the cache of its own layers; a step passes one row through the stages.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 int64_t positions) const override {

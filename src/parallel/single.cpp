@@ -43,6 +43,7 @@ class Single final : public Strategy {
     return x;
   }
 
+  bool decodes() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan&, Synchronizer&,
                                                 int64_t positions) const override {
     TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, m.make_cache(positions));

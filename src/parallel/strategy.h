@@ -102,6 +102,10 @@ class Strategy {
   [[nodiscard]] virtual core::Result<core::Tensor> run(const model::Transformer& m, const Plan& plan,
                                                        Synchronizer& sync, core::Tensor x, int64_t n,
                                                        core::ThreadPool* pool) const = 0;
+  // Whether this strategy generates with a KV cache (make_decoder gives a
+  // Decoder): true exactly when it overrides make_decoder. Whoever needs the
+  // strategies that generate asks this rather than lists names.
+  virtual bool decodes() const { return false; }
   // A decoder for one generation of up to `positions` positions on this
   // rank (sync.rank()); the default: generation is not supported.
   [[nodiscard]] virtual core::Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan,

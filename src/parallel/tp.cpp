@@ -46,6 +46,7 @@ class Tp final : public Strategy {
     return sync.rank() == 0 ? full : Tensor();
   }
 
+  bool decodes() const override { return true; }
   // Each device caches the K/V of its heads; a step is one row through the same layers.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 int64_t positions) const override {

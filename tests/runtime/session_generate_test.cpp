@@ -192,6 +192,7 @@ TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
     runtime::RunRequest req;  // the session still serves forwards
     req.ids = {1, 2, 3};
     EXPECT_TRUE(session->run(req).ok()) << strategy->name();
+    std::cout << strategy->name() << " refuses generation\n";
   }
   EXPECT_GT(tested, 0) << "every strategy decodes: nothing to refuse";
 }
