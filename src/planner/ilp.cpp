@@ -177,12 +177,11 @@ std::string IlpResult::summary() const {
   return buf;
 }
 
-// Columns: x[l][d] (binary) for every unit and device, then y[l][d][d']
-// (continuous in [0, 1]) for every unit but the last. y is a flow: its
-// rows out of (l, d) sum to x[l][d] and its columns into (l+1, d') to
-// x[l+1][d'], so at integral x it is exactly x[l][d]·x[l+1][d'] (Eq. 6),
-// and its diagonal y[l][d][d] is z[l+1][d] (Eq. 7).
-Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
+namespace {
+
+// Every unit has a compute and a load time per device, every pin names a
+// device, and there is one transfer table between consecutive units.
+core::Status check_problem(const IlpProblem& pr) {
   const int D = pr.devices;
   const int L = static_cast<int>(pr.units.size());
   if (D < 1 || L < 1) return core::invalid_argument("the ILP needs a device and a unit");
@@ -191,160 +190,243 @@ Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
   for (const auto& u : pr.units)
     if (static_cast<int>(u.compute_ms.size()) != D || static_cast<int>(u.load_ms.size()) != D || u.pinned >= D)
       return core::invalid_argument("malformed ILP unit '" + u.name + "'");
-  const auto t0 = std::chrono::steady_clock::now();
-  // A device whose pinned units alone exceed its budget: infeasible before
-  // any search (a negative budget has no memory row below).
-  std::vector<double> pinned_bytes(static_cast<size_t>(D), 0.0);
-  std::vector<bool> has_pin(static_cast<size_t>(D), false);
+  return core::ok_status();
+}
+
+// A device whose pinned units alone exceed its budget: infeasible before
+// any search (a negative budget has no memory row below).
+bool pinned_units_exceed_a_budget(const IlpProblem& pr) {
+  const auto D = static_cast<size_t>(pr.devices);
+  std::vector<double> pinned_bytes(D, 0.0);
+  std::vector<bool> has_pin(D, false);
   for (const auto& u : pr.units)
     if (u.pinned >= 0) {
       pinned_bytes[static_cast<size_t>(u.pinned)] += static_cast<double>(u.weight_bytes);
       has_pin[static_cast<size_t>(u.pinned)] = true;
     }
-  for (int d = 0; d < D; ++d)
-    if (has_pin[static_cast<size_t>(d)] && pinned_bytes[static_cast<size_t>(d)] > pr.budget[static_cast<size_t>(d)]) {
-      IlpResult r;
-      r.status = IlpStatus::kInfeasible;
-      return r;
-    }
-  auto X = [&](int l, int d) { return l * D + d; };
-  auto Y = [&](int l, int d, int e) { return L * D + (l * D + d) * D + e; };
-  const int ncols = L * D + (L - 1) * D * D;
-  // Rows: Eq. 4 (one per unit), flow out of and into each (l, d), Eq. 5 (devices with a budget).
-  auto row_assign = [&](int l) { return l; };
-  auto row_out = [&](int l, int d) { return L + l * D + d; };
-  auto row_in = [&](int l, int e) { return L + (L - 1) * D + l * D + e; };
-  std::vector<int> mem_row(static_cast<size_t>(D), -1);
-  int nrows = L + 2 * (L - 1) * D;
-  for (int d = 0; d < D; ++d)
-    if (std::isfinite(pr.budget[static_cast<size_t>(d)]) && pr.budget[static_cast<size_t>(d)] >= 0) mem_row[static_cast<size_t>(d)] = nrows++;
+  for (size_t d = 0; d < D; ++d)
+    if (has_pin[d] && pinned_bytes[d] > pr.budget[d]) return true;
+  return false;
+}
 
+// Where each variable and constraint sits in CBC's matrix. Columns: x[l][d]
+// (binary) for every unit and device, then y[l][d][d'] (continuous in
+// [0, 1]) for every unit but the last. y is a flow: its rows out of (l, d)
+// sum to x[l][d] and its columns into (l+1, d') to x[l+1][d'], so at
+// integral x it is exactly x[l][d]·x[l+1][d'] (Eq. 6), and its diagonal
+// y[l][d][d] is z[l+1][d] (Eq. 7). Rows: Eq. 4 (one per unit), flow out of
+// and into each (l, d), Eq. 5 (devices with a budget).
+struct Layout {
+  int D = 0, L = 0;
+  int ncols = 0, nrows = 0;
+  std::vector<int> mem_row;  // Eq. 5's row of each device; -1: no budget
+
+  explicit Layout(const IlpProblem& pr) : D(pr.devices), L(static_cast<int>(pr.units.size())) {
+    ncols = L * D + (L - 1) * D * D;
+    nrows = L + 2 * (L - 1) * D;
+    mem_row.assign(static_cast<size_t>(D), -1);
+    for (int d = 0; d < D; ++d)
+      if (std::isfinite(pr.budget[static_cast<size_t>(d)]) && pr.budget[static_cast<size_t>(d)] >= 0)
+        mem_row[static_cast<size_t>(d)] = nrows++;
+  }
+  int x(int l, int d) const { return l * D + d; }
+  int y(int l, int d, int e) const { return L * D + (l * D + d) * D + e; }
+  int row_assign(int l) const { return l; }
+  int row_out(int l, int d) const { return L + l * D + d; }
+  int row_in(int l, int e) const { return L + (L - 1) * D + l * D + e; }
+};
+
+// The problem in CBC's column-major form, with its bounds and objective.
+struct Matrix {
   std::vector<int> start, index;
-  std::vector<double> value, collb(static_cast<size_t>(ncols), 0.0), colub(static_cast<size_t>(ncols), 1.0),
-      obj(static_cast<size_t>(ncols), 0.0);
-  start.reserve(static_cast<size_t>(ncols) + 1);
-  for (int l = 0; l < L; ++l)
-    for (int d = 0; d < D; ++d) {
+  std::vector<double> value, collb, colub, obj, rowlb, rowub;
+};
+
+// The x columns: in Eq. 4's row of their unit, the flow rows around it and
+// the device's memory row (Eq. 5); priced by compute time (Eq. 8). Pins fix
+// a column, and a unit larger than a device's budget cannot go there.
+void add_unit_columns(const IlpProblem& pr, const Layout& lay, Matrix& mx) {
+  for (int l = 0; l < lay.L; ++l)
+    for (int d = 0; d < lay.D; ++d) {
       const IlpUnit& u = pr.units[static_cast<size_t>(l)];
-      const int col = X(l, d);
-      start.push_back(static_cast<int>(index.size()));
-      index.push_back(row_assign(l)), value.push_back(1);
-      if (l + 1 < L) index.push_back(row_out(l, d)), value.push_back(-1);
-      if (l > 0) index.push_back(row_in(l - 1, d)), value.push_back(-1);
-      if (mem_row[static_cast<size_t>(d)] >= 0 && u.weight_bytes > 0)
-        index.push_back(mem_row[static_cast<size_t>(d)]), value.push_back(static_cast<double>(u.weight_bytes));
-      obj[static_cast<size_t>(col)] = u.compute_ms[static_cast<size_t>(d)];  // Eq. 8
+      const int col = lay.x(l, d);
+      mx.start.push_back(static_cast<int>(mx.index.size()));
+      mx.index.push_back(lay.row_assign(l)), mx.value.push_back(1);
+      if (l + 1 < lay.L) mx.index.push_back(lay.row_out(l, d)), mx.value.push_back(-1);
+      if (l > 0) mx.index.push_back(lay.row_in(l - 1, d)), mx.value.push_back(-1);
+      if (lay.mem_row[static_cast<size_t>(d)] >= 0 && u.weight_bytes > 0)
+        mx.index.push_back(lay.mem_row[static_cast<size_t>(d)]), mx.value.push_back(static_cast<double>(u.weight_bytes));
+      mx.obj[static_cast<size_t>(col)] = u.compute_ms[static_cast<size_t>(d)];  // Eq. 8
       const double room = pr.budget[static_cast<size_t>(d)];
       const bool cannot = room < 0 || static_cast<double>(u.weight_bytes) > room;
-      if (u.pinned >= 0) collb[static_cast<size_t>(col)] = colub[static_cast<size_t>(col)] = u.pinned == d ? 1 : 0;
-      else if (cannot) colub[static_cast<size_t>(col)] = 0;
+      if (u.pinned >= 0) mx.collb[static_cast<size_t>(col)] = mx.colub[static_cast<size_t>(col)] = u.pinned == d ? 1 : 0;
+      else if (cannot) mx.colub[static_cast<size_t>(col)] = 0;
     }
-  for (int l = 0; l + 1 < L; ++l)
-    for (int d = 0; d < D; ++d)
-      for (int e = 0; e < D; ++e) {
-        const int col = Y(l, d, e);
-        start.push_back(static_cast<int>(index.size()));
-        index.push_back(row_out(l, d)), value.push_back(1);
-        index.push_back(row_in(l, e)), value.push_back(1);
-        const double t = d == e ? pr.units[static_cast<size_t>(l + 1)].load_ms[static_cast<size_t>(d)]  // Eq. 10
-                                 : pr.xfer_ms[static_cast<size_t>(l)][static_cast<size_t>(d)][static_cast<size_t>(e)];  // Eq. 9
-        if (std::isfinite(t)) obj[static_cast<size_t>(col)] = t;
-        else colub[static_cast<size_t>(col)] = 0;  // no link
-      }
-  start.push_back(static_cast<int>(index.size()));
-  std::vector<double> rowlb(static_cast<size_t>(nrows), 0.0), rowub(static_cast<size_t>(nrows), 0.0);
-  for (int l = 0; l < L; ++l) rowlb[static_cast<size_t>(l)] = rowub[static_cast<size_t>(l)] = 1;  // Eq. 4, with equality
-  for (int d = 0; d < D; ++d)
-    if (mem_row[static_cast<size_t>(d)] >= 0) {
-      rowlb[static_cast<size_t>(mem_row[static_cast<size_t>(d)])] = -1e30;
-      rowub[static_cast<size_t>(mem_row[static_cast<size_t>(d)])] = pr.budget[static_cast<size_t>(d)];  // Eq. 5
-    }
+}
 
-  std::unique_ptr<Cbc_Model, void (*)(Cbc_Model*)> m(Cbc_newModel(), Cbc_deleteModel);
-  Cbc_loadProblem(m.get(), ncols, nrows, start.data(), index.data(), value.data(), collb.data(), colub.data(), obj.data(),
-                  rowlb.data(), rowub.data());
-  for (int l = 0; l < L; ++l)
-    for (int d = 0; d < D; ++d) Cbc_setInteger(m.get(), X(l, d));
-  if (!o.lp_file.empty()) {
-    for (int l = 0; l < L; ++l)
-      for (int d = 0; d < D; ++d) {
-        Cbc_setColName(m.get(), X(l, d), ("x_" + std::to_string(l) + "_" + std::to_string(d)).c_str());
-        for (int e = 0; e < D && l + 1 < L; ++e)
-          Cbc_setColName(m.get(), Y(l, d, e),
-                         ("y_" + std::to_string(l) + "_" + std::to_string(d) + "_" + std::to_string(e)).c_str());
+// The y columns: priced by the transfer between two devices (Eq. 9) or, on
+// the same device, by the next unit's load time (Eq. 10); no link, no flow.
+void add_flow_columns(const IlpProblem& pr, const Layout& lay, Matrix& mx) {
+  for (int l = 0; l + 1 < lay.L; ++l)
+    for (int d = 0; d < lay.D; ++d)
+      for (int e = 0; e < lay.D; ++e) {
+        const int col = lay.y(l, d, e);
+        mx.start.push_back(static_cast<int>(mx.index.size()));
+        mx.index.push_back(lay.row_out(l, d)), mx.value.push_back(1);
+        mx.index.push_back(lay.row_in(l, e)), mx.value.push_back(1);
+        const double t = d == e ? pr.units[static_cast<size_t>(l + 1)].load_ms[static_cast<size_t>(d)]  // Eq. 10
+                                : pr.xfer_ms[static_cast<size_t>(l)][static_cast<size_t>(d)][static_cast<size_t>(e)];  // Eq. 9
+        if (std::isfinite(t)) mx.obj[static_cast<size_t>(col)] = t;
+        else mx.colub[static_cast<size_t>(col)] = 0;  // no link
       }
-    const auto name_row = [&](int row, const std::string& name) { Cbc_setRowName(m.get(), row, name.c_str()); };
-    for (int l = 0; l < L; ++l) {
-      name_row(row_assign(l), "assign_" + std::to_string(l));
-      for (int d = 0; d < D && l + 1 < L; ++d) {
-        name_row(row_out(l, d), "out_" + std::to_string(l) + "_" + std::to_string(d));
-        name_row(row_in(l, d), "in_" + std::to_string(l + 1) + "_" + std::to_string(d));  // flow into (l+1, d)
-      }
+}
+
+Matrix build_matrix(const IlpProblem& pr, const Layout& lay) {
+  Matrix mx;
+  const auto ncols = static_cast<size_t>(lay.ncols), nrows = static_cast<size_t>(lay.nrows);
+  mx.collb.assign(ncols, 0.0);
+  mx.colub.assign(ncols, 1.0);
+  mx.obj.assign(ncols, 0.0);
+  mx.start.reserve(ncols + 1);
+  add_unit_columns(pr, lay, mx);
+  add_flow_columns(pr, lay, mx);
+  mx.start.push_back(static_cast<int>(mx.index.size()));
+  // Flow rows are equalities at 0; Eq. 4 with equality at 1; Eq. 5 at most the budget.
+  mx.rowlb.assign(nrows, 0.0);
+  mx.rowub.assign(nrows, 0.0);
+  for (int l = 0; l < lay.L; ++l) mx.rowlb[static_cast<size_t>(l)] = mx.rowub[static_cast<size_t>(l)] = 1;
+  for (int d = 0; d < lay.D; ++d)
+    if (lay.mem_row[static_cast<size_t>(d)] >= 0) {
+      mx.rowlb[static_cast<size_t>(lay.mem_row[static_cast<size_t>(d)])] = -1e30;
+      mx.rowub[static_cast<size_t>(lay.mem_row[static_cast<size_t>(d)])] = pr.budget[static_cast<size_t>(d)];
     }
-    for (int d = 0; d < D; ++d)
-      if (mem_row[static_cast<size_t>(d)] >= 0) name_row(mem_row[static_cast<size_t>(d)], "memory_" + std::to_string(d));
-    std::string base = o.lp_file;
-    if (base.size() > 3 && base.compare(base.size() - 3, 3, ".lp") == 0) base.resize(base.size() - 3);
-    Cbc_writeLp(m.get(), base.c_str());  // CBC appends ".lp"
+  return mx;
+}
+
+using CbcModel = std::unique_ptr<Cbc_Model, void (*)(Cbc_Model*)>;
+
+CbcModel load_model(const Matrix& mx, const Layout& lay) {
+  CbcModel m(Cbc_newModel(), Cbc_deleteModel);
+  Cbc_loadProblem(m.get(), lay.ncols, lay.nrows, mx.start.data(), mx.index.data(), mx.value.data(), mx.collb.data(),
+                  mx.colub.data(), mx.obj.data(), mx.rowlb.data(), mx.rowub.data());
+  for (int l = 0; l < lay.L; ++l)
+    for (int d = 0; d < lay.D; ++d) Cbc_setInteger(m.get(), lay.x(l, d));
+  return m;
+}
+
+// The model as an LP file with readable names (x_l_d, y_l_d_e, assign_l,
+// out_l_d, in_l_d, memory_d), for checking it by hand or with another solver.
+void write_lp(Cbc_Model* m, const Layout& lay, const std::string& path) {
+  const int L = lay.L, D = lay.D;
+  for (int l = 0; l < L; ++l)
+    for (int d = 0; d < D; ++d) {
+      Cbc_setColName(m, lay.x(l, d), ("x_" + std::to_string(l) + "_" + std::to_string(d)).c_str());
+      for (int e = 0; e < D && l + 1 < L; ++e)
+        Cbc_setColName(m, lay.y(l, d, e), ("y_" + std::to_string(l) + "_" + std::to_string(d) + "_" + std::to_string(e)).c_str());
+    }
+  const auto name_row = [&](int row, const std::string& name) { Cbc_setRowName(m, row, name.c_str()); };
+  for (int l = 0; l < L; ++l) {
+    name_row(lay.row_assign(l), "assign_" + std::to_string(l));
+    for (int d = 0; d < D && l + 1 < L; ++d) {
+      name_row(lay.row_out(l, d), "out_" + std::to_string(l) + "_" + std::to_string(d));
+      name_row(lay.row_in(l, d), "in_" + std::to_string(l + 1) + "_" + std::to_string(d));  // flow into (l+1, d)
+    }
   }
-  Cbc_setLogLevel(m.get(), 0);
-  Cbc_setMaximumSeconds(m.get(), std::max(o.time_limit_s, 0.01));
+  for (int d = 0; d < D; ++d)
+    if (lay.mem_row[static_cast<size_t>(d)] >= 0) name_row(lay.mem_row[static_cast<size_t>(d)], "memory_" + std::to_string(d));
+  std::string base = path;
+  if (base.size() > 3 && base.compare(base.size() - 3, 3, ".lp") == 0) base.resize(base.size() - 3);
+  Cbc_writeLp(m, base.c_str());  // CBC appends ".lp"
+}
+
+void set_solver_options(Cbc_Model* m, const IlpOptions& o) {
+  Cbc_setLogLevel(m, 0);
+  Cbc_setMaximumSeconds(m, std::max(o.time_limit_s, 0.01));
   // Proven optimal means optimal: no gap tolerance, and no cutoff increment
   // that would prune a solution better by less than it.
-  Cbc_setAllowableGap(m.get(), 0);
-  Cbc_setAllowableFractionGap(m.get(), 0);
-  Cbc_setParameter(m.get(), "increment", "0");
-  Cbc_setParameter(m.get(), "timeMode", "elapsed");  // the limit is wall-clock time
+  Cbc_setAllowableGap(m, 0);
+  Cbc_setAllowableFractionGap(m, 0);
+  Cbc_setParameter(m, "increment", "0");
+  Cbc_setParameter(m, "timeMode", "elapsed");  // the limit is wall-clock time
   // Without presolve and CBC's root heuristics: with Tw = 0 the LP is very
   // degenerate, and a root heuristic's LP (Clp primal, which checks no time
   // limit) ran for minutes at 16 devices; the DP's warm start is the incumbent.
-  Cbc_setParameter(m.get(), "presolve", "off");
-  Cbc_setParameter(m.get(), "heuristicsOnOff", "off");
-  if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) {
-    std::vector<int> cols;
-    std::vector<double> vals;
-    for (int l = 0; l < L; ++l)
-      for (int d = 0; d < D; ++d) {
-        cols.push_back(X(l, d));
-        vals.push_back(o.warm_start[static_cast<size_t>(l)] == d ? 1 : 0);
-        for (int e = 0; e < D && l + 1 < L; ++e) {
-          cols.push_back(Y(l, d, e));
-          vals.push_back(o.warm_start[static_cast<size_t>(l)] == d && o.warm_start[static_cast<size_t>(l + 1)] == e ? 1 : 0);
-        }
-      }
-    Cbc_setMIPStartI(m.get(), static_cast<int>(cols.size()), cols.data(), vals.data());
-  }
-  {
-    // CBC 2.10's solver driver (CbcMain1, behind Cbc_solve) keeps static
-    // state: one solve at a time in this process.
-    static std::mutex cbc_mutex;
-    std::lock_guard<std::mutex> lock(cbc_mutex);
-    Cbc_solve(m.get());
-  }
+  Cbc_setParameter(m, "presolve", "off");
+  Cbc_setParameter(m, "heuristicsOnOff", "off");
+}
 
-  IlpResult r;
-  r.variables = ncols;
-  r.constraints = nrows;
-  const double* best = Cbc_bestSolution(m.get());
-  if (best != nullptr) {
-    r.device_of_unit.assign(static_cast<size_t>(L), 0);
-    for (int l = 0; l < L; ++l) {
-      int arg = 0;
-      for (int d = 1; d < D; ++d)
-        if (best[X(l, d)] > best[X(l, arg)]) arg = d;
-      r.device_of_unit[static_cast<size_t>(l)] = arg;
+// A feasible assignment (the DP's) as CBC's first incumbent: x and the
+// flow y it implies.
+void set_warm_start(Cbc_Model* m, const Layout& lay, const std::vector<int>& a) {
+  std::vector<int> cols;
+  std::vector<double> vals;
+  for (int l = 0; l < lay.L; ++l)
+    for (int d = 0; d < lay.D; ++d) {
+      cols.push_back(lay.x(l, d));
+      vals.push_back(a[static_cast<size_t>(l)] == d ? 1 : 0);
+      for (int e = 0; e < lay.D && l + 1 < lay.L; ++e) {
+        cols.push_back(lay.y(l, d, e));
+        vals.push_back(a[static_cast<size_t>(l)] == d && a[static_cast<size_t>(l + 1)] == e ? 1 : 0);
+      }
     }
-    r.cost = assignment_cost(pr, r.device_of_unit);
-    r.objective_ms = r.cost.total();
-    r.bound_ms = std::min(Cbc_getBestPossibleObjValue(m.get()), r.objective_ms);
-    r.gap = r.objective_ms > 0 ? std::max(0.0, (r.objective_ms - r.bound_ms) / r.objective_ms) : 0.0;
-    r.status = Cbc_isProvenOptimal(m.get()) ? IlpStatus::kOptimal : IlpStatus::kFeasible;
-    if (r.status == IlpStatus::kOptimal) r.gap = 0, r.bound_ms = r.objective_ms;
-    if (!assignment_feasible(pr, r.device_of_unit))
-      return core::internal_error("CBC returned an assignment that breaks the constraints");
-  } else {
-    r.status = Cbc_isProvenInfeasible(m.get()) ? IlpStatus::kInfeasible : IlpStatus::kNoSolution;
+  Cbc_setMIPStartI(m, static_cast<int>(cols.size()), cols.data(), vals.data());
+}
+
+void solve_one_at_a_time(Cbc_Model* m) {
+  // CBC 2.10's solver driver (CbcMain1, behind Cbc_solve) keeps static
+  // state: one solve at a time in this process.
+  static std::mutex cbc_mutex;
+  std::lock_guard<std::mutex> lock(cbc_mutex);
+  Cbc_solve(m);
+}
+
+// The assignment CBC found (each unit on its largest x), priced again by
+// assignment_cost, with CBC's bound and status; or why there is none.
+Result<IlpResult> read_solution(Cbc_Model* m, const IlpProblem& pr, const Layout& lay) {
+  IlpResult r;
+  r.variables = lay.ncols;
+  r.constraints = lay.nrows;
+  const double* best = Cbc_bestSolution(m);
+  if (best == nullptr) {
+    r.status = Cbc_isProvenInfeasible(m) ? IlpStatus::kInfeasible : IlpStatus::kNoSolution;
+    return r;
   }
+  r.device_of_unit.assign(static_cast<size_t>(lay.L), 0);
+  for (int l = 0; l < lay.L; ++l) {
+    int arg = 0;
+    for (int d = 1; d < lay.D; ++d)
+      if (best[lay.x(l, d)] > best[lay.x(l, arg)]) arg = d;
+    r.device_of_unit[static_cast<size_t>(l)] = arg;
+  }
+  r.cost = assignment_cost(pr, r.device_of_unit);
+  r.objective_ms = r.cost.total();
+  r.bound_ms = std::min(Cbc_getBestPossibleObjValue(m), r.objective_ms);
+  r.gap = r.objective_ms > 0 ? std::max(0.0, (r.objective_ms - r.bound_ms) / r.objective_ms) : 0.0;
+  r.status = Cbc_isProvenOptimal(m) ? IlpStatus::kOptimal : IlpStatus::kFeasible;
+  if (r.status == IlpStatus::kOptimal) r.gap = 0, r.bound_ms = r.objective_ms;
+  if (!assignment_feasible(pr, r.device_of_unit))
+    return core::internal_error("CBC returned an assignment that breaks the constraints");
+  return r;
+}
+
+}  // namespace
+
+// The flow form of Eq. 6-7 (Layout), solved by CBC from the DP's warm start.
+Result<IlpResult> solve_ilp(const IlpProblem& pr, const IlpOptions& o) {
+  TESSERA_RETURN_IF_ERROR(check_problem(pr));
+  const auto t0 = std::chrono::steady_clock::now();
+  if (pinned_units_exceed_a_budget(pr)) {
+    IlpResult r;
+    r.status = IlpStatus::kInfeasible;
+    return r;
+  }
+  const Layout lay(pr);
+  const CbcModel m = load_model(build_matrix(pr, lay), lay);
+  if (!o.lp_file.empty()) write_lp(m.get(), lay, o.lp_file);
+  set_solver_options(m.get(), o);
+  if (!o.warm_start.empty() && assignment_feasible(pr, o.warm_start)) set_warm_start(m.get(), lay, o.warm_start);
+  solve_one_at_a_time(m.get());
+  TESSERA_ASSIGN_OR_RETURN(IlpResult r, read_solution(m.get(), pr, lay));
   r.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
