@@ -244,115 +244,18 @@ class Bp final : public Strategy {
 
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
     const Layout L = layout_of(plan, c, n);
-    const int K = L.K;
-    const int64_t H = L.H, Fr = L.Fr, I = L.I;
     Schedule s;
-    for (int r = 0; r < K; ++r) {
-      const auto ru = static_cast<size_t>(r);
-      const int64_t nb = L.blocks[ru].size(), p = L.row_counts[ru];
-      const int64_t w = L.heads[ru].size() * c.head_dim(), il = L.ffn[ru].size();
+    for (int r = 0; r < L.K; ++r) {
+      const Share me = share_of(L, c, r);
       DeviceSchedule d;
-      Where at = Where::kTerminal;
-      int64_t qkv_cols_left = -1;  // >= 0: the next original layer's Q, K, V began on the slices
+      Walk walk;
       for (int64_t l = 0; l < c.layers; ++l) {
-        if (c.decoupled(l)) {
-          qkv_cols_left = -1;
-          Phase ph{"sub-blocks", l, {}, {}, false};
-          if (at == Where::kTerminal) {
-            // Each device's first slice, then the rest while the devices compute.
-            int64_t first = 0;
-            for (int q = 1; q < K; ++q) first += std::min(L.slice_rows[static_cast<size_t>(q)], n);
-            const int64_t rest = L.total_slice_rows() - L.slice_rows[0] - first;
-            d.phases.push_back({"first slices", l, {},
-                                {transfer(CollectiveKind::kScatter, "slices", r == 0 ? first * Fr : 0, everyone_but(r, K))}, false});
-            ph.transfers.push_back(transfer(CollectiveKind::kScatter, "slices", r == 0 ? rest * Fr : 0, everyone_but(r, K)));
-            ph.overlapped = true;
-          }
-          const int64_t streams = l + 1 < c.layers && !c.decoupled(l + 1) ? slice_streams(L) : 0;
-          if (streams == 0) {
-            for (int64_t j = 0; j < nb; ++j) add_block_work(ph.work, c, n);
-            d.phases.push_back(std::move(ph));
-            at = Where::kSliced;
-            continue;
-          }
-          // Stream j travels while sub-block j + 1 computes; the last one
-          // alone, or (early Q, K, V) while the slices in are projected.
-          const bool early_qkv = L.orig == Orig::kAllgather && !c.pre_layernorm();
-          int64_t last_cols = 0;  // the columns that come in with the last stream
-          for (int q = 0; q < K; ++q)
-            if (q != r && L.blocks[static_cast<size_t>(q)].size() == streams) last_cols += Fr;
-          if (nb > 0) add_block_work(ph.work, c, n);
-          d.phases.push_back(std::move(ph));
-          for (int64_t j = 0; j < streams; ++j) {
-            Phase next{"sub-block and slices", l, {}, {}, j + 1 < streams || early_qkv};
-            if (j + 1 < nb) add_block_work(next.work, c, n);
-            if (early_qkv && j + 1 == streams) next.work.push_back(gemm("qkv", n, H - last_cols, 3 * H));
-            next.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices",
-                                              ring_allgather_sent(stream_counts(L, j), Fr, r), everyone_but(r, K)));
-            d.phases.push_back(std::move(next));
-          }
-          qkv_cols_left = early_qkv ? last_cols : -1;
-          at = Where::kFull;
-          continue;
-        }
-        Phase ph{"original", l, {}, {}, false};
-        if (at == Where::kSliced)
-          ph.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices", ring_allgather_sent(L.slice_rows, Fr, r), everyone_but(r, K)));
-        const bool first = at == Where::kTerminal, last = l + 1 == c.layers;
-        if (L.orig == Orig::kSp) {
-          if (first)
-            ph.transfers.push_back(transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - p) * H : 0, everyone_but(r, K)));
-          ph.work.push_back(elementwise("norm", p, H));
-          if (p > 0) ph.work.push_back(gemm("qkv", p, H, 3 * H));
-          for (const char* what : {"k", "v"})
-            ph.transfers.push_back(transfer(CollectiveKind::kAllgather, what, ring_allgather_sent(L.row_counts, H, r), everyone_but(r, K)));
-          Phase rest{"original rows", l, {}, {}, false};
-          if (p > 0) rest.work.push_back(attention("attention", p, n, H));
-          add_tail_work(rest.work, c, p);
-          if (last)
-            rest.transfers.push_back(transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * H, {0}));
-          else
-            rest.transfers.push_back(transfer(CollectiveKind::kAllgather, "y", ring_allgather_sent(L.row_counts, H, r), everyone_but(r, K)));
-          d.phases.push_back(std::move(ph));
-          d.phases.push_back(std::move(rest));
-        } else {
-          if (first)
-            ph.transfers.push_back(transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * H, K, r, 0), everyone_but(r, K)));
-          if (L.orig == Orig::kAllgather && qkv_cols_left >= 0) {
-            // The rest of Q, K, V (project_slices), then as any layer.
-            ph.work.push_back(gemm("qkv", n, qkv_cols_left, 3 * H));
-            ph.work.push_back(attention("attention", n, n, H));
-            add_tail_work(ph.work, c, n);
-            d.phases.push_back(std::move(ph));
-          } else if (L.orig == Orig::kAllgather) {
-            add_layer_work(ph.work, c, n, n);
-            d.phases.push_back(std::move(ph));
-          } else {  // TP, as tp.cpp
-            ph.work.push_back(elementwise("norm", n, H));
-            if (w > 0) {
-              ph.work.push_back(gemm("qkv", n, H, 3 * w));
-              ph.work.push_back(attention("attention", n, n, w));
-            }
-            ph.work.push_back(gemm("attn_out", n, w, H));
-            ph.transfers.push_back(transfer(CollectiveKind::kAllreduce, "attn_out", ring_allreduce_sent(n * H, K, r), everyone_but(r, K)));
-            Phase mlp{"original mlp", l, {elementwise("residual+norm", n, H), gemm("ffn_in", n, H, il), gemm("ffn_out", n, il, H)}, {}, false};
-            mlp.transfers.push_back(transfer(CollectiveKind::kAllreduce, "ffn_out", ring_allreduce_sent(n * H, K, r), everyone_but(r, K)));
-            d.phases.push_back(std::move(ph));
-            d.phases.push_back(std::move(mlp));
-            d.phases.push_back({"residual", l, {elementwise("residual+norm", n, H)}, {}, false});
-          }
-        }
-        at = Where::kFull;
-        qkv_cols_left = -1;
+        if (c.decoupled(l)) estimate_decoupled_layer(L, c, me, l, walk, d);
+        else estimate_original_layer(L, c, me, l, walk, d);
       }
-      if (at == Where::kSliced)
-        d.phases.push_back({"gather slices", -1, {}, {transfer(CollectiveKind::kGather, "slices", r == 0 ? 0 : L.slice_rows[ru] * Fr, {0})}, false});
-      const int64_t originals = c.layers - decoupled_layers(c);
-      const int64_t block_bytes = block_weight_bytes(c) * nb * decoupled_layers(c);
-      const int64_t orig_bytes = L.orig == Orig::kTp ? layer_weight_bytes(c, w, il) : layer_weight_bytes(c, H, I);
-      d.weight_bytes = block_bytes + originals * orig_bytes + (r == 0 ? terminal_weight_bytes(c) : 0);
-      // full [n, H], slices, workspace (qkv, ctx, h, a, ffn), scores.
-      d.activation_bytes = (n * H * 2 + L.total_slice_rows() * Fr + n * (6 * H + I) + n * n * c.heads) * 4;
+      if (walk.at == Where::kSliced)
+        d.phases.push_back({"gather slices", -1, {}, {transfer(CollectiveKind::kGather, "slices", r == 0 ? 0 : L.slice_rows[static_cast<size_t>(r)] * L.Fr, {0})}, false});
+      estimate_memory(L, c, me, d);
       s.devices.push_back(std::move(d));
     }
     return s;
@@ -390,6 +293,160 @@ class Bp final : public Strategy {
       ob.qkv_started = true;
       b = e;
     }
+  }
+
+  // estimate()'s steps, for one device (`me`) and one layer at a time.
+  // A device's shares under the plan.
+  struct Share {
+    int r = 0;
+    int64_t nb = 0;  // its sub-blocks of each decoupled layer
+    int64_t p = 0;   // SP: its sequence rows
+    int64_t w = 0, il = 0;  // TP: its head columns and FFN columns
+  };
+  static Share share_of(const Layout& L, const model::ModelConfig& c, int r) {
+    const auto ru = static_cast<size_t>(r);
+    return {r, L.blocks[ru].size(), L.row_counts[ru], L.heads[ru].size() * c.head_dim(), L.ffn[ru].size()};
+  }
+  // Where the activations are after the layers so far, and the Q, K, V
+  // columns the next original layer has left (>= 0: it began on the slices).
+  struct Walk {
+    Where at = Where::kTerminal;
+    int64_t qkv_cols_left = -1;
+  };
+
+  // A decoupled layer: its sub-blocks, after the terminal's slices if they
+  // come from it, and before an original layer the slices' AllGather streams.
+  static void estimate_decoupled_layer(const Layout& L, const model::ModelConfig& c, const Share& me, int64_t l, Walk& walk,
+                                       DeviceSchedule& d) {
+    const int K = L.K, r = me.r;
+    const int64_t n = L.n, H = L.H, Fr = L.Fr;
+    walk.qkv_cols_left = -1;
+    Phase ph{"sub-blocks", l, {}, {}, false};
+    if (walk.at == Where::kTerminal) {
+      // Each device's first slice, then the rest while the devices compute.
+      int64_t first = 0;
+      for (int q = 1; q < K; ++q) first += std::min(L.slice_rows[static_cast<size_t>(q)], n);
+      const int64_t rest = L.total_slice_rows() - L.slice_rows[0] - first;
+      d.phases.push_back({"first slices", l, {},
+                          {transfer(CollectiveKind::kScatter, "slices", r == 0 ? first * Fr : 0, everyone_but(r, K))}, false});
+      ph.transfers.push_back(transfer(CollectiveKind::kScatter, "slices", r == 0 ? rest * Fr : 0, everyone_but(r, K)));
+      ph.overlapped = true;
+    }
+    const int64_t streams = l + 1 < c.layers && !c.decoupled(l + 1) ? slice_streams(L) : 0;
+    if (streams == 0) {
+      for (int64_t j = 0; j < me.nb; ++j) add_block_work(ph.work, c, n);
+      d.phases.push_back(std::move(ph));
+      walk.at = Where::kSliced;
+      return;
+    }
+    // Stream j travels while sub-block j + 1 computes; the last one
+    // alone, or (early Q, K, V) while the slices in are projected.
+    const bool early_qkv = L.orig == Orig::kAllgather && !c.pre_layernorm();
+    int64_t last_cols = 0;  // the columns that come in with the last stream
+    for (int q = 0; q < K; ++q)
+      if (q != r && L.blocks[static_cast<size_t>(q)].size() == streams) last_cols += Fr;
+    if (me.nb > 0) add_block_work(ph.work, c, n);
+    d.phases.push_back(std::move(ph));
+    for (int64_t j = 0; j < streams; ++j) {
+      Phase next{"sub-block and slices", l, {}, {}, j + 1 < streams || early_qkv};
+      if (j + 1 < me.nb) add_block_work(next.work, c, n);
+      if (early_qkv && j + 1 == streams) next.work.push_back(gemm("qkv", n, H - last_cols, 3 * H));
+      next.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices",
+                                        ring_allgather_sent(stream_counts(L, j), Fr, r), everyone_but(r, K)));
+      d.phases.push_back(std::move(next));
+    }
+    walk.qkv_cols_left = early_qkv ? last_cols : -1;
+    walk.at = Where::kFull;
+  }
+
+  // An original layer: the slices gathered if they are still apart, then
+  // the layer by the plan's sp, allgather or tp.
+  static void estimate_original_layer(const Layout& L, const model::ModelConfig& c, const Share& me, int64_t l, Walk& walk,
+                                      DeviceSchedule& d) {
+    Phase ph{"original", l, {}, {}, false};
+    if (walk.at == Where::kSliced)
+      ph.transfers.push_back(transfer(CollectiveKind::kAllgather, "slices", ring_allgather_sent(L.slice_rows, L.Fr, me.r),
+                                      everyone_but(me.r, L.K)));
+    const bool first = walk.at == Where::kTerminal, last = l + 1 == c.layers;
+    if (L.orig == Orig::kSp) {
+      estimate_sp_original(L, c, me, l, first, last, std::move(ph), d);
+    } else {
+      if (first)
+        ph.transfers.push_back(transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(L.n * L.H, L.K, me.r, 0),
+                                        everyone_but(me.r, L.K)));
+      if (L.orig == Orig::kAllgather) estimate_whole_original(c, L.n, L.H, walk.qkv_cols_left, std::move(ph), d);
+      else estimate_tp_original(L, c, me, l, std::move(ph), d);
+    }
+    walk.at = Where::kFull;
+    walk.qkv_cols_left = -1;
+  }
+
+  // SP: the x rows scattered from the terminal on entry, Q, K, V of this
+  // device's rows, K and V gathered, its rows' attention and tail, and the
+  // rows gathered (to the terminal after the last layer).
+  static void estimate_sp_original(const Layout& L, const model::ModelConfig& c, const Share& me, int64_t l, bool first,
+                                   bool last, Phase ph, DeviceSchedule& d) {
+    const int K = L.K, r = me.r;
+    const int64_t n = L.n, H = L.H, p = me.p;
+    if (first) ph.transfers.push_back(transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - p) * H : 0, everyone_but(r, K)));
+    ph.work.push_back(elementwise("norm", p, H));
+    if (p > 0) ph.work.push_back(gemm("qkv", p, H, 3 * H));
+    for (const char* what : {"k", "v"})
+      ph.transfers.push_back(transfer(CollectiveKind::kAllgather, what, ring_allgather_sent(L.row_counts, H, r), everyone_but(r, K)));
+    Phase rest{"original rows", l, {}, {}, false};
+    if (p > 0) rest.work.push_back(attention("attention", p, n, H));
+    add_tail_work(rest.work, c, p);
+    if (last)
+      rest.transfers.push_back(transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * H, {0}));
+    else
+      rest.transfers.push_back(transfer(CollectiveKind::kAllgather, "y", ring_allgather_sent(L.row_counts, H, r), everyone_but(r, K)));
+    d.phases.push_back(std::move(ph));
+    d.phases.push_back(std::move(rest));
+  }
+
+  // allgather: every device runs the whole layer; with early Q, K, V only
+  // the columns left (project_slices).
+  static void estimate_whole_original(const model::ModelConfig& c, int64_t n, int64_t H, int64_t qkv_cols_left, Phase ph,
+                                      DeviceSchedule& d) {
+    if (qkv_cols_left >= 0) {
+      ph.work.push_back(gemm("qkv", n, qkv_cols_left, 3 * H));
+      ph.work.push_back(attention("attention", n, n, H));
+      add_tail_work(ph.work, c, n);
+    } else {
+      add_layer_work(ph.work, c, n, n);
+    }
+    d.phases.push_back(std::move(ph));
+  }
+
+  // tp: this device's heads and FFN columns, two AllReduce, as tp.cpp.
+  static void estimate_tp_original(const Layout& L, const model::ModelConfig& c, const Share& me, int64_t l, Phase ph,
+                                   DeviceSchedule& d) {
+    const int K = L.K, r = me.r;
+    const int64_t n = L.n, H = L.H, w = me.w, il = me.il;
+    ph.work.push_back(elementwise("norm", n, H));
+    if (w > 0) {
+      ph.work.push_back(gemm("qkv", n, H, 3 * w));
+      ph.work.push_back(attention("attention", n, n, w));
+    }
+    ph.work.push_back(gemm("attn_out", n, w, H));
+    ph.transfers.push_back(transfer(CollectiveKind::kAllreduce, "attn_out", ring_allreduce_sent(n * H, K, r), everyone_but(r, K)));
+    Phase mlp{"original mlp", l, {elementwise("residual+norm", n, H), gemm("ffn_in", n, H, il), gemm("ffn_out", n, il, H)}, {}, false};
+    mlp.transfers.push_back(transfer(CollectiveKind::kAllreduce, "ffn_out", ring_allreduce_sent(n * H, K, r), everyone_but(r, K)));
+    d.phases.push_back(std::move(ph));
+    d.phases.push_back(std::move(mlp));
+    d.phases.push_back({"residual", l, {elementwise("residual+norm", n, H)}, {}, false});
+  }
+
+  // Weights: this device's sub-blocks, the original layers (whole or its TP
+  // shard) and the terminal's; activations: full [n, H], slices, workspace
+  // (qkv, ctx, h, a, ffn), scores.
+  static void estimate_memory(const Layout& L, const model::ModelConfig& c, const Share& me, DeviceSchedule& d) {
+    const int64_t n = L.n, H = L.H;
+    const int64_t originals = c.layers - decoupled_layers(c);
+    const int64_t block_bytes = block_weight_bytes(c) * me.nb * decoupled_layers(c);
+    const int64_t orig_bytes = L.orig == Orig::kTp ? layer_weight_bytes(c, me.w, me.il) : layer_weight_bytes(c, H, L.I);
+    d.weight_bytes = block_bytes + originals * orig_bytes + (me.r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (n * H * 2 + L.total_slice_rows() * L.Fr + n * (6 * H + L.I) + n * n * c.heads) * 4;
   }
 
   static int64_t decoupled_layers(const model::ModelConfig& c) {
