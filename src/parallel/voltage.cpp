@@ -90,120 +90,177 @@ class Voltage final : public Strategy {
     }
     return b;
   }
+  struct Run;  // run()'s steps
 };
 
-Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                            core::ThreadPool* pool) const {
-  const model::ModelConfig& c = m.config();
-  const int64_t F = c.hidden;
-  const RowShare share = row_share(plan, n, sync.rank());
-  const auto& rows = share.rows;
-  const auto& counts = share.counts;
+// One run() on this device: its rows of the layers, `full` (every row of
+// the layer input, [n, F]), `a` (what attention reads, the rows computed so
+// far), and its own rows' context and output. run() below is the order of
+// the steps.
+struct Voltage::Run {
+  const model::Transformer& m;
+  const model::ModelConfig& c;
+  Synchronizer& sync;
+  core::ThreadPool* pool;
+  const int64_t n, F;
+  const RowShare share;
+  const std::vector<Range>& rows = share.rows;
+  const std::vector<int64_t>& counts = share.counts;
   const Range me = share.mine;
   const int64_t p = me.size();
-  Tensor full = sync.rank() == 0 ? x : Tensor::zeros_f32({n, F});
-  Tensor a = Tensor::zeros_f32({n, F}), ctx = Tensor::zeros_f32({p, F}), out = Tensor::zeros_f32({p, F});
-  Tensor scratch = Tensor::zeros_f32({partition_attention_scratch(n, F, p)});
-  const bool use_eq8 = eq8(plan, c, p, n);
+  Tensor full, a, ctx, out, scratch;
+  const bool use_eq8;
   // With overlap (and Eq. 3), each block of rows is projected as it arrives:
   // Q of this device's own rows, K and V of every row. Which collectives run
   // must not depend on the rank (p and the order do).
-  const bool ring = option(plan, "overlap", true).value_or(true);
-  const bool early = ring && !use_eq8 && p > 0;
-  Tensor qkv = early ? Tensor::zeros_f32({n, 3 * F}) : Tensor();
-  auto layer_attention = [&](int64_t l) {
+  const bool ring, early;
+  Tensor qkv;
+  const Blocks blk;
+  std::vector<int64_t> my_blocks;  // this device's rows in each block
+  model::Workspace ws;
+
+  Run(const model::Transformer& model, const Plan& plan, Synchronizer& s, const Tensor& x, int64_t rows_n,
+      core::ThreadPool* tp)
+      : m(model), c(model.config()), sync(s), pool(tp), n(rows_n), F(c.hidden),
+        share(row_share(plan, rows_n, s.rank())),
+        full(s.rank() == 0 ? x : Tensor::zeros_f32({n, F})),
+        a(Tensor::zeros_f32({n, F})), ctx(Tensor::zeros_f32({p, F})), out(Tensor::zeros_f32({p, F})),
+        scratch(Tensor::zeros_f32({partition_attention_scratch(n, F, p)})),
+        use_eq8(eq8(plan, c, p, n)),
+        ring(option(plan, "overlap", true).value_or(true)),
+        early(ring && !use_eq8 && p > 0),
+        qkv(early ? Tensor::zeros_f32({n, 3 * F}) : Tensor()),
+        blk(blocks(plan, counts)) {
+    const auto rank = static_cast<size_t>(sync.rank());
+    for (const auto& bc : blk.counts) my_blocks.push_back(bc[rank]);
+  }
+
+  PartitionAttention attention_args(int64_t l) {
     const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     PartitionAttention pa;
     pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
     pa.packed_qkv = &w.qkv_w; pa.b_qkv = w.qkv_b.f32(); pa.scale = m.attention_scale(l);
     pa.causal = c.causal(); pa.out = ctx.f32(); pa.qkv = early ? qkv.f32() : nullptr;
     return pa;
-  };
+  }
   // Layer l's attention input for `count` rows from r0, in `full` already ...
-  auto input_rows = [&](int64_t l, int64_t r0, int64_t count) {
+  void input_rows(int64_t l, int64_t r0, int64_t count) {
     if (p > 0 && count > 0) m.layer_input(l, full.f32() + r0 * F, count, a.f32() + r0 * F, pool);
-  };
+  }
   // ... and, once all of `owner`'s rows are in, their keys and values (and
   // this device's queries): one GEMM per part, as each block of rows would
   // stream the weights again.
-  auto project_part = [&](int64_t l, int owner) {
+  void project_part(int64_t l, int owner) {
     const Range& part = rows[static_cast<size_t>(owner)];
     if (!early || part.size() == 0) return;
     const bool own = owner == sync.rank();
-    partition_project_f32(layer_attention(l), part.begin, part.size(), own ? 0 : F, own ? 3 * F : 2 * F, qkv.f32());
-  };
-  if (ring) {
-    // The first distribution in parts, this device's part first, received in place.
+    partition_project_f32(attention_args(l), part.begin, part.size(), own ? 0 : F, own ? 3 * F : 2 * F, qkv.f32());
+  }
+
+  // The terminal's input to every device. With the ring: in parts, this
+  // device's part first, received in place, each part's attention input
+  // computed (and projected) as it arrives.
+  core::Status distribute_input() {
+    if (!ring) {
+      TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
+      if (p > 0) m.layer_input(0, full.f32(), n, a.f32(), pool);
+      return core::ok_status();
+    }
     TESSERA_ASSIGN_OR_RETURN(auto tiles, sync.broadcast_tiles(floats(full.f32(), n * F), counts, F, 0));
     while (!tiles->done()) {
       TESSERA_ASSIGN_OR_RETURN(const Tile t, tiles->next());
       input_rows(0, rows[static_cast<size_t>(t.owner)].begin, t.count);
       project_part(0, t.owner);
     }
-    TESSERA_RETURN_IF_ERROR(tiles->finish());
-  } else {
-    TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
-    if (p > 0) m.layer_input(0, full.f32(), n, a.f32(), pool);
+    return tiles->finish();
   }
-  const Blocks blk = blocks(plan, counts);
-  const auto rank = static_cast<size_t>(sync.rank());
-  std::vector<int64_t> my_blocks;
-  for (const auto& bc : blk.counts) my_blocks.push_back(bc[rank]);
-  model::Workspace ws;
-  for (int64_t l = 0; l < c.layers; ++l) {
-    if (p > 0) partition_attention_f32(layer_attention(l), use_eq8, scratch.f32());
-    const bool last = l + 1 == c.layers;
-    if (!last && ring) {
-      // Block b's rows leave as soon as they are final, one AllGather stream
-      // each; blocks that came in meanwhile are taken between blocks. They
-      // write rows of `full` and `a` the rest of this tail never reads.
-      std::vector<std::unique_ptr<TileStream>> streams;
-      std::vector<size_t> taken(rows.size(), 0);  // blocks in, per owner
-      auto take = [&](size_t b, bool wait) -> core::Status {
-        TileStream& s = *streams[b];
-        while (!s.done() && (wait || s.ready())) {
-          TESSERA_ASSIGN_OR_RETURN(const Tile t, s.next());
-          const auto owner = static_cast<size_t>(t.owner);
-          const int64_t r0 = rows[owner].begin + blk.starts[b][owner];
-          if (t.count > 0) std::memcpy(full.f32() + r0 * F, t.rows.data(), t.rows.size_bytes());
-          input_rows(l + 1, r0, t.count);
-          if (++taken[owner] == blk.counts.size()) project_part(l + 1, t.owner);
-        }
-        return core::ok_status();
-      };
-      core::Status st = core::ok_status();
-      auto send_block = [&](int64_t r0, int64_t count) {
-        if (!st.ok()) return;
-        const size_t b = streams.size();
-        auto s = sync.allgather_tiles(floats(out.f32() + r0 * F, count * F), blk.counts[b], F, static_cast<int>(b));
-        if (!s.ok()) {
-          st = s.status();
-          return;
-        }
-        streams.push_back(std::move(s).value());
-        for (size_t d = 0; d < b && st.ok(); ++d) st = take(d, false);
-      };
-      if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool, my_blocks, send_block);
-      while (st.ok() && streams.size() < blk.counts.size()) send_block(p, 0);  // a device without rows
-      TESSERA_RETURN_IF_ERROR(st);
-      // What is in already (this device's last block) before waiting.
-      for (size_t b = 0; b < streams.size(); ++b) TESSERA_RETURN_IF_ERROR(take(b, false));
-      for (size_t b = 0; b < streams.size(); ++b) {
-        TESSERA_RETURN_IF_ERROR(take(b, true));
-        TESSERA_RETURN_IF_ERROR(streams[b]->finish());
+
+  // This device's output rows of layer l's attention (Algorithm 1).
+  void attention(int64_t l) {
+    if (p > 0) partition_attention_f32(attention_args(l), use_eq8, scratch.f32());
+  }
+
+  // The tiles of block b's stream that are in (with `wait`, all of them):
+  // rows of layer l + 1's input, and each owner's part projected once all
+  // its blocks are in.
+  core::Status take_block(int64_t l, size_t b, TileStream& s, std::vector<size_t>& taken, bool wait) {
+    while (!s.done() && (wait || s.ready())) {
+      TESSERA_ASSIGN_OR_RETURN(const Tile t, s.next());
+      const auto owner = static_cast<size_t>(t.owner);
+      const int64_t r0 = rows[owner].begin + blk.starts[b][owner];
+      if (t.count > 0) std::memcpy(full.f32() + r0 * F, t.rows.data(), t.rows.size_bytes());
+      input_rows(l + 1, r0, t.count);
+      if (++taken[owner] == blk.counts.size()) project_part(l + 1, t.owner);
+    }
+    return core::ok_status();
+  }
+
+  // Layer l's tail with the ring: block b's rows leave as soon as they are
+  // final, one AllGather stream each; blocks that came in meanwhile are
+  // taken between blocks. They write rows of `full` and `a` the rest of
+  // this tail never reads.
+  core::Status tail_streaming_blocks(int64_t l) {
+    std::vector<std::unique_ptr<TileStream>> streams;
+    std::vector<size_t> taken(rows.size(), 0);  // blocks in, per owner
+    core::Status st = core::ok_status();
+    auto send_block = [&](int64_t r0, int64_t count) {
+      if (!st.ok()) return;
+      const size_t b = streams.size();
+      auto s = sync.allgather_tiles(floats(out.f32() + r0 * F, count * F), blk.counts[b], F, static_cast<int>(b));
+      if (!s.ok()) {
+        st = s.status();
+        return;
       }
+      streams.push_back(std::move(s).value());
+      for (size_t d = 0; d < b && st.ok(); ++d) st = take_block(l, d, *streams[d], taken, false);
+    };
+    if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool, my_blocks, send_block);
+    while (st.ok() && streams.size() < blk.counts.size()) send_block(p, 0);  // a device without rows
+    TESSERA_RETURN_IF_ERROR(st);
+    // What is in already (this device's last block) before waiting.
+    for (size_t b = 0; b < streams.size(); ++b) TESSERA_RETURN_IF_ERROR(take_block(l, b, *streams[b], taken, false));
+    for (size_t b = 0; b < streams.size(); ++b) {
+      TESSERA_RETURN_IF_ERROR(take_block(l, b, *streams[b], taken, true));
+      TESSERA_RETURN_IF_ERROR(streams[b]->finish());
+    }
+    return core::ok_status();
+  }
+
+  // Layer l's tail on this device's rows, whole.
+  void tail(int64_t l) {
+    if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
+  }
+
+  // Every device's rows to every device, and layer l + 1's attention input.
+  core::Status allgather_next_input(int64_t l) {
+    TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(out.f32(), p * F), counts, F, floats(full.f32(), n * F)));
+    if (p > 0) m.layer_input(l + 1, full.f32(), n, a.f32(), pool);
+    return core::ok_status();
+  }
+
+  // The last layer's rows to the terminal only.
+  core::Status gather_to_terminal() {
+    return sync.gather_rows(floats(out.f32(), p * F), counts, F,
+                            sync.rank() == 0 ? floats(full.f32(), n * F) : std::span<float>(), 0);
+  }
+};
+
+Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                            core::ThreadPool* pool) const {
+  Run v(m, plan, sync, x, n, pool);
+  TESSERA_RETURN_IF_ERROR(v.distribute_input());
+  const int64_t layers = m.config().layers;
+  for (int64_t l = 0; l < layers; ++l) {
+    v.attention(l);
+    const bool last = l + 1 == layers;
+    if (!last && v.ring) {
+      TESSERA_RETURN_IF_ERROR(v.tail_streaming_blocks(l));
       continue;
     }
-    if (p > 0) m.layer_tail(l, full.f32() + me.begin * F, ctx.f32(), p, out.f32(), ws, pool);
-    if (!last) {
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(out.f32(), p * F), counts, F, floats(full.f32(), n * F)));
-      if (p > 0) m.layer_input(l + 1, full.f32(), n, a.f32(), pool);
-    } else {
-      TESSERA_RETURN_IF_ERROR(sync.gather_rows(floats(out.f32(), p * F), counts, F,
-                                               sync.rank() == 0 ? floats(full.f32(), n * F) : std::span<float>(), 0));
-    }
+    v.tail(l);
+    TESSERA_RETURN_IF_ERROR(last ? v.gather_to_terminal() : v.allgather_next_input(l));
   }
-  return sync.rank() == 0 ? full : Tensor();
+  return sync.rank() == 0 ? std::move(v.full) : Tensor();
 }
 
 Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const {
