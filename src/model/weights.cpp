@@ -501,11 +501,10 @@ std::vector<NamedShape> hf_tensor_table(const ModelConfig& c) {
   return out;
 }
 
-Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, const LoadOptions& opts) {
-  const std::string prefix = detect_prefix(c, store);
-  infer_head(c, store, prefix);
-  TESSERA_RETURN_IF_ERROR(validate_names(store, entries_for(c, prefix)));
-  const BaseNames& b = base_names(c.family);
+namespace {
+
+// The layers to load: opts.only_layers, or [layer_begin, layer_end).
+Result<std::vector<int64_t>> layers_to_load(const ModelConfig& c, const LoadOptions& opts) {
   const int64_t end = opts.layer_end < 0 ? c.layers : opts.layer_end;
   if (opts.layer_begin < 0 || opts.layer_begin > end || end > c.layers)
     return core::out_of_range("layer range [" + std::to_string(opts.layer_begin) + "," + std::to_string(end) +
@@ -513,103 +512,154 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   std::vector<int64_t> layers = opts.only_layers;
   if (layers.empty())
     for (int64_t l = opts.layer_begin; l < end; ++l) layers.push_back(l);
-  const int64_t h1 = opts.head_end < 0 ? c.heads : opts.head_end;
-  const int64_t f1 = opts.ffn_end < 0 ? c.intermediate : opts.ffn_end;
-  if (opts.head_begin < 0 || opts.head_begin > h1 || h1 > c.heads || opts.ffn_begin < 0 || opts.ffn_begin > f1 ||
-      f1 > c.intermediate)
+  return layers;
+}
+
+// The tensor-parallel shard of the original layers: heads [h0, h1) and FFN
+// columns [f0, f1), and whether that is less than the whole layer.
+struct Shard {
+  int64_t h0 = 0, h1 = 0, f0 = 0, f1 = 0;
+  bool cut = false;
+};
+
+Result<Shard> shard_of(const ModelConfig& c, const LoadOptions& opts) {
+  Shard s;
+  s.h0 = opts.head_begin;
+  s.f0 = opts.ffn_begin;
+  s.h1 = opts.head_end < 0 ? c.heads : opts.head_end;
+  s.f1 = opts.ffn_end < 0 ? c.intermediate : opts.ffn_end;
+  if (s.h0 < 0 || s.h0 > s.h1 || s.h1 > c.heads || s.f0 < 0 || s.f0 > s.f1 || s.f1 > c.intermediate)
     return core::out_of_range("tensor-parallel shard outside the model's heads or FFN columns");
-  const bool sharded = opts.head_begin > 0 || h1 < c.heads || opts.ffn_begin > 0 || f1 < c.intermediate;
+  s.cut = s.h0 > 0 || s.h1 < c.heads || s.f0 > 0 || s.f1 < c.intermediate;
+  return s;
+}
+
+// The input side: word, position (and BERT's token type) embeddings, or
+// ViT's class token, positions and patch projection. GPT-2 with tied
+// weights keeps one packed wte, which serves the lookup and the LM head.
+core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
+                             bool gpt2_tied, ModelWeights& w) {
+  const BaseNames& b = base_names(c.family);
+  if (c.family == Family::kBert) {
+    TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
+    TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+    TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
+    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
+    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
+  } else if (c.family == Family::kGpt2) {
+    if (gpt2_tied) {
+      TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
+    }
+    TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
+    w.cls_token = cls.reshaped({c.hidden});
+    TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base(b.pos));
+    w.pos_emb = pos.reshaped({c.max_rows(), c.hidden});
+    TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base(b.patch_w));
+    w.patch_w = kernels::PackedLinear::pack(pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size}));
+    store.release(prefix + b.patch_w);
+    TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base(b.patch_b));
+  }
+  return core::ok_status();
+}
+
+// The output side: GPT-2's final norm and LM head (tied: the packed wte,
+// unless the embeddings brought it already); ViT's final norm; the pooler
+// where the checkpoint has one, and the classifier.
+core::Status load_head(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
+                       bool gpt2_tied, ModelWeights& w) {
+  const BaseNames& b = base_names(c.family);
+  if (c.family == Family::kGpt2) {
+    TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+    TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
+    if (c.head == HeadKind::kLmHead) {
+      if (!gpt2_tied) {
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
+      } else if (w.lm_head_w.empty()) {
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));  // tied
+      }
+    }
+    return core::ok_status();
+  }
+  if (c.family == Family::kVit) {
+    TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+    TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
+  }
+  if (store.contains(prefix + b.pooler_w)) {
+    TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + b.pooler_w));
+    TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.owned_base(b.pooler_b));
+  }
+  if (c.head != HeadKind::kNone) {
+    TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.packed(b.classifier_w));
+    TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.owned(b.classifier_b));
+  }
+  return core::ok_status();
+}
+
+// A decoupled layer: its sub-blocks [block_begin, block_end), each packed
+// and its file pages dropped before the next is read.
+core::Status load_sub_blocks(Loader& ld, const ModelConfig& c, const LoadOptions& opts, int64_t l, LayerWeights& dst) {
+  const int64_t b1 = opts.block_end < 0 ? c.bp_div : opts.block_end;
+  if (opts.block_begin < 0 || opts.block_begin > b1 || b1 > c.bp_div)
+    return core::out_of_range("sub-block range outside the model's " + std::to_string(c.bp_div) + " sub-blocks");
+  dst.blocks.resize(static_cast<size_t>(c.bp_div));
+  for (int64_t i = opts.block_begin; i < b1; ++i) {
+    auto bw = ld.load_layer(l, block_prefix(i), c.block_width());
+    if (!bw.ok()) return bw.status();
+    dst.blocks[static_cast<size_t>(i)] = finish_layer(*bw, ld.consumed());
+    ld.release(bw->names);
+  }
+  return core::ok_status();
+}
+
+// An original layer, whole or its TP shard, and with `part` (1: attention,
+// 2: MLP, 3: both) only the blocks this device runs.
+core::Status load_original_layer(Loader& ld, const ModelConfig& c, const Shard& s, int64_t l, int part,
+                                 LayerWeights& dst) {
+  auto lw = ld.load_layer(l);
+  if (!lw.ok()) return lw.status();
+  // TP shards cut the file's tensors first and pack only their slice.
+  dst = finish_layer(s.cut ? shard_raw(*lw, c.hidden, c.head_dim(), s.h0, s.h1, s.f0, s.f1) : *lw, ld.consumed());
+  ld.release(lw->names);
+  // A block alone: the other block's matrices go after packing (the peak
+  // holds one extra block of one layer for a moment).
+  if (part < 1 || part > 3) return core::invalid_argument("only_parts entries are 1, 2 or 3");
+  if ((part & 1) == 0) dst.qkv_w = {}, dst.attn_out_w = {};
+  if ((part & 2) == 0) dst.ffn_in_w = {}, dst.ffn_out_w = {};
+  return core::ok_status();
+}
+
+}  // namespace
+
+Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, const LoadOptions& opts) {
+  const std::string prefix = detect_prefix(c, store);
+  infer_head(c, store, prefix);
+  TESSERA_RETURN_IF_ERROR(validate_names(store, entries_for(c, prefix)));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int64_t> layers, layers_to_load(c, opts));
+  TESSERA_ASSIGN_OR_RETURN(const Shard shard, shard_of(c, opts));
   Loader ld(store, c, prefix);
   ModelWeights w;
   // Embeddings and head first, while few pages are resident: copying the big
   // word embeddings last would add their size to the peak.
-  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains(b.lm_head);
-  if (opts.embeddings || opts.head) {
-    if (c.family == Family::kBert) {
-      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
-      TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
-      TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
-    } else if (c.family == Family::kGpt2) {
-      // Tied: one packed copy serves the lookup and the LM head.
-      if (gpt2_tied) {
-        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
-      } else {
-        TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
-      }
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
-      w.cls_token = cls.reshaped({c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base(b.pos));
-      w.pos_emb = pos.reshaped({c.max_rows(), c.hidden});
-      TESSERA_ASSIGN_OR_RETURN(Tensor pw, ld.base(b.patch_w));
-      w.patch_w = kernels::PackedLinear::pack(pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size}));
-      store.release(prefix + b.patch_w);
-      TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base(b.patch_b));
-    }
-  }
-  if (opts.head) {
-    if (c.family == Family::kGpt2) {
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
-      if (c.head == HeadKind::kLmHead) {
-        if (!gpt2_tied) {
-          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
-        } else if (w.lm_head_w.empty()) {
-          TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));  // tied
-        }
-      }
-    } else {
-      if (c.family == Family::kVit) {
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-        TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
-      }
-      if (store.contains(prefix + b.pooler_w)) {
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + b.pooler_w));
-        TESSERA_ASSIGN_OR_RETURN(w.pooler_b, ld.owned_base(b.pooler_b));
-      }
-      if (c.head != HeadKind::kNone) {
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_w, ld.packed(b.classifier_w));
-        TESSERA_ASSIGN_OR_RETURN(w.classifier_b, ld.owned(b.classifier_b));
-      }
-    }
-  }
+  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains(base_names(c.family).lm_head);
+  if (opts.embeddings || opts.head) TESSERA_RETURN_IF_ERROR(load_embeddings(ld, store, c, prefix, gpt2_tied, w));
+  if (opts.head) TESSERA_RETURN_IF_ERROR(load_head(ld, store, c, prefix, gpt2_tied, w));
   if (!opts.only_parts.empty() && opts.only_parts.size() != opts.only_layers.size())
     return core::invalid_argument("only_parts needs one entry per layer of only_layers");
   w.layers.resize(static_cast<size_t>(c.layers));
   for (size_t i = 0; i < layers.size(); ++i) {
     const int64_t l = layers[i];
     if (l < 0 || l >= c.layers) return core::out_of_range("layer " + std::to_string(l) + " outside the model");
-    if (c.decoupled(l)) {
-      const int64_t b1 = opts.block_end < 0 ? c.bp_div : opts.block_end;
-      if (opts.block_begin < 0 || opts.block_begin > b1 || b1 > c.bp_div)
-        return core::out_of_range("sub-block range outside the model's " + std::to_string(c.bp_div) + " sub-blocks");
-      auto& blocks = w.layers[static_cast<size_t>(l)].blocks;
-      blocks.resize(static_cast<size_t>(c.bp_div));
-      for (int64_t i = opts.block_begin; i < b1; ++i) {
-        auto bw = ld.load_layer(l, block_prefix(i), c.block_width());
-        if (!bw.ok()) return bw.status();
-        blocks[static_cast<size_t>(i)] = finish_layer(*bw, ld.consumed());
-        ld.release(bw->names);
-      }
-      continue;
-    }
-    auto lw = ld.load_layer(l);
-    if (!lw.ok()) return lw.status();
-    // TP shards cut the file's tensors first and pack only their slice.
-    w.layers[static_cast<size_t>(l)] =
-        finish_layer(sharded ? shard_raw(*lw, c.hidden, c.head_dim(), opts.head_begin, h1, opts.ffn_begin, f1) : *lw,
-                     ld.consumed());
-    ld.release(lw->names);
-    // A block alone: the other block's matrices go after packing (the peak
-    // holds one extra block of one layer for a moment).
-    const int part = opts.only_parts.empty() ? 3 : opts.only_parts[i];
-    if (part < 1 || part > 3) return core::invalid_argument("only_parts entries are 1, 2 or 3");
     LayerWeights& dst = w.layers[static_cast<size_t>(l)];
-    if ((part & 1) == 0) dst.qkv_w = {}, dst.attn_out_w = {};
-    if ((part & 2) == 0) dst.ffn_in_w = {}, dst.ffn_out_w = {};
+    if (c.decoupled(l)) {
+      TESSERA_RETURN_IF_ERROR(load_sub_blocks(ld, c, opts, l, dst));
+    } else {
+      const int part = opts.only_parts.empty() ? 3 : opts.only_parts[i];
+      TESSERA_RETURN_IF_ERROR(load_original_layer(ld, c, shard, l, part, dst));
+    }
   }
   return w;
 }
