@@ -447,9 +447,9 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
     c.send();
     ASSERT_TRUE(d.alive()) << "after " << c.name << ":\n" << d.log();
   }
-  // Back in its loop (the flood's job has ended and been logged).
+  // Back in its loop (the flood's job has ended and been logged): it answers,
+  // which it cannot while a job holds it.
   ASSERT_TRUE(answer(d.endpoint(), key, "{}").contains("ok")) << d.log();
-  const auto last_hostile = Clock::now();
 
   // Every job's buffered peak stayed under the cap, and the flood was cut.
   const std::string log = d.log();
@@ -470,7 +470,21 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
   EXPECT_LE(rss_kib - start_rss_kib, static_cast<int64_t>(cap / 1024) + 50 * 1024)
       << "RSS from " << start_rss_kib << " KiB to " << rss_kib << " KiB";
 
-  // A legitimate terminal is served, correctly, within 5 s.
+  // A legitimate terminal is served, correctly: the run (which gives up on a
+  // daemon that does not answer and join within its --timeout of 5 s)
+  // succeeds, and its job is the next one the daemon finishes. How fast is
+  // not this test's business: the daemon's answer above shows nothing holds it.
+  auto finished_jobs = [&] {
+    const std::string log = d.log();
+    size_t n = 0;
+    for (size_t at = log.find("job of group "); at != std::string::npos; at = log.find("job of group ", at + 1)) {
+      const size_t eol = log.find('\n', at);
+      if (log.substr(at, eol == std::string::npos ? std::string::npos : eol - at).find(" finished (") != std::string::npos)
+        ++n;
+    }
+    return n;
+  };
+  const size_t finished_before = finished_jobs();
   const std::string cluster = tmp("cluster.toml"), ref = tmp("ref.safetensors"), got = tmp("got.safetensors");
   ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 5) + "\"\nworkers = [\"" + d.endpoint() + "\"]\n").ok());
   const std::string model = kData + "/gpt2-tiny", ids = " --ids 9,8,7,6,5,4,3";
@@ -478,9 +492,12 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
   const int rc = std::system((kBin + " run --model " + model + ids + " --strategy voltage --cluster " + cluster + " --key " +
                               key_path + " --timeout 5 --dump " + got + " 2>" + err)
                                  .c_str());
-  const double seconds = std::chrono::duration<double>(Clock::now() - last_hostile).count();
   ASSERT_EQ(rc, 0) << core::read_file(err).value() << "\n" << d.log();
-  EXPECT_LT(seconds, 5.0);
+  // The daemon logs the job once the terminal has left: wait for that line.
+  for (const auto deadline = Clock::now() + std::chrono::seconds(30);
+       finished_jobs() == finished_before && Clock::now() < deadline;)
+    std::this_thread::sleep_for(milliseconds(10));  // polling the log, bounded by the deadline
+  EXPECT_EQ(finished_jobs(), finished_before + 1) << d.log();
   ASSERT_EQ(std::system((kBin + " run --model " + model + ids + " --dump " + ref + " >/dev/null").c_str()), 0);
   auto a = model::SafeTensorsFile::open(ref).value().get("hidden.2").value();
   auto b = model::SafeTensorsFile::open(got).value().get("hidden.2").value();
