@@ -1,0 +1,160 @@
+// `tessera serve`'s /v1/completions: the generation loop (stop strings,
+// deadline, replay on failover) and the answer, whole or streamed. Apart from
+// serve.cpp (routes and admission) and serve_inference.cpp (one-shot passes).
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/generate.h"
+#include "runtime/serve_server.h"
+
+namespace tessera::runtime::serve_detail {
+
+struct Server::Generation {
+  std::vector<int64_t> prompt, tokens;
+  std::string finish = "length";
+};
+
+Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline,
+                        const std::function<bool(const std::string&, int64_t)>& emit) {
+  model::GenerateOptions o;
+  o.greedy = r.temperature == 0.0;
+  o.temperature = o.greedy ? 1.0f : static_cast<float>(r.temperature);
+  o.top_p = static_cast<float>(r.top_p);
+  o.top_k = r.top_k;
+  const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
+  const int64_t room = engine_.config().max_positions - static_cast<int64_t>(g.prompt.size());
+  const int64_t max_new = std::min(r.max_tokens, room);
+  std::string sent_text;
+  size_t sent = 0;
+  bool stop = false, gone = false, late = false;
+  const auto on_token = [&](int64_t id) {
+    g.tokens.push_back(id);
+    std::string delta;
+    if (engine_.tokenizer() != nullptr) {
+      auto text = engine_.tokenizer()->decode(g.tokens, true);
+      if (text.ok()) {
+        const api::StopScan s = api::scan_stop(*text, r.stop, false);
+        if (s.sendable > sent) delta = text->substr(sent, s.sendable - sent);
+        sent = std::max(sent, s.sendable);
+        sent_text = text->substr(0, sent);
+        if (s.stopped) stop = true;
+      }
+    }
+    if (id == engine_.config().eos_token_id) stop = true;
+    if (!emit(delta, id)) gone = true;
+    if (Clock::now() > deadline) late = true;
+  };
+  o.on_token = on_token;
+  o.stop_requested = [&] { return stop || gone || late; };
+  Status st = engine_.with_failover([&](Session& s) {
+    const int64_t done = static_cast<int64_t>(g.tokens.size());
+    if (done >= max_new || stop || gone || late) return core::ok_status();
+    model::GenerateOptions step = o;
+    step.max_new_tokens = max_new - done;
+    step.seed = o.greedy ? seed : api::advance_seed(seed, done);
+    std::vector<int64_t> seq = g.prompt;
+    seq.insert(seq.end(), g.tokens.begin(), g.tokens.end());
+    return engine_.generate(s, seq, step).status();
+  });
+  if (!st.ok()) return st;
+  if (late && !stop) return core::timeout_error("the request's deadline passed during generation");
+  if (stop) g.finish = "stop";
+  if (!stop && engine_.tokenizer() != nullptr) {  // what was held back for a stop string that never came
+    auto text = engine_.tokenizer()->decode(g.tokens, true);
+    if (text.ok() && text->size() > sent) emit(text->substr(sent), -1);
+  }
+  return core::ok_status();
+}
+
+json Server::completion_json(const std::string& id, const json& choice) const {
+  return {{"id", id}, {"object", "text_completion"}, {"created", static_cast<int64_t>(std::time(nullptr))},
+          {"model", model_name_}, {"choices", json::array({choice})}};
+}
+
+json Server::usage(const Generation& g) {
+  const auto p = static_cast<int64_t>(g.prompt.size()), n = static_cast<int64_t>(g.tokens.size());
+  return {{"prompt_tokens", p}, {"completion_tokens", n}, {"total_tokens", p + n}};
+}
+
+void Server::completions(const httplib::Request& req, httplib::Response& res) {
+  const auto& c = engine_.config();
+  if (c.family != model::Family::kGpt2 || c.head != model::HeadKind::kLmHead)
+    return send_error(res, 400, "this model does not generate text (completions need a GPT-2 LM head)");
+  auto r = api::parse_completion(req.body, limits_);
+  if (!r.ok()) return fail(res, r.status());
+  auto g = std::make_shared<Generation>();
+  auto ids = tokens(r->prompt, false);
+  if (!ids.ok()) return fail(res, ids.status());
+  g->prompt = *ids;
+  if (static_cast<int64_t>(g->prompt.size()) + r->max_tokens > c.max_positions)
+    return send_error(res, 400, "the prompt's " + std::to_string(g->prompt.size()) + " tokens plus max_tokens " +
+                                    std::to_string(r->max_tokens) + " exceed the model's " + std::to_string(c.max_positions) +
+                                    " positions");
+  const std::string id = "cmpl-" + std::to_string(++next_id_);
+  if (!r->stream) {
+    return admitted(res, [&] {
+      std::string text;
+      const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
+      const Status st = generate(*r, *g, deadline, [&](const std::string& t, int64_t) {
+        text += t;
+        return true;
+      });
+      if (!st.ok()) return fail(res, st);
+      json choice = {{"index", 0}, {"text", text}, {"token_ids", g->tokens}, {"logprobs", nullptr}, {"finish_reason", g->finish}};
+      json body = completion_json(id, choice);
+      body["usage"] = usage(*g);
+      res.set_content(body.dump(), "application/json");
+    });
+  }
+  if (!admit(res)) return;
+  // Streamed: the generation runs in the content provider, after the
+  // headers; an error past that point is one last event before [DONE].
+  const auto request = std::make_shared<api::CompletionRequest>(*r);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, request, g, id, deadline](size_t, httplib::DataSink& sink) {
+        const auto event = [&](const json& j) {
+          const std::string s = "data: " + j.dump() + "\n\n";
+          return sink.write(s.data(), s.size());
+        };
+        const auto choice = [](const std::string& text, const json& token_ids, const json& finish) {
+          return json{{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", nullptr}, {"finish_reason", finish}};
+        };
+        bool alive = true;
+        Status st = core::ok_status();
+        if (!admission_.acquire(deadline)) {
+          st = core::timeout_error("the request's deadline passed while it waited in the queue");
+        } else {
+          st = generate(*request, *g, deadline, [&](const std::string& text, int64_t token) {
+            alive = alive && event(completion_json(id, choice(text, token < 0 ? json::array() : json::array({token}), nullptr)));
+            return alive;
+          });
+          admission_.release();
+        }
+        if (alive) {
+          if (st.ok()) {
+            json last = completion_json(id, choice("", json::array(), g->finish));
+            if (request->include_usage) last["usage"] = usage(*g);
+            event(last);
+          } else {
+            std::string message;
+            const int status = http_status(st, &message);
+            event(api::error_body(message, error_type(status)));
+          }
+          const std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+        }
+        sink.done();
+        return true;
+      },
+      [this](bool) { admission_.leave(); });
+}
+
+}  // namespace tessera::runtime::serve_detail

@@ -1,0 +1,81 @@
+// Inside `tessera serve`: the Server class (the HTTP endpoints on cpp-httplib)
+// and the error helpers its files share. Only declared here, so that its
+// members are defined by what they serve: serve.cpp, serve_inference.cpp,
+// serve_completions.cpp.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/serve.h"
+#include "runtime/serve_admission.h"
+#include "runtime/serve_api.h"
+#include "runtime/serve_engine.h"
+
+namespace tessera::runtime::serve_detail {
+
+// --- HTTP errors (serve.cpp) -------------------------------------------------
+
+int http_status(const Status& st, std::string* message);
+const char* error_type(int status);
+void send_error(httplib::Response& res, int status, const std::string& message);
+
+// --- the server ----------------------------------------------------------------
+
+class Server {
+ public:
+  explicit Server(const ServeOptions& opts);
+
+  Status run();
+  // SIGTERM: no new requests; those admitted finish, then run() returns.
+  void drain();
+
+ private:
+  // serve.cpp: the routes, admission, errors, /health, tokenizing.
+  void routes();
+  bool admit(httplib::Response& res);
+  // Admits, waits for the model, runs `body`, and leaves.
+  void admitted(httplib::Response& res, const std::function<void()>& body);
+  void fail(httplib::Response& res, const Status& st);
+  void health(httplib::Response& res);
+  // Text -> ids with the model's tokenizer (400 without one).
+  Result<std::vector<int64_t>> tokens(const api::Prompt& p, bool special) const;
+
+  // serve_inference.cpp: one forward pass per input.
+  Result<RunResult> forward(const model::ModelInput& in);
+  void embeddings(const httplib::Request& req, httplib::Response& res);
+  void classify(const httplib::Request& req, httplib::Response& res);
+
+  // serve_completions.cpp: generation.
+  struct Generation;
+  // Runs one completion; `emit(text, token)` gets each piece as it is
+  // produced (token -1: trailing text only) and returns false when the
+  // client is gone. Replays on failover from the tokens produced so far.
+  Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline,
+                  const std::function<bool(const std::string&, int64_t)>& emit);
+  json completion_json(const std::string& id, const json& choice) const;
+  static json usage(const Generation& g);
+  void completions(const httplib::Request& req, httplib::Response& res);
+
+  const ServeOptions& opts_;
+  Metrics metrics_;
+  Admission admission_;
+  Engine engine_;
+  api::ApiLimits limits_;
+  std::string model_name_;
+  httplib::Server svr_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{0};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopped_ = false;
+};
+
+}  // namespace tessera::runtime::serve_detail
