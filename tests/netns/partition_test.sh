@@ -6,22 +6,39 @@
 # taken down (`ip link set ... down`): the stream completes with the right
 # tokens, a later request fails over to the devices left (and equals the
 # single device), and once the link is back the daemon is re-admitted.
-# Only addresses inside the namespaces made here are used. Without root or
-# `ip netns` the test is skipped with a message.
+# Only addresses inside the namespaces made here are used. Without root,
+# `ip netns` or the tools it needs the test is skipped: it exits 77, which
+# CTest reports as skipped (SKIP_RETURN_CODE in tests/integration/CMakeLists.txt).
+# It waits on conditions (a port listening, an event in the stream), polled
+# with a deadline, never on a fixed sleep.
 #   tests/netns/partition_test.sh BIN DATA_DIR
 set -euo pipefail
 bin=$(realpath "$1"); data=$(realpath "$2")
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-  echo "partition test: SKIPPED (needs root, ip and tc)"; exit 0
-fi
+skip() { echo "partition test: SKIPPED ($*)"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root"
+for tool in ip tc curl python3; do command -v "$tool" >/dev/null || skip "needs $tool"; done
 a=tsr-a-$$ b=tsr-b-$$ va=tsra$$ vb=tsrb$$
-if ! ip netns add "$a" 2>/dev/null; then echo "partition test: SKIPPED (ip netns not available)"; exit 0; fi
+ip netns add "$a" 2>/dev/null || skip "ip netns not available"
 work=$(mktemp -d)
 pids=()
+# poll SECONDS INTERVAL CMD...: runs CMD every INTERVAL seconds until it
+# succeeds (0) or SECONDS have passed (1).
+poll() {
+  local deadline=$((SECONDS + $1)) every=$2
+  shift 2
+  until "$@"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep "$every"
+  done
+}
+exited() { [ ! -e "/proc/$1" ] || grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null; }
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  # Up to 5 s each to stop on SIGTERM, then SIGKILL.
+  for p in "${pids[@]}"; do
+    poll 5 0.05 exited "$p" || true
+    kill -KILL "$p" 2>/dev/null || true
+  done
   ip netns del "$a" 2>/dev/null || true
   ip netns del "$b" 2>/dev/null || true
   rm -rf "$work"
@@ -46,17 +63,19 @@ pids+=($!)
 ip netns exec "$b" "$bin" worker --listen tcp://10.231.0.2:7070 --key "$work/k.key" --models "$data" >"$work/d2.log" 2>&1 &
 pids+=($!)
 printf 'terminal = "tcp://10.231.0.1:7100"\nworkers = ["tcp://10.231.0.1:7070", "tcp://10.231.0.2:7070"]\n' >"$work/cluster.toml"
-sleep 1
+# Whether a socket in namespace $1 listens on TCP port $2 (the namespace's own /proc/net/tcp).
+listening() {
+  ip netns exec "$1" awk -v port="$(printf ':%04X' "$2")" \
+    'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == port { found = 1 } END { exit !found }' /proc/net/tcp
+}
+poll 60 0.05 listening "$a" 7070 || fail "the worker in $a did not start listening"
+poll 60 0.05 listening "$b" 7070 || fail "the worker in $b did not start listening"
 ip netns exec "$a" "$bin" serve --model "$data/gpt2-tiny" --cluster "$work/cluster.toml" --key "$work/k.key" \
   --strategy tp --port 0 --timeout 5 >"$work/serve.log" 2>&1 &
 pids+=($!)
 port=
-for _ in $(seq 600); do
-  port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$work/serve.log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
-[ -n "$port" ] || fail "the server did not start"
+server_port() { port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$work/serve.log"); [ -n "$port" ]; }
+poll 60 0.1 server_port || fail "the server did not start"
 url=http://127.0.0.1:$port
 in_a() { ip netns exec "$a" "$@"; }
 health() { in_a curl -s "$url/health" | python3 -c "import json,sys; print(json.load(sys.stdin)['status'])"; }
@@ -68,7 +87,8 @@ want=$("$bin" generate --model "$data/gpt2-tiny" --ids "$prompt" --max-new-token
 in_a curl -sN "$url/v1/completions" -d "{\"prompt\":[$prompt],\"max_tokens\":60,\"temperature\":0,\"stream\":true}" \
   >"$work/stream.txt" &
 curl_pid=$!
-for _ in $(seq 200); do grep -q '^data: {' "$work/stream.txt" 2>/dev/null && break; sleep 0.01; done
+first_event() { grep -q '^data: {' "$work/stream.txt" 2>/dev/null; }
+poll 60 0.01 first_event || fail "the stream sent no event"
 ip -n "$b" link set "$vb" down
 wait "$curl_pid"
 got=$(python3 - "$work/stream.txt" <<'PY'
@@ -106,10 +126,9 @@ echo "partition test: the request across the partition failed over and equals th
 
 # The link comes back: the daemon is re-admitted before a later request.
 ip -n "$b" link set "$vb" up
-for _ in $(seq 60); do
+readmitted() {
   in_a curl -s "$url/v1/completions" -d "{\"prompt\":[$prompt],\"max_tokens\":2,\"temperature\":0}" >/dev/null
-  [ "$(health)" = ok ] && break
-  sleep 1
-done
-[ "$(health)" = ok ] || fail "the daemon across the partition was not re-admitted"
+  [ "$(health)" = ok ]
+}
+poll 60 1 readmitted || fail "the daemon across the partition was not re-admitted"
 echo "partition test: passed"
