@@ -22,7 +22,7 @@ for m in bert-base gpt2 vit-base; do
 done
 for m in bert-base gpt2 vit-base; do
   $bin bench --planner --model "$models/$m" --link 125mbit,250mbit,500mbit,1gbit \
-    --device-speeds 1,1 1,0.5 1,0.25 --seq 128 --reps 5 --warmup 1 --out "$out/$m.csv" 2>"$out/$m.log" | tee "$out/$m.summary"
+    --device-speeds 1,1 1,0.5 1,0.25 --full-set galaxy,voltage --seq 128 --reps 5 --warmup 1 --out "$out/$m.csv" 2>"$out/$m.log" | tee "$out/$m.summary"
 done
 $bin bench --planner --model "$models/bert-base" --link 500mbit,1gbit --device-speeds 1,1 \
-  --memory-limit 1GB,300MB --seq 128 --reps 5 --warmup 1 --out "$out/memory.csv" 2>"$out/memory.log" | tee "$out/memory.summary"
+  --memory-limit 1GB,300MB --full-set galaxy,voltage --seq 128 --reps 5 --warmup 1 --out "$out/memory.csv" 2>"$out/memory.log" | tee "$out/memory.summary"

@@ -26,6 +26,7 @@
 #include "model/safetensors.h"
 #include "parallel/strategy.h"
 #include "cli/plan_flags.h"
+#include "core/limits.h"
 #include "core/stats.h"
 #include "runtime/deployment.h"
 #include "runtime/job.h"
@@ -38,7 +39,8 @@ namespace {
 
 struct BenchSweepFlags {
   std::string model;
-  std::vector<std::string> strategies = {"single", "tp", "sp", "voltage", "galaxy", "pipeline"};
+  // Empty: every exact strategy of the registry that accepts the model.
+  std::vector<std::string> strategies;
   std::vector<int> devices = {1, 2, 3, 4};
   std::vector<std::string> links = {"125mbit", "250mbit", "500mbit", "1gbit"};
   std::string latency;
@@ -56,7 +58,7 @@ struct BenchSweepFlags {
   bool planner = false;  // --planner: the planner's grid (bench_planner.cpp)
   std::vector<std::string> speed_mixes = {"1,1", "1,0.5", "1,0.25"};
   std::string memory_limit;
-  std::vector<std::string> full_set = {"galaxy", "voltage"};
+  std::vector<std::string> full_set;
   // The strategies' own flags (--cr, --no-overlap, ...), applied to each
   // strategy that takes them; --strategies entries may add "name:key=value".
   std::shared_ptr<PlanFlags> plan = std::make_shared<PlanFlags>();
@@ -391,51 +393,118 @@ core::Status plot_csv(const std::string& csv, std::string config) {
 
 // --- the sweep ---------------------------------------------------------------
 
-int bench(BenchSweepFlags& f) {
-  if (f.planner) {
-    PlannerGridFlags g;
-    g.model = f.model;
-    g.links = f.links;
-    g.latency = f.latency;
-    g.seq = f.seq;
-    g.reps = f.reps;
-    g.warmup = f.warmup;
-    g.threads = f.threads;
-    g.speed_mixes = f.speed_mixes;
-    g.memory_limit = f.memory_limit;
-    g.full_set = f.full_set;
-    g.out = f.out;
-    g.plot = f.plot;
-    g.timeout_s = f.timeout_s;
-    return bench_planner(g);
-  }
-  if (f.plot_only) {
-    const auto st = plot_csv(f.out, "");
-    return st.ok() ? 0 : fail(st.message());
-  }
-  if (f.model.empty()) return fail("--model is required (unless --plot-only)");
+PlannerGridFlags planner_grid_flags(const BenchSweepFlags& f) {
+  PlannerGridFlags g;
+  g.model = f.model;
+  g.links = f.links;
+  g.latency = f.latency;
+  g.seq = f.seq;
+  g.reps = f.reps;
+  g.warmup = f.warmup;
+  g.threads = f.threads;
+  g.speed_mixes = f.speed_mixes;
+  g.memory_limit = f.memory_limit;
+  for (const auto& s : f.full_set)
+    if (s != "none") g.full_set.push_back(s);
+  g.out = f.out;
+  g.plot = f.plot;
+  g.timeout_s = f.timeout_s;
+  return g;
+}
+
+// The sweep's flags checked; the links as the rows name them (--latency added to each spec).
+core::Result<std::vector<std::string>> checked_links(const BenchSweepFlags& f) {
   if (f.reps < 1 || f.warmup < 0 || f.threads < 1 || f.cpus_per_device < 0 || f.timeout_s < 1 || f.timeout_s > 86400)
-    return fail("--reps, --threads-per-device and --timeout must be >= 1, --warmup and --cpus-per-device >= 0; --timeout at most 86400");
+    return core::invalid_argument(
+        "--reps, --threads-per-device and --timeout must be >= 1, --warmup and --cpus-per-device >= 0; --timeout at most 86400");
   if (f.strategies.empty() || f.devices.empty() || f.links.empty())
-    return fail("--strategies, --devices and --link must not be empty");
+    return core::invalid_argument("--strategies, --devices and --link must not be empty");
   for (const auto& s : f.strategies) {
     auto p = plan_from_spec(s, *f.plan, 1);
-    if (!p.ok()) return fail(s + ": " + p.status().message());
+    if (!p.ok()) return core::invalid_argument(s + ": " + p.status().message());
   }
   for (int k : f.devices)
-    if (k < 1 || k > 64) return fail("--devices entries must be in [1, 64]");
+    if (k < 1 || k > core::kMaxDevices)
+      return core::invalid_argument("--devices entries must be in [1, " + std::to_string(core::kMaxDevices) + "]");
   std::vector<std::string> links;
   for (const auto& l : f.links) {
     const bool spec = l != "none" && !l.ends_with(".json") && !l.starts_with("@");  // not a matrix file
     const std::string link = spec && !f.latency.empty() ? l + "," + f.latency : l;
     if (link != "none") {
       auto m = comm::LinkMatrix::from_arg(link, 2);
-      if (!m.ok()) return fail("--link " + link + ": " + m.status().message());
+      if (!m.ok()) return core::invalid_argument("--link " + link + ": " + m.status().message());
     }
     links.push_back(link);
   }
+  return links;
+}
+
+// Without --strategies: every exact strategy whose plan the model accepts.
+std::vector<std::string> default_strategies(const model::ModelConfig& cfg) {
+  std::vector<std::string> out;
+  for (const parallel::Strategy* s : parallel::strategies()) {
+    if (!s->exact()) continue;
+    parallel::Plan p;
+    p.strategy = s->name();
+    p.world = 1;
+    if (parallel::complete_plan(p, cfg).ok()) out.push_back(s->name());
+  }
+  return out;
+}
+
+// Resuming: the rows already in the CSV, finished or skipped, by key; failed
+// rows are dropped from the file so that they run again.
+core::Result<std::map<std::string, Row>> resumable_rows(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<Row> existing, read_csv(path));
+  std::vector<Row> kept;
+  for (const auto& r : existing)
+    if (!r.at("status").starts_with("error")) kept.push_back(r);
+  if (kept.size() != existing.size() || existing.empty()) TESSERA_RETURN_IF_ERROR(write_csv(path, kept));
+  std::map<std::string, Row> done;
+  for (const auto& r : kept) done[row_key(r)] = r;
+  return done;
+}
+
+// One device sends nothing, so the link does not matter: a measurement of
+// the same strategy at another link.
+const Row* one_device_row(const std::map<std::string, Row>& done, const Row& row, const std::string& strategy, int k) {
+  if (k != 1) return nullptr;
+  for (const auto& [_, d] : done)
+    if (is_ok(d) && d.at("strategy") == strategy && d.at("devices") == "1" && config_key(d) == config_key(row)) return &d;
+  return nullptr;
+}
+
+// The plan of one combination, checked as Session::start would, its open
+// choices (bp's --bp-plan auto) priced on a profile at this link.
+core::Result<parallel::Plan> combination_plan(const BenchSweepFlags& f, const model::ModelConfig& cfg,
+                                              const std::string& strategy, int k, const std::string& link, int64_t rows) {
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, plan_from_spec(strategy, *f.plan, k));
+  parallel::Plan checked = plan;
+  TESSERA_RETURN_IF_ERROR(parallel::complete_plan(checked, cfg));
+  if (parallel::find_strategy(plan.strategy)->variants(checked).empty()) return plan;
+  runtime::ClusterOptions co;
+  co.model_dir = f.model;
+  co.devices = k;
+  co.link = link == "none" ? "" : link;
+  co.threads_per_device = f.threads;
+  TESSERA_ASSIGN_OR_RETURN(runtime::Cluster cluster, runtime::Cluster::open(co));
+  TESSERA_ASSIGN_OR_RETURN(const planner::VariantChoice v, runtime::decide_variants(cluster, cfg, checked, rows));
+  std::fprintf(stderr, "(%s: options %s) ", strategy.c_str(), v.plan.options.dump().c_str());
+  return v.plan;
+}
+
+int bench(BenchSweepFlags& f) {
+  if (f.planner) return bench_planner(planner_grid_flags(f));
+  if (f.plot_only) {
+    const auto st = plot_csv(f.out, "");
+    return st.ok() ? 0 : fail(st.message());
+  }
+  if (f.model.empty()) return fail("--model is required (unless --plot-only)");
   auto cfg = model::load_config(f.model);
   if (!cfg.ok()) return fail(cfg.status().to_string());
+  if (f.strategies.empty()) f.strategies = default_strategies(*cfg);
+  auto links = checked_links(f);
+  if (!links.ok()) return fail(links.status().message());
   const bool vit = cfg->family == model::Family::kVit;
   if (!vit && (f.seq < 1 || f.seq > cfg->max_positions))
     return fail("--seq must be in [1, " + std::to_string(cfg->max_positions) + "]");
@@ -444,19 +513,9 @@ int bench(BenchSweepFlags& f) {
   auto input = bench_input(*cfg, rows, f.threads);
   if (!input.ok()) return fail(input.status().to_string());
   const runtime::RunRequest& req = input->request;
-
-  // Resume: keep finished and skipped rows, retry failed ones.
-  auto existing = read_csv(f.out);
-  if (!existing.ok()) return fail(existing.status().message());
-  std::vector<Row> kept;
-  for (const auto& r : *existing)
-    if (!r.at("status").starts_with("error")) kept.push_back(r);
-  if (kept.size() != existing->size() || existing->empty()) {
-    const auto st = write_csv(f.out, kept);
-    if (!st.ok()) return fail(st.to_string());
-  }
-  std::map<std::string, Row> done;
-  for (const auto& r : kept) done[row_key(r)] = r;
+  auto resumed_rows = resumable_rows(f.out);
+  if (!resumed_rows.ok()) return fail(resumed_rows.status().message());
+  std::map<std::string, Row>& done = *resumed_rows;
 
   runtime::SessionOptions base;
   base.model_dir = f.model;
@@ -469,12 +528,12 @@ int bench(BenchSweepFlags& f) {
   if (!model_path.has_filename()) model_path = model_path.parent_path();  // "models/bert/"
   const std::string model_name = model_path.filename().string();
   const core::Timer sweep_timer;
-  const int total = static_cast<int>(f.strategies.size() * f.devices.size() * links.size());
+  const int total = static_cast<int>(f.strategies.size() * f.devices.size() * links->size());
   int index = 0, ran = 0, resumed = 0, skipped = 0, errors = 0, reused = 0;
   Row first;
   for (const auto& strategy : f.strategies) {
     for (int k : f.devices) {
-      for (const auto& link : links) {
+      for (const auto& link : *links) {
         Row row = {{"model", model_name},          {"strategy", strategy},
                    {"devices", std::to_string(k)}, {"threads", std::to_string(f.threads)},
                    {"cpus_per_device", std::to_string(f.cpus_per_device)},
@@ -491,47 +550,17 @@ int bench(BenchSweepFlags& f) {
           std::fprintf(stderr, "resumed: %s\n", is_ok(d) ? (d.at("median_ms") + " ms").c_str() : d.at("status").c_str());
           continue;
         }
-        // One device sends nothing, so the link does not matter: reuse a
-        // measurement of the same strategy at another link.
-        const Row* same = nullptr;
-        for (const auto& [_, d] : done)
-          if (k == 1 && is_ok(d) && d.at("strategy") == strategy && d.at("devices") == "1" &&
-              config_key(d) == config_key(row) && !same)
-            same = &d;
+        const Row* same = one_device_row(done, row, strategy, k);
         if (same) {
           Row copy = *same;
           copy["link"] = row["link"];
           copy["bandwidth_mbit"] = row["bandwidth_mbit"];
           row = copy;
           ++reused;
+        } else if (auto plan = combination_plan(f, *cfg, strategy, k, link, rows); !plan.ok()) {
+          row["status"] = "skipped: " + plan.status().message();
         } else {
-          auto plan = plan_from_spec(strategy, *f.plan, k);
-          core::Status st = plan.status();
-          if (plan.ok()) {
-            parallel::Plan checked = *plan;  // the plan validation Session::start would do
-            st = parallel::complete_plan(checked, *cfg);
-            if (st.ok() && !parallel::find_strategy(plan->strategy)->variants(checked).empty()) {
-              // Open choices (bp's --bp-plan auto) priced on a profile at this link.
-              runtime::ClusterOptions co;
-              co.model_dir = f.model;
-              co.devices = k;
-              co.link = row["link"] == "none" ? "" : row["link"];
-              co.threads_per_device = f.threads;
-              auto cluster = runtime::Cluster::open(co);
-              auto v = cluster.ok() ? runtime::decide_variants(*cluster, *cfg, checked, rows)
-                                    : core::Result<planner::VariantChoice>(cluster.status());
-              st = v.status();
-              if (v.ok()) {
-                *plan = v->plan;
-                std::fprintf(stderr, "(%s: options %s) ", strategy.c_str(), v->plan.options.dump().c_str());
-              }
-            }
-          }
-          if (!st.ok()) {
-            row["status"] = "skipped: " + st.message();
-          } else {
-            measure(f, base, *plan, req, row);
-          }
+          measure(f, base, *plan, req, row);
         }
         if (is_ok(row) && !same) ++ran;
         if (row["status"].starts_with("skipped")) ++skipped;
@@ -593,9 +622,9 @@ void add_bench_command(CLI::App& app) {
   f->plan->given["--cr"] = "8";  // PRISM's default rate in a sweep
   add_plan_flags(cmd, f->plan, false);
   cmd->add_option("--strategies", f->strategies,
-                  "strategies, comma-separated; NAME:key=value sets an option, NAME-no-overlap is NAME:overlap=false")
-      ->delimiter(',')
-      ->capture_default_str();
+                  "strategies, comma-separated; NAME:key=value sets an option, NAME-no-overlap is NAME:overlap=false "
+                  "(default: every exact strategy the model accepts)")
+      ->delimiter(',');
   cmd->add_option("--devices", f->devices, "device counts, comma-separated")->delimiter(',')->capture_default_str();
   cmd->add_option("--link", f->links, "link bandwidths, comma-separated (a JSON matrix file, or none: unpaced)")
       ->delimiter(',')
@@ -618,9 +647,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--memory-limit", f->memory_limit, "--planner: every device's budget, e.g. 1GB,512MB");
   cmd->add_option("--full-set", f->full_set,
                   "--planner: strategies also run over every device, planned and split equally, where the planner left "
-                  "devices out (the heterogeneity check); comma-separated, 'none' for none")
-      ->delimiter(',')
-      ->capture_default_str();
+                  "devices out (the heterogeneity check), e.g. galaxy,voltage; comma-separated (default: none)")
+      ->delimiter(',');
   auto* secure = cmd->add_flag("--secure", f->secure, "CURVE-encrypt the links (default: off, to measure the strategies)");
   cmd->add_flag("--insecure", f->insecure, "no CURVE encryption (the default here)")->excludes(secure);
   cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();

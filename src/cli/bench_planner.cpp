@@ -47,7 +47,8 @@ std::string list(const std::vector<T>& v) {
   for (const T& x : v) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%g", static_cast<double>(x));
-    s += (s.empty() ? "" : ";") + std::string(buf);
+    if (!s.empty()) s += ';';
+    s += buf;
   }
   return s;
 }
@@ -135,6 +136,136 @@ core::Result<std::vector<Entry>> entries_of(const PlannerGridFlags& f, const mod
   return out;
 }
 
+
+// The devices of one grid point: every entry started (weights loaded),
+// then timed in alternating rounds, so that load that comes and goes touches
+// all alike; one at a time when they do not fit in memory together.
+struct GridPoint {
+  const PlannerGridFlags& f;
+  std::string link;
+  std::vector<double> speeds;
+  std::vector<int64_t> limits;
+  int64_t rows;
+  const runtime::RunRequest& request;
+
+  void start(Entry& e) const {
+    runtime::SessionOptions o;
+    o.model_dir = f.model;
+    o.plan = e.plan;
+    o.threads_per_device = f.threads;
+    o.link = e.members.size() > 1 ? link : "";
+    o.insecure = true;  // measuring the strategies, as bench does
+    o.timeout_ms = f.timeout_s * 1000;
+    o.device_speeds = pick(speeds, e.members);
+    o.memory_limits = pick(limits, e.members);
+    o.budget_rows = rows;
+    auto s = runtime::Session::start(o);
+    if (!s.ok()) {
+      e.error = s.status().to_string();
+      return;
+    }
+    e.session = std::move(*s);
+  }
+
+  void measure(const std::vector<Entry*>& batch) const {
+    for (Entry* e : batch) start(*e);
+    for (int round = 0; round < f.warmup + f.reps; ++round)
+      for (Entry* e : batch) {
+        if (!e->session) continue;
+        auto r = e->session->run(request);
+        if (!r.ok()) {
+          e->error = r.status().to_string();
+          e->session.reset();
+          continue;
+        }
+        if (round >= f.warmup) e->latencies.push_back(r->latency_ms);
+      }
+    for (Entry* e : batch) e->session.reset();  // stops its workers
+  }
+
+  void measure_all(std::vector<Entry>& entries) const {
+    int64_t total = 0;
+    for (const Entry& e : entries) total += e.memory_bytes;
+    std::vector<Entry*> all;
+    for (Entry& e : entries) all.push_back(&e);
+    if (static_cast<double>(total) <= 0.8 * static_cast<double>(core::available_memory_bytes())) {
+      measure(all);
+    } else {
+      std::fprintf(stderr, "  (the rows need %.1f GB together: measured one at a time)\n", static_cast<double>(total) / 1e9);
+      for (Entry* e : all) measure({e});
+    }
+  }
+};
+
+// The figures over the whole grid: prediction errors and how auto did.
+struct GridTally {
+  std::vector<double> errors;
+  int points = 0, auto_within_5 = 0, auto_slower_than_single = 0, auto_oom = 0;
+  double auto_worst = 0;
+
+  void add(const std::vector<Entry>& entries) {
+    double best = 1e300, single = 0, chosen = 0;
+    bool chosen_ran = false;
+    for (const Entry& e : entries) {
+      const double m = e.latencies.empty() ? 0 : core::median(e.latencies);
+      if (m <= 0 || e.label.find(' ') != std::string::npos) continue;  // the planner's rows only
+      errors.push_back(std::abs((e.predicted_ms - m) / m));
+      best = std::min(best, m);
+      if (parallel::is_single_device(e.plan)) single = m;
+      if (e.chosen) chosen = m, chosen_ran = true;
+    }
+    ++points;
+    if (!chosen_ran) {
+      ++auto_oom;  // auto's plan did not run
+      return;
+    }
+    if (chosen <= 1.05 * best) ++auto_within_5;
+    auto_worst = std::max(auto_worst, chosen / best);
+    if (single > 0 && chosen > 1.05 * single) ++auto_slower_than_single;
+  }
+
+  void print() {
+    const double med = errors.empty() ? 0 : core::median(errors);
+    std::sort(errors.begin(), errors.end());
+    const double p90 = errors.empty() ? 0 : errors[static_cast<size_t>(0.9 * static_cast<double>(errors.size() - 1) + 0.5)];
+    std::printf(
+        "%d grid points, %zu measured plans: |predicted - measured| / measured median %.1f%%, p90 %.1f%%; auto within 5%% "
+        "of the best measured at %d of %d points, at worst %.2fx; auto more than 5%% slower than one device: %d; auto's "
+        "plan failed to run: %d\n",
+        points, errors.size(), 100 * med, 100 * p90, auto_within_5, points, auto_worst, auto_slower_than_single, auto_oom);
+  }
+};
+
+// One CSV row and one line on stderr per entry; lists inside a field are
+// ';'-separated, so the file needs no quoting.
+void write_entries(std::ofstream& csv, const std::string& model_name, const std::string& bw, const std::string& mix,
+                   const PlannerGridFlags& f, const std::vector<Entry>& entries) {
+  for (const Entry& e : entries) {
+    const double m = e.latencies.empty() ? 0 : core::median(e.latencies);
+    const double err = m > 0 ? (e.predicted_ms - m) / m : 0;
+    csv << model_name << ',' << bw << ',' << semicolons(mix) << ',' << semicolons(f.memory_limit) << ',' << e.label << ','
+        << e.plan.strategy << ',' << list(e.members) << ',' << list(e.plan.ratios) << ',' << e.predicted_ms << ',' << m << ','
+        << (e.latencies.empty() ? 0 : *std::min_element(e.latencies.begin(), e.latencies.end())) << ','
+        << (e.chosen ? 1 : 0) << ',' << err << '\n';
+    std::fprintf(stderr, "  %-16s members %-6s predicted %8.2f ms measured %8.2f ms%s%s\n", e.label.c_str(),
+                 list(e.members).c_str(), e.predicted_ms, m, e.chosen ? "  <- auto" : "",
+                 e.error.empty() ? "" : ("  " + e.error).c_str());
+  }
+  csv.flush();
+}
+
+core::Status plot_scatter(const PlannerGridFlags& f, const std::string& model_name) {
+  const std::string script = f.out + ".gp";
+  std::ofstream gp(script);
+  gp << "set datafile separator ','\nset key off\nset logscale xy\n"
+     << "set xlabel 'measured ms'\nset ylabel 'predicted ms'\nset title 'tessera bench --planner: " << model_name
+     << "'\nset terminal svg size 640,640\nset output '" << f.out << "-scatter.svg'\n"
+     << "plot '" << f.out << "' every ::1 using 10:9 with points pt 7, x with lines dt 2\n"
+     << "set terminal pngcairo size 640,640\nset output '" << f.out << "-scatter.png'\nreplot\n";
+  gp.close();
+  return run_gnuplot(script);
+}
+
 }  // namespace
 
 int bench_planner(const PlannerGridFlags& f) {
@@ -151,11 +282,8 @@ int bench_planner(const PlannerGridFlags& f) {
   const std::string model_name = mp.filename().string();
   std::ofstream csv(f.out);
   if (!csv) return fail("cannot write " + f.out);
-  // Lists inside a field are ';'-separated, so the file needs no quoting.
   csv << "model,link,speeds,memory_limit,label,strategy,members,ratios,predicted_ms,measured_ms,min_ms,chosen,error_rel\n";
-  std::vector<double> errors;
-  int points = 0, auto_within_5 = 0, auto_slower_than_single = 0, auto_oom = 0;
-  double auto_worst = 0;
+  GridTally tally;
   for (const std::string& bw : f.links) {
     const std::string link = f.latency.empty() ? bw : bw + "," + f.latency;
     for (const std::string& mix : f.speed_mixes) {
@@ -171,101 +299,15 @@ int bench_planner(const PlannerGridFlags& f) {
       auto entries = entries_of(f, *cfg, rows, link, mix, K);
       if (!entries.ok()) return fail(link + " " + mix + ": " + entries.status().to_string());
       std::fprintf(stderr, "%s speeds %s: %zu plans\n", link.c_str(), mix.c_str(), entries->size());
-      auto start = [&](Entry& e) {
-        runtime::SessionOptions o;
-        o.model_dir = f.model;
-        o.plan = e.plan;
-        o.threads_per_device = f.threads;
-        o.link = e.members.size() > 1 ? link : "";
-        o.insecure = true;  // measuring the strategies, as bench does
-        o.timeout_ms = f.timeout_s * 1000;
-        o.device_speeds = pick(*speeds, e.members);
-        o.memory_limits = pick(limits, e.members);
-        o.budget_rows = rows;
-        auto s = runtime::Session::start(o);
-        if (!s.ok()) {
-          e.error = s.status().to_string();
-          return;
-        }
-        e.session = std::move(*s);
-      };
-      // Alternating rounds over the loaded sessions of `batch`.
-      auto measure = [&](const std::vector<Entry*>& batch) {
-        for (Entry* e : batch) start(*e);
-        for (int round = 0; round < f.warmup + f.reps; ++round)
-          for (Entry* e : batch) {
-            if (!e->session) continue;
-            auto r = e->session->run(input->request);
-            if (!r.ok()) {
-              e->error = r.status().to_string();
-              e->session.reset();
-              continue;
-            }
-            if (round >= f.warmup) e->latencies.push_back(r->latency_ms);
-          }
-        for (Entry* e : batch) e->session.reset();  // stops its workers
-      };
-      // Every row loaded at once when they fit in 80% of the memory available
-      // (then load that comes and goes touches all alike); else one at a time.
-      int64_t total = 0;
-      for (const Entry& e : *entries) total += e.memory_bytes;
-      std::vector<Entry*> all;
-      for (Entry& e : *entries) all.push_back(&e);
-      if (static_cast<double>(total) <= 0.8 * static_cast<double>(core::available_memory_bytes())) {
-        measure(all);
-      } else {
-        std::fprintf(stderr, "  (the rows need %.1f GB together: measured one at a time)\n", static_cast<double>(total) / 1e9);
-        for (Entry* e : all) measure({e});
-      }
-      double best = 1e300, single = 0, chosen = 0;
-      bool chosen_ran = false;
-      for (Entry& e : *entries) {
-        const double m = e.latencies.empty() ? 0 : core::median(e.latencies);
-        const double err = m > 0 ? (e.predicted_ms - m) / m : 0;
-        if (m > 0 && e.label.find(' ') == std::string::npos) {
-          errors.push_back(std::abs(err));
-          best = std::min(best, m);
-          if (e.plan.strategy == "single") single = m;
-          if (e.chosen) chosen = m, chosen_ran = true;
-        }
-        csv << model_name << ',' << bw << ',' << semicolons(mix) << ',' << semicolons(f.memory_limit) << ',' << e.label << ','
-            << e.plan.strategy << ',' << list(e.members) << ',' << list(e.plan.ratios) << ','
-            << e.predicted_ms << ',' << m << ','
-            << (e.latencies.empty() ? 0 : *std::min_element(e.latencies.begin(), e.latencies.end())) << ','
-            << (e.chosen ? 1 : 0) << ',' << err << '\n';
-        std::fprintf(stderr, "  %-16s members %-6s predicted %8.2f ms measured %8.2f ms%s%s\n", e.label.c_str(),
-                     list(e.members).c_str(), e.predicted_ms, m, e.chosen ? "  <- auto" : "",
-                     e.error.empty() ? "" : ("  " + e.error).c_str());
-      }
-      csv.flush();
-      ++points;
-      if (!chosen_ran) {
-        ++auto_oom;  // auto's plan did not run
-        continue;
-      }
-      if (chosen <= 1.05 * best) ++auto_within_5;
-      auto_worst = std::max(auto_worst, chosen / best);
-      if (single > 0 && chosen > 1.05 * single) ++auto_slower_than_single;
+      const GridPoint point{f, link, *speeds, limits, rows, input->request};
+      point.measure_all(*entries);
+      write_entries(csv, model_name, bw, mix, f, *entries);
+      tally.add(*entries);
     }
   }
-  const double med = errors.empty() ? 0 : core::median(errors);
-  std::sort(errors.begin(), errors.end());
-  const double p90 = errors.empty() ? 0 : errors[static_cast<size_t>(0.9 * static_cast<double>(errors.size() - 1) + 0.5)];
-  std::printf(
-      "%d grid points, %zu measured plans: |predicted - measured| / measured median %.1f%%, p90 %.1f%%; auto within 5%% "
-      "of the best measured at %d of %d points, at worst %.2fx; auto more than 5%% slower than one device: %d; auto's "
-      "plan failed to run: %d\n",
-      points, errors.size(), 100 * med, 100 * p90, auto_within_5, points, auto_worst, auto_slower_than_single, auto_oom);
+  tally.print();
   if (f.plot) {
-    const std::string script = f.out + ".gp";
-    std::ofstream gp(script);
-    gp << "set datafile separator ','\nset key off\nset logscale xy\n"
-       << "set xlabel 'measured ms'\nset ylabel 'predicted ms'\nset title 'tessera bench --planner: " << model_name
-       << "'\nset terminal svg size 640,640\nset output '" << f.out << "-scatter.svg'\n"
-       << "plot '" << f.out << "' every ::1 using 10:9 with points pt 7, x with lines dt 2\n"
-       << "set terminal pngcairo size 640,640\nset output '" << f.out << "-scatter.png'\nreplot\n";
-    gp.close();
-    const auto st = run_gnuplot(script);
+    const auto st = plot_scatter(f, model_name);
     if (!st.ok()) return fail(st.message());
   }
   return 0;

@@ -1,6 +1,6 @@
-// The engine of `tessera serve`: the devices, the session over them,
-// failover and re-admission, and generation (Session::generate). The HTTP
-// side is serve.cpp.
+// The engine of `tessera serve`: the session over the cluster's devices
+// (runtime/deployment.h), failover and re-admission, and generation
+// (Session::generate). The HTTP side is serve*.cpp (serve_server.h).
 #include "runtime/serve_engine.h"
 
 #include <malloc.h>

@@ -19,6 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Budgets are decimal, as parse_bytes reads them.
+constexpr int64_t kGB = 1000 * 1000 * 1000;
+constexpr int64_t kMB = 1000 * 1000;
+
 const std::string kModel = std::string(TESSERA_TEST_DATA) + "/bert-tiny";
 
 struct TempDir {
@@ -81,7 +85,7 @@ TEST(DeploymentTest, ClusterFileParsedOnceWithBudgetsAndDevices) {
   EXPECT_EQ(c->devices()[0].name, "terminal");
   EXPECT_EQ(c->devices()[2].endpoint, "tcp://127.0.0.1:7080");
   const int64_t none = std::numeric_limits<int64_t>::max();
-  EXPECT_EQ(c->memory_limits(), (std::vector<int64_t>{int64_t{1} << 30, int64_t{512} << 20, none, int64_t{2} << 30}));
+  EXPECT_EQ(c->memory_limits(), (std::vector<int64_t>{kGB, 512 * kMB, none, 2 * kGB}));
   EXPECT_EQ(c->active(), (std::vector<int>{0, 1, 2, 3}));
   c->set_active(2, false);
   EXPECT_EQ(c->active(), (std::vector<int>{0, 1, 3}));
@@ -90,7 +94,7 @@ TEST(DeploymentTest, ClusterFileParsedOnceWithBudgetsAndDevices) {
   o.memory_limit = "1GB,1GB,1GB,1GB";
   auto over = Cluster::open(o);
   ASSERT_TRUE(over.ok());
-  EXPECT_EQ(over->memory_limits(), std::vector<int64_t>(4, int64_t{1} << 30));
+  EXPECT_EQ(over->memory_limits(), std::vector<int64_t>(4, kGB));
   o.memory_limit = "1GB,1GB";
   EXPECT_FALSE(Cluster::open(o).ok());
 
@@ -126,8 +130,8 @@ TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
   EXPECT_EQ(s.budget_rows, 8);
   ASSERT_TRUE(s.cluster.has_value());
   EXPECT_EQ(s.cluster->workers, (std::vector<std::string>{"tcp://127.0.0.1:7090", "tcp://127.0.0.1:7070"}));
-  EXPECT_EQ(s.cluster->memory, (std::vector<int64_t>{int64_t{1} << 30, int64_t{2} << 30, int64_t{512} << 20}));
-  EXPECT_EQ(s.memory_limits, (std::vector<int64_t>{int64_t{1} << 30, int64_t{2} << 30, int64_t{512} << 20}));
+  EXPECT_EQ(s.cluster->memory, (std::vector<int64_t>{kGB, 2 * kGB, 512 * kMB}));
+  EXPECT_EQ(s.memory_limits, (std::vector<int64_t>{kGB, 2 * kGB, 512 * kMB}));
   EXPECT_EQ(s.device_speeds, (std::vector<double>{1, 1, 0.5}));
 
   // The terminal alone: no daemon in the session.
@@ -198,7 +202,7 @@ TEST(DeploymentTest, InProcessOnlyForOnePlainLocalDevice) {
 }
 
 TEST(DeploymentTest, ListsAndRows) {
-  EXPECT_EQ(*parse_device_speeds("1,0.5", 2), (std::vector<double>{1, 0.5}));
+  EXPECT_EQ(parse_device_speeds("1,0.5", 2).value(), (std::vector<double>{1, 0.5}));
   EXPECT_FALSE(parse_device_speeds("1,0", 2).ok());
   EXPECT_FALSE(parse_device_speeds("1", 2).ok());
   EXPECT_FALSE(parse_memory_limits("1GB,x", 2).ok());
@@ -206,7 +210,7 @@ TEST(DeploymentTest, ListsAndRows) {
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(plan_rows(*cfg, 0), std::min<int64_t>(128, cfg->max_rows()));
   EXPECT_EQ(plan_rows(*cfg, 5), 5);
-  EXPECT_EQ(*request_rows(kModel, *cfg, "", 7), 7);
+  EXPECT_EQ(request_rows(kModel, *cfg, "", 7).value(), 7);
   EXPECT_FALSE(request_rows(kModel, *cfg, "", 0).ok());
 }
 
