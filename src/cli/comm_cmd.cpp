@@ -162,7 +162,7 @@ struct TempKey {
   }
 };
 
-void run_bench(BenchArgs a) {
+void check_bench_args(const BenchArgs& a) {
   if (a.ranks < 1 || a.ranks > core::kMaxDevices) fail_with("--ranks must be in 1.." + std::to_string(core::kMaxDevices));
   if (a.bytes < 0) fail_with("--bytes must be >= 0");
   if (a.iters < 1 || a.warmup < 0) fail_with("--iters must be >= 1 and --warmup >= 0");
@@ -172,29 +172,11 @@ void run_bench(BenchArgs a) {
     auto links = comm::LinkMatrix::from_arg(a.link, a.ranks);
     if (!links.ok()) fail_with(links.status().to_string());
   }
-  auto eps = comm::pick_local_endpoints(a.ranks);
-  if (!eps.ok()) fail_with(eps.status().to_string());
+}
 
-  TempKey temp;
-  if (!a.insecure && a.key_file.empty()) {
-    // An ephemeral cluster key, passed by file so it never shows in `ps`.
-    char dir[] = "/tmp/tessera-bench-XXXXXX";
-    if (::mkdtemp(dir) == nullptr) fail_with("cannot create a temporary directory");
-    temp.dir = dir;
-    temp.path = temp.dir + "/cluster.key";
-    auto key = comm::generate_cluster_key();
-    if (!key.ok()) fail_with(key.status().to_string());
-    const core::Status st = comm::write_key_file(temp.path, *key);
-    if (!st.ok()) fail_with(st.to_string());
-    a.key_file = temp.path;
-  }
-  std::string endpoints;
-  for (const auto& e : *eps) {
-    if (!endpoints.empty()) endpoints += ',';
-    endpoints += e;
-  }
-  const std::string group_id = "bench-" + std::to_string(::getpid());
-
+// One process per rank (this binary's hidden comm-bench-rank command), its
+// stdout on a pipe.
+std::vector<Child> spawn_ranks(const BenchArgs& a, const std::string& endpoints, const std::string& group_id) {
   std::vector<Child> children(static_cast<size_t>(a.ranks));
   for (int r = 0; r < a.ranks; ++r) {
     std::vector<std::string> args = {"tessera", "comm-bench-rank", "--rank", std::to_string(r),
@@ -228,7 +210,12 @@ void run_bench(BenchArgs a) {
     children[r].out_fd = fds[0];
   }
 
-  // Collect every child's output (until EOF) within a deadline, then reap.
+  return children;
+}
+
+// Every rank's output until EOF within a deadline, then the ranks reaped;
+// false when one failed or ran out of time.
+bool collect_ranks(const BenchArgs& a, std::vector<Child>& children) {
   const auto deadline = std::chrono::steady_clock::now() + Millis(a.timeout_ms) * (a.iters + a.warmup + 2);
   for (;;) {
     std::vector<pollfd> pfds;
@@ -265,9 +252,12 @@ void run_bench(BenchArgs a) {
     ::waitpid(c.pid, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) all_ok = false;
   }
-  if (!all_ok) fail_with("a rank failed (see its message above)");
 
-  // Per-iteration time is the slowest rank's.
+  return all_ok;
+}
+
+// The sweep's figures: each iteration's time is the slowest rank's.
+void report_bench(const BenchArgs& a, const std::vector<Child>& children) {
   std::vector<nlohmann::json> results(static_cast<size_t>(a.ranks));
   std::vector<double> iter_s(static_cast<size_t>(a.iters), 0.0);
   for (int r = 0; r < a.ranks; ++r) {
@@ -306,6 +296,34 @@ void run_bench(BenchArgs a) {
     std::printf("  %-5d %14llu %14llu %10.3f\n", r, t["bytes_sent"].get<unsigned long long>(),
                 t["bytes_received"].get<unsigned long long>(), results[r]["stats"]["blocked_seconds"].get<double>());
   }
+}
+
+void run_bench(BenchArgs a) {
+  check_bench_args(a);
+  auto eps = comm::pick_local_endpoints(a.ranks);
+  if (!eps.ok()) fail_with(eps.status().to_string());
+
+  TempKey temp;
+  if (!a.insecure && a.key_file.empty()) {
+    // An ephemeral cluster key, passed by file so it never shows in `ps`.
+    char dir[] = "/tmp/tessera-bench-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) fail_with("cannot create a temporary directory");
+    temp.dir = dir;
+    temp.path = temp.dir + "/cluster.key";
+    auto key = comm::generate_cluster_key();
+    if (!key.ok()) fail_with(key.status().to_string());
+    const core::Status st = comm::write_key_file(temp.path, *key);
+    if (!st.ok()) fail_with(st.to_string());
+    a.key_file = temp.path;
+  }
+  std::string endpoints;
+  for (const auto& e : *eps) {
+    if (!endpoints.empty()) endpoints += ',';
+    endpoints += e;
+  }
+  std::vector<Child> children = spawn_ranks(a, endpoints, "bench-" + std::to_string(::getpid()));
+  if (!collect_ranks(a, children)) fail_with("a rank failed (see its message above)");
+  report_bench(a, children);
 }
 
 void add_bench_options(CLI::App* cmd, BenchArgs* a) {

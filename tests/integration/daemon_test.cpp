@@ -31,7 +31,8 @@
 #include "parallel/strategy.h"
 #include "planner/profile.h"
 #include "runtime/cluster_profile.h"
-#include "runtime/distributed.h"
+#include "runtime/cluster_file.h"
+#include "runtime/protocol.h"
 #include "runtime/job.h"
 
 #include "cli_util.h"
