@@ -69,8 +69,12 @@ class TpDecoder final : public Decoder {
 
 Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer&, const Plan& plan, Synchronizer&,
                                                         int64_t) const {
-  return core::unimplemented("strategy '" + plan.strategy +
-                             "' cannot generate across devices (use tp, galaxy or pipeline; see docs/generation.md)");
+  // The strategies that can, from the registry: the message stays true as strategies come and go.
+  std::string can;
+  for (const Strategy* s : strategies())
+    if (s->decodes() && s->name() != single_device_plan().strategy) can += (can.empty() ? "" : ", ") + s->name();
+  return core::unimplemented("strategy '" + plan.strategy + "' cannot generate across devices (use " + can +
+                             "; see docs/generation.md)");
 }
 
 Result<model::KvCache> TpLayers::make_cache(int64_t positions) const {

@@ -27,7 +27,7 @@ struct PartitionAttention {
 
 // Columns [col0, col0 + cols) of Q|K|V (0..3f) for rows [r0, r0 + count) of
 // a.x, into qkv ([n, 3f]): lets a device project each block of rows as soon as
-// it arrives, or put K and V off and project them later for many rows at once.
+// it arrives (the ring overlap), while the next block travels.
 void partition_project_f32(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols,
                            float* qkv);
 

@@ -3,7 +3,7 @@
 // keys and values from their own rows plus the other partitions' means
 // (Eq. 6), with count-scaled softmax (Eq. 12-15) and the partition-aware
 // causal mask (Eq. 17). The shape maths here are pure functions; the layer
-// loop is run_prism (strategy.h).
+// loop is the strategy's run() (Prism in prism.cpp).
 #pragma once
 
 #include <cstdint>

@@ -36,7 +36,7 @@ class Voltage final : public Strategy {
   std::string name() const override { return "voltage"; }
   ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override {
-    return "Voltage: position-wise rows, Theorem 2's attention order, one AllGather per layer";
+    return "Voltage: position-wise rows, one AllGather per layer (attention in Eq. (3); Theorem 2's choice with --no-overlap)";
   }
   std::vector<OptionFlag> flags() const override {
     return {{"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool, "no overlap of ring communication with the GEMMs", false},

@@ -50,8 +50,8 @@ struct PlannerOptions {
   // A plan on more devices displaces one on fewer only when predicted at
   // least this much faster (fraction). Predictions err (p90 6% on the grid
   // in docs/planner.md) and every device added is one more that can fail;
-  // below this gain the terminal alone (Voltage's Algorithm 2) or the
-  // smaller set is kept.
+  // below this gain the terminal alone or the smaller set is kept (our rule;
+  // no paper makes this decision).
   double min_gain = 0.10;
   // Tw in the objective (Eq. 10): streaming a unit's weights from memory.
   // On a quiet machine it brings the ILP's T within 15% of every measured
@@ -78,7 +78,8 @@ std::vector<int64_t> proportional_counts(int64_t units, const std::vector<double
                                                     const ClusterProfile& p, const std::vector<int>& members,
                                                     const PlannerOptions& o);
 // Best plan of one strategy over subsets of the devices (the terminal always
-// takes part): the terminal plus the k fastest others, k = 0 .. K-1.
+// takes part): greedily from the terminal alone, each step adding the device
+// that helps most, keeping the best set seen (pipeline: the ILP's own choice).
 [[nodiscard]] core::Result<Candidate> plan_strategy_any_subset(const parallel::Strategy& s, const model::ModelConfig& c,
                                                                const ClusterProfile& p, const PlannerOptions& o);
 // Every registered strategy, and the choice.
