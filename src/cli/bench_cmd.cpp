@@ -253,6 +253,12 @@ struct PlotData {
   std::vector<Row> rows;                // the successful rows of one configuration
 };
 
+// The one-device strategy's name in the CSV: drawn as the dashed reference line.
+const std::string& single_name() {
+  static const std::string name = parallel::single_device_plan().strategy;
+  return name;
+}
+
 std::string line_style(const PlotData& d, const std::string& strategy) {
   const auto it = std::find(d.strategies.begin(), d.strategies.end(), strategy);
   return "lt " + std::to_string(it - d.strategies.begin() + 1) + " lw 2 pt 7 ps 0.8";
@@ -317,7 +323,7 @@ std::string bandwidth_plot(const PlotData& d, std::string& blocks) {
   int kmax = 1;
   std::set<double> bws;
   for (const auto& r : d.rows) {
-    if (r.at("strategy") != "single") kmax = std::max(kmax, static_cast<int>(num(r, "devices")));
+    if (r.at("strategy") != single_name()) kmax = std::max(kmax, static_cast<int>(num(r, "devices")));
     if (num(r, "bandwidth_mbit") > 0) bws.insert(num(r, "bandwidth_mbit"));
   }
   std::vector<std::string> clauses;
@@ -353,7 +359,7 @@ core::Status plot_csv(const std::string& csv, std::string config) {
   for (const auto& r : all) {
     if (config_key(r) != config || !is_ok(r)) continue;
     d.rows.push_back(r);
-    if (r.at("strategy") == "single") {
+    if (r.at("strategy") == single_name()) {
       if (d.single_ms == 0) d.single_ms = num(r, "median_ms");
     } else if (std::find(d.strategies.begin(), d.strategies.end(), r.at("strategy")) == d.strategies.end()) {
       d.strategies.push_back(r.at("strategy"));
