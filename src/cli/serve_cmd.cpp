@@ -45,10 +45,6 @@ int serve_command(ServeFlags& f) {
     if (!plan.ok()) return fail(plan.status().to_string());
     o.plan = *plan;
   }
-  o.on_listening = [](const std::string& host, int port) {
-    std::printf("listening on http://%s:%d\n", host.c_str(), port);
-    std::fflush(stdout);
-  };
   const auto st = runtime::serve(o);
   if (!st.ok()) return fail(st.to_string());
   return 0;

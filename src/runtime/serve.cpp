@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -78,7 +79,8 @@ Status Server::run() {
     engine_.stop();
     return core::ok_status();
   }
-  if (opts_.on_listening) opts_.on_listening(opts_.host, port);
+  std::printf("listening on http://%s:%d\n", opts_.host.c_str(), port);
+  std::fflush(stdout);
   spdlog::info("serve: listening on http://{}:{}", opts_.host, port);
   std::thread readmit([this] {
     std::unique_lock<std::mutex> l(stop_mu_);

@@ -5,7 +5,6 @@
 // The request bodies are parsed by the pure functions of serve_api.h.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,8 +31,8 @@ struct ServeOptions {
   int64_t deadline_ms = 120000;  // per request, queueing included
   int64_t failover_ms = 1000;    // a device silent this long during a run is dropped
   int64_t readmit_ms = 1000;     // how often dropped cluster devices are asked whether they are back
-  // Called once the port is bound (the CLI prints it).
-  std::function<void(const std::string& host, int port)> on_listening;
+  // Once the port is bound, "listening on http://HOST:PORT" is printed to
+  // stdout (the port matters with port 0).
 };
 
 // Serves until SIGTERM or SIGINT, then drains the requests in flight and
