@@ -768,8 +768,12 @@ class Parser {
     }
     if (tag == "filter") {
       auto n = mk(K::FilterBlock, line);
-      auto operand = mk(K::Literal, line);  // stands for the rendered body
-      n->x = parse_filters(std::move(operand), true);
+      auto first = mk(K::Filter, cur().line);
+      first->name = expect_name();
+      if (!known_filters().count(first->name)) throw_unsupported(first->line, "filter '" + first->name + "'");
+      if (is_op("(")) parse_args(first.get());
+      first->x = mk(K::Literal, line);  // stands for the rendered body
+      n->x = parse_filters(std::move(first), true);
       expect_block_end();
       n->body = parse_body({"endfilter"}, &end);
       expect_block_end();
@@ -1448,22 +1452,31 @@ class Evaluator {
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       step(n.line);
-      Value loop = Value::make(Value::Dict);
-      loop.depth = 1;
-      loop.dict = std::make_shared<Object>();
+      // The loop object: updated in place unless the template kept a reference to it.
+      Value& loop = loop_scope.vars["loop"];
+      if (loop.t != Value::Dict || loop.dict.use_count() != 1) {
+        loop = Value::make(Value::Dict);
+        loop.dict = std::make_shared<Object>();
+        for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                                "depth0", "previtem", "nextitem"})
+          loop.dict->items.emplace_back(key, Value());
+      }
       auto& li = loop.dict->items;
-      li.emplace_back("index", Value::integer(k + 1));
-      li.emplace_back("index0", Value::integer(k));
-      li.emplace_back("revindex", Value::integer(len - k));
-      li.emplace_back("revindex0", Value::integer(len - k - 1));
-      li.emplace_back("first", Value::boolean(k == 0));
-      li.emplace_back("last", Value::boolean(k == len - 1));
-      li.emplace_back("length", Value::integer(len));
-      li.emplace_back("depth", Value::integer(1));
-      li.emplace_back("depth0", Value::integer(0));
-      if (k > 0) li.emplace_back("previtem", items[static_cast<size_t>(k - 1)]);
-      if (k + 1 < len) li.emplace_back("nextitem", items[static_cast<size_t>(k + 1)]);
-      loop_scope.vars["loop"] = std::move(loop);
+      li[0].second = Value::integer(k + 1);
+      li[1].second = Value::integer(k);
+      li[2].second = Value::integer(len - k);
+      li[3].second = Value::integer(len - k - 1);
+      li[4].second = Value::boolean(k == 0);
+      li[5].second = Value::boolean(k == len - 1);
+      li[6].second = Value::integer(len);
+      li[7].second = Value::integer(1);
+      li[8].second = Value::integer(0);
+      li[9].second = k > 0 ? items[static_cast<size_t>(k - 1)] : Value();
+      li[10].second = k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value();
+      uint16_t d = 1;
+      if (k > 0) d = std::max<uint16_t>(d, static_cast<uint16_t>(li[9].second.depth + 1));
+      if (k + 1 < len) d = std::max<uint16_t>(d, static_cast<uint16_t>(li[10].second.depth + 1));
+      loop.depth = d;
       bind_targets(n, items[static_cast<size_t>(k)], loop_scope);
       if (exec_body(n.body, loop_scope, out) == Flow::Break) break;
     }

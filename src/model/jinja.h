@@ -25,9 +25,9 @@
 namespace tessera::model::jinja {
 
 struct Limits {
-  int64_t max_steps = 20'000'000;          // expression and statement evaluations
+  int64_t max_steps = 2'000'000;           // expression and statement evaluations
   int64_t max_output_bytes = 64ll << 20;   // the rendered text, and any string built
-  int64_t max_items = 4'000'000;           // elements of a list built by the template
+  int64_t max_items = 1'000'000;           // elements of a list built by the template
   int max_call_depth = 100;                // nested macro calls
   int max_nesting = 200;                   // syntax nesting (parser) and value nesting
 };
