@@ -5,6 +5,8 @@
 #include <optional>
 #include <random>
 
+#include "cli/chat_cmd.h"
+#include "cli/cluster_flags.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/stats.h"
@@ -34,6 +36,7 @@ struct RunFlags {
   bool json = false;
   int64_t generate = 0;
   bool greedy = false;
+  std::string chat;  // run --chat: one user turn through the chat template
 };
 
 void add_input_options(CLI::App* cmd, RunFlags& f) {
@@ -191,6 +194,16 @@ int run_command(RunFlags& f) {
   // Checked in seconds, before the conversion to milliseconds.
   if (f.timeout_s < 1 || f.timeout_s > 86400) return fail("--timeout must be between 1 and 86400 seconds");
   f.req.gen.greedy = f.greedy || f.req.gen.greedy;
+  if (!f.chat.empty()) {
+    ChatFlags c;
+    c.cluster = f.cluster;
+    c.cluster.model_dir = f.req.model_dir;
+    c.plan = f.plan;
+    c.gen = f.req.gen;
+    c.gen.max_new_tokens = f.generate > 0 ? f.generate : -1;  // --generate caps the answer
+    c.timeout_s = f.timeout_s;
+    return run_chat_turn(c, f.chat);
+  }
   // A memory budget or an emulated speed is honoured by a session, also for one device.
   f.cluster.devices = f.plan->devices;
   if (!runtime::runs_in_process(f.cluster, f.plan->strategy)) return run_distributed(f);
@@ -214,6 +227,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--dump", f->req.dump_path, "write logits and hidden.L to a safetensors file");
   cmd->add_flag("--json", f->json, "machine-readable output");
   cmd->add_option("--generate", f->generate, "GPT-2: generate N new tokens");
+  cmd->add_option("--chat", f->chat, "one chat turn: this user message through the model's chat template (the answer is printed)");
   cmd->add_flag("--greedy", f->greedy, "greedy decoding (default samples with --top-k/--top-p)");
   cmd->add_option("--top-k", f->req.gen.top_k, "sample from the k most likely tokens");
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
@@ -226,18 +240,8 @@ void add_run(CLI::App& app) {
 
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) {
   add_plan_flags(cmd, f->plan);
-  cmd->add_option("--threads-per-device", f->cluster.threads_per_device, "compute threads of each device")->capture_default_str();
-  cmd->add_option("--cpus-per-device", f->cluster.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
-      ->capture_default_str();
-  cmd->add_option("--link", f->cluster.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
-  cmd->add_option("--cluster", f->cluster.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
-  cmd->add_option("--key", f->cluster.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
-  cmd->add_flag("--insecure", f->cluster.insecure, "no CURVE encryption (benchmarks)");
-  cmd->add_option("--memory-limit", f->cluster.memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
-  cmd->add_option("--device-speed", f->cluster.device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
-  cmd->add_option("--profile", f->cluster.profile_file, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
+  add_cluster_flags(cmd, f->cluster, f->timeout_s);
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
-  cmd->add_option("--timeout", f->timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "distributed: untimed runs first")->capture_default_str();
 }

@@ -146,6 +146,8 @@ void Server::routes() {
     res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
   });
   svr_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
+  svr_.Post("/v1/chat/completions",
+            [this](const httplib::Request& req, httplib::Response& res) { chat_completions(req, res); });
   svr_.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
     admitted(res, [&] { embeddings(req, res); });
   });

@@ -86,21 +86,10 @@ Result<T> as_request_error(Result<T> r) {
   return bad(r.status().message());
 }
 
-}  // namespace
-
-Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
-  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
-  CompletionRequest r;
-  const json* prompt = member(j, "prompt");
-  if (prompt == nullptr) return bad("\"prompt\" is required");
-  TESSERA_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, prompt_list(*prompt, "prompt", limits));
-  if (prompts.size() != 1) return bad("one prompt per request (\"prompt\" holds " + std::to_string(prompts.size()) + ")");
-  r.prompt = std::move(prompts[0]);
+// The sampling and streaming fields that completions and chat completions share.
+Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
   const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
-  TESSERA_ASSIGN_OR_RETURN(r.max_tokens, as_request_error(core::json_field_int(j, "max_tokens", 0, positions, 16)));
-  if (!r.prompt.ids.empty() && static_cast<int64_t>(r.prompt.ids.size()) + r.max_tokens > positions)
-    return bad("the prompt's " + std::to_string(r.prompt.ids.size()) + " tokens plus max_tokens " +
-               std::to_string(r.max_tokens) + " exceed the model's " + std::to_string(positions) + " positions");
+  TESSERA_ASSIGN_OR_RETURN(r.max_tokens, as_request_error(core::json_field_int(j, max_tokens_field, 0, positions, 16)));
   TESSERA_ASSIGN_OR_RETURN(r.temperature, as_request_error(core::json_field_number(j, "temperature", 0.0, 2.0, 1.0)));
   TESSERA_ASSIGN_OR_RETURN(r.top_p, as_request_error(core::json_field_number(j, "top_p", 0.0, 1.0, 1.0)));
   if (!(r.top_p > 0.0)) return bad("\"top_p\" must be in (0, 1]");
@@ -130,6 +119,85 @@ Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimit
     if (!so->is_object()) return bad("\"stream_options\" must be an object");
     TESSERA_ASSIGN_OR_RETURN(r.include_usage, as_request_error(core::json_field_bool(*so, "include_usage", false)));
   }
+  return core::ok_status();
+}
+
+}  // namespace
+
+Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  CompletionRequest r;
+  const json* prompt = member(j, "prompt");
+  if (prompt == nullptr) return bad("\"prompt\" is required");
+  TESSERA_ASSIGN_OR_RETURN(std::vector<Prompt> prompts, prompt_list(*prompt, "prompt", limits));
+  if (prompts.size() != 1) return bad("one prompt per request (\"prompt\" holds " + std::to_string(prompts.size()) + ")");
+  r.prompt = std::move(prompts[0]);
+  TESSERA_RETURN_IF_ERROR(sampling_fields(j, limits, "max_tokens", r));
+  const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
+  if (!r.prompt.ids.empty() && static_cast<int64_t>(r.prompt.ids.size()) + r.max_tokens > positions)
+    return bad("the prompt's " + std::to_string(r.prompt.ids.size()) + " tokens plus max_tokens " +
+               std::to_string(r.max_tokens) + " exceed the model's " + std::to_string(positions) + " positions");
+  return r;
+}
+
+Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  ChatRequest r;
+  const json* messages = member(j, "messages");
+  if (messages == nullptr) return bad("\"messages\" is required");
+  if (!messages->is_array() || messages->empty()) return bad("\"messages\" must be a non-empty list of messages");
+  if (static_cast<int64_t>(messages->size()) > limits.max_messages)
+    return bad("\"messages\" holds " + std::to_string(messages->size()) + " messages; at most " +
+               std::to_string(limits.max_messages));
+  r.messages = json::array();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return bad(where + " must be an object with \"role\" and \"content\"");
+    const json* role = member(m, "role");
+    if (role == nullptr || !role->is_string()) return bad(where + ".role must be a string");
+    const std::string& rs = role->get_ref<const std::string&>();
+    if (rs != "system" && rs != "developer" && rs != "user" && rs != "assistant" && rs != "tool")
+      return bad(where + ".role must be system, developer, user, assistant or tool, not \"" + rs.substr(0, 32) + "\"");
+    json out = {{"role", rs == "developer" ? "system" : rs}};
+    const json* content = member(m, "content");
+    if (content == nullptr) {
+      if (rs != "assistant") return bad(where + ".content is required");
+      out["content"] = nullptr;
+    } else if (content->is_string()) {
+      out["content"] = *content;
+    } else if (content->is_array()) {  // content parts: text only
+      std::string text;
+      for (const json& part : *content) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          return bad(where + ".content parts must be {\"type\": \"text\", \"text\": ...} (no images here)");
+        text += part["text"].get<std::string>();
+      }
+      out["content"] = text;
+    } else {
+      return bad(where + ".content must be a string or a list of text parts");
+    }
+    for (const char* key : {"name", "tool_call_id"})
+      if (const json* v = member(m, key)) {
+        if (!v->is_string()) return bad(where + "." + key + " must be a string");
+        out[key] = *v;
+      }
+    if (const json* calls = member(m, "tool_calls")) {
+      if (!calls->is_array()) return bad(where + ".tool_calls must be a list");
+      out["tool_calls"] = *calls;
+    }
+    r.messages.push_back(std::move(out));
+  }
+  if (const json* tools = member(j, "tools")) {
+    if (!tools->is_array()) return bad("\"tools\" must be a list");
+    r.tools = *tools;
+  }
+  // max_completion_tokens is the current name; max_tokens the older one.
+  const bool current = member(j, "max_completion_tokens") != nullptr;
+  r.max_tokens_given = current || member(j, "max_tokens") != nullptr;
+  TESSERA_RETURN_IF_ERROR(sampling_fields(j, limits, current ? "max_completion_tokens" : "max_tokens", r.sampling));
+  // Without a limit a chat answer may run to the end of the context (OpenAI's default).
+  if (!r.max_tokens_given) r.sampling.max_tokens = limits.max_positions > 0 ? limits.max_positions : INT32_MAX;
   return r;
 }
 

@@ -21,6 +21,7 @@ struct ApiLimits {
   int64_t max_positions = 0;   // prompt + max_tokens must fit (text models)
   int64_t max_inputs = 64;     // entries of an embeddings/classify batch
   int64_t max_stop = 4;        // stop strings (OpenAI's limit)
+  int64_t max_messages = 1024;  // messages of a chat request
 };
 
 // A prompt: text (tokenized by the server) or token ids.
@@ -41,6 +42,17 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
 };
 
+// /v1/chat/completions: the messages as the chat template takes them
+// ({role, content} with content a string, or null for an assistant turn
+// that only calls tools; "developer" read as "system"), the tools as data,
+// and the sampling fields of a completion (its prompt unused).
+struct ChatRequest {
+  nlohmann::json messages = nlohmann::json::array();
+  nlohmann::json tools;  // null: none
+  CompletionRequest sampling;
+  bool max_tokens_given = false;  // else: up to the end of the context
+};
+
 struct EmbeddingRequest {
   std::vector<Prompt> inputs;
   bool base64 = false;  // encoding_format
@@ -58,6 +70,7 @@ int http_status(core::ErrorCode code);
 // Unknown fields are ignored; known fields of the wrong type, out of range,
 // or missing are errors (the server answers 400).
 [[nodiscard]] core::Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimits& limits);
+[[nodiscard]] core::Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits);
 [[nodiscard]] core::Result<EmbeddingRequest> parse_embedding(std::string_view body, const ApiLimits& limits);
 [[nodiscard]] core::Result<ClassifyRequest> parse_classify(std::string_view body, const ApiLimits& limits);
 

@@ -1,14 +1,17 @@
-// `tessera serve`'s /v1/completions: the generation loop (stop strings,
-// deadline, replay on failover) and the answer, whole or streamed. Apart from
+// `tessera serve`'s /v1/completions and /v1/chat/completions: the
+// generation loop (stop strings, end-of-turn ids, deadline, replay on
+// failover) and the answer, whole or streamed, in OpenAI's two shapes. Apart from
 // serve.cpp (routes and admission) and serve_inference.cpp (one-shot passes).
 #include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "model/chat.h"
 #include "model/generate.h"
 #include "runtime/serve_server.h"
 
@@ -45,7 +48,7 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
         if (s.stopped) stop = true;
       }
     }
-    if (id == engine_.config().eos_token_id) stop = true;
+    if (engine_.ends_turn(id)) stop = true;
     if (!emit(delta, id)) gone = true;
     if (Clock::now() > deadline) late = true;
   };
@@ -71,76 +74,137 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   return core::ok_status();
 }
 
-json Server::completion_json(const std::string& id, const json& choice) const {
-  return {{"id", id}, {"object", "text_completion"}, {"created", static_cast<int64_t>(std::time(nullptr))},
-          {"model", model_name_}, {"choices", json::array({choice})}};
-}
+// What the answer looks like: OpenAI's text completion or chat completion,
+// whole or as stream events.
+struct Server::Shape {
+  bool chat = false;
+  std::string id;
+  std::string model;
+
+  json envelope(const char* object, json choice) const {
+    return {{"id", id}, {"object", object}, {"created", static_cast<int64_t>(std::time(nullptr))},
+            {"model", model}, {"choices", json::array({std::move(choice)})}};
+  }
+  // A streamed piece: `text` and its token (none for trailing text), or the
+  // last event with the finish reason.
+  json chunk(const std::string& text, const json& token_ids, const json& finish) const {
+    if (!chat)
+      return envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", nullptr},
+                                          {"finish_reason", finish}});
+    json delta = finish.is_null() ? json{{"content", text}} : json::object();
+    return envelope("chat.completion.chunk", {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}});
+  }
+  // A chat stream opens with the assistant's role.
+  std::optional<json> opening() const {
+    if (!chat) return std::nullopt;
+    return envelope("chat.completion.chunk", {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                              {"logprobs", nullptr}, {"finish_reason", nullptr}});
+  }
+  json whole(const std::string& text, const Generation& g) const {
+    json body = chat ? envelope("chat.completion", {{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}},
+                                                    {"logprobs", nullptr}, {"finish_reason", g.finish}})
+                     : envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", g.tokens},
+                                                    {"logprobs", nullptr}, {"finish_reason", g.finish}});
+    body["usage"] = usage(g);
+    return body;
+  }
+};
 
 json Server::usage(const Generation& g) {
   const auto p = static_cast<int64_t>(g.prompt.size()), n = static_cast<int64_t>(g.tokens.size());
   return {{"prompt_tokens", p}, {"completion_tokens", n}, {"total_tokens", p + n}};
 }
 
-void Server::completions(const httplib::Request& req, httplib::Response& res) {
+Status Server::check_generates() const {
   const auto& c = engine_.config();
   if (c.family != model::Family::kGpt2 || c.head != model::HeadKind::kLmHead)
-    return send_error(res, 400, "this model does not generate text (completions need a GPT-2 LM head)");
+    return core::invalid_argument("this model does not generate text (completions need a GPT-2 LM head)");
+  return core::ok_status();
+}
+
+void Server::completions(const httplib::Request& req, httplib::Response& res) {
+  if (const Status st = check_generates(); !st.ok()) return fail(res, st);
   auto r = api::parse_completion(req.body, limits_);
   if (!r.ok()) return fail(res, r.status());
   auto g = std::make_shared<Generation>();
   auto ids = tokens(r->prompt, false);
   if (!ids.ok()) return fail(res, ids.status());
   g->prompt = *ids;
+  const auto& c = engine_.config();
   if (static_cast<int64_t>(g->prompt.size()) + r->max_tokens > c.max_positions)
     return send_error(res, 400, "the prompt's " + std::to_string(g->prompt.size()) + " tokens plus max_tokens " +
                                     std::to_string(r->max_tokens) + " exceed the model's " + std::to_string(c.max_positions) +
                                     " positions");
-  const std::string id = "cmpl-" + std::to_string(++next_id_);
-  if (!r->stream) {
+  answer(Shape{false, "cmpl-" + std::to_string(++next_id_), model_name_}, *r, g, res);
+}
+
+void Server::chat_completions(const httplib::Request& req, httplib::Response& res) {
+  if (const Status st = check_generates(); !st.ok()) return fail(res, st);
+  const model::ChatTemplate* tmpl = engine_.chat_template();
+  if (tmpl == nullptr || engine_.tokenizer() == nullptr)
+    return send_error(res, 400, "this model has no chat template (tokenizer_config.json's chat_template): use /v1/completions");
+  auto r = api::parse_chat(req.body, limits_);
+  if (!r.ok()) return fail(res, r.status());
+  const json extra = r->tools.is_null() ? json::object() : json{{"tools", r->tools}};
+  auto prompt = tmpl->render(r->messages, true, extra);
+  if (!prompt.ok()) return send_error(res, 400, "the chat template: " + prompt.status().message());
+  auto g = std::make_shared<Generation>();
+  auto ids = model::chat_prompt_ids(*engine_.tokenizer(), *prompt, tmpl->bos_token());
+  if (!ids.ok()) return fail(res, ids.status());
+  g->prompt = *ids;
+  const auto& c = engine_.config();
+  const auto used = static_cast<int64_t>(g->prompt.size());
+  if (used >= c.max_positions || (r->max_tokens_given && used + r->sampling.max_tokens > c.max_positions))
+    return send_error(res, 400, "the conversation's " + std::to_string(used) + " tokens" +
+                                    (r->max_tokens_given ? " plus max_tokens " + std::to_string(r->sampling.max_tokens) : "") +
+                                    " exceed the model's " + std::to_string(c.max_positions) + " positions");
+  answer(Shape{true, "chatcmpl-" + std::to_string(++next_id_), model_name_}, r->sampling, g, res);
+}
+
+void Server::answer(const Shape& shape, const api::CompletionRequest& r, const std::shared_ptr<Generation>& g,
+                    httplib::Response& res) {
+  if (!r.stream) {
     return admitted(res, [&] {
       std::string text;
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
-      const Status st = generate(*r, *g, deadline, [&](const std::string& t, int64_t) {
+      const Status st = generate(r, *g, deadline, [&](const std::string& t, int64_t) {
         text += t;
         return true;
       });
       if (!st.ok()) return fail(res, st);
-      json choice = {{"index", 0}, {"text", text}, {"token_ids", g->tokens}, {"logprobs", nullptr}, {"finish_reason", g->finish}};
-      json body = completion_json(id, choice);
-      body["usage"] = usage(*g);
-      res.set_content(body.dump(), "application/json");
+      res.set_content(shape.whole(text, *g).dump(), "application/json");
     });
   }
   if (!admit(res)) return;
   // Streamed: the generation runs in the content provider, after the
   // headers; an error past that point is one last event before [DONE].
-  const auto request = std::make_shared<api::CompletionRequest>(*r);
+  const auto request = std::make_shared<api::CompletionRequest>(r);
   const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, request, g, id, deadline](size_t, httplib::DataSink& sink) {
+      [this, request, g, shape, deadline](size_t, httplib::DataSink& sink) {
         const auto event = [&](const json& j) {
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
-        };
-        const auto choice = [](const std::string& text, const json& token_ids, const json& finish) {
-          return json{{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", nullptr}, {"finish_reason", finish}};
         };
         bool alive = true;
         Status st = core::ok_status();
         if (!admission_.acquire(deadline)) {
           st = core::timeout_error("the request's deadline passed while it waited in the queue");
         } else {
-          st = generate(*request, *g, deadline, [&](const std::string& text, int64_t token) {
-            alive = alive && event(completion_json(id, choice(text, token < 0 ? json::array() : json::array({token}), nullptr)));
-            return alive;
-          });
+          if (const auto first = shape.opening()) alive = event(*first);
+          if (alive)
+            st = generate(*request, *g, deadline, [&](const std::string& text, int64_t token) {
+              if (shape.chat && text.empty()) return alive;  // a chat delta carries text
+              alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr));
+              return alive;
+            });
           admission_.release();
         }
         if (alive) {
           if (st.ok()) {
-            json last = completion_json(id, choice("", json::array(), g->finish));
+            json last = shape.chunk("", json::array(), g->finish);
             if (request->include_usage) last["usage"] = usage(*g);
             event(last);
           } else {

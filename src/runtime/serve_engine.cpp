@@ -9,6 +9,7 @@
 #include <future>
 
 #include "core/logging.h"
+#include "model/chat.h"
 #include "model/generate.h"
 
 namespace tessera::runtime::serve_detail {
@@ -22,8 +23,16 @@ constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to
 
 Status Engine::start() {
   TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.cluster.options().model_dir));
-  auto tok = model::load_tokenizer(opts_.cluster.options().model_dir);
+  const std::string& dir = opts_.cluster.options().model_dir;
+  auto tok = model::load_tokenizer(dir);
   if (tok.ok()) tokenizer_ = std::move(*tok);
+  // A template that does not load is the user's to fix before serving.
+  if (auto t = model::ChatTemplate::load(dir); t.ok()) {
+    chat_ = std::make_unique<model::ChatTemplate>(std::move(*t));
+  } else if (t.status().code() != core::ErrorCode::kNotFound) {
+    return t.status().with_context("the chat template");
+  }
+  TESSERA_ASSIGN_OR_RETURN(stop_ids_, model::end_of_turn_ids(dir, config_, tokenizer_.get(), chat_ ? chat_->eos_token() : ""));
   Cluster c = opts_.cluster;
   if (opts_.plan.strategy == "auto") {
     // Every device profiled once, before serving: later plans use the

@@ -3,6 +3,7 @@
 // session over them, failover and re-admission, and generation.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -17,6 +18,7 @@
 
 #include "comm/control.h"
 #include "model/generate.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "runtime/serve.h"
 
@@ -103,6 +105,11 @@ class Engine {
 
   const model::ModelConfig& config() const { return config_; }
   const model::Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // The model's chat template (null: none) and the ids that end a turn
+  // (model/chat.h): the config's and generation_config.json's eos ids and
+  // the template's eos_token.
+  const model::ChatTemplate* chat_template() const { return chat_.get(); }
+  bool ends_turn(int64_t id) const { return std::binary_search(stop_ids_.begin(), stop_ids_.end(), id); }
 
   DeviceView view() const;
   // Dropped daemons that answer again: asked from a thread of their own, so
@@ -138,6 +145,8 @@ class Engine {
   Metrics& metrics_;
   model::ModelConfig config_;
   std::unique_ptr<model::Tokenizer> tokenizer_;
+  std::unique_ptr<model::ChatTemplate> chat_;
+  std::vector<int64_t> stop_ids_;  // sorted
   mutable std::mutex view_mu_;  // the cluster's membership, members_ and session_ (the pointer) for /health
   std::optional<Cluster> cluster_;  // set by start()
   std::vector<int> members_;

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -60,9 +61,15 @@ class Server {
   // client is gone. Replays on failover from the tokens produced so far.
   Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline,
                   const std::function<bool(const std::string&, int64_t)>& emit);
-  json completion_json(const std::string& id, const json& choice) const;
+  struct Shape;  // a text or a chat completion's answer
   static json usage(const Generation& g);
+  Status check_generates() const;
+  // The prompt in `g` generated and answered in `shape`, whole or streamed.
+  void answer(const Shape& shape, const api::CompletionRequest& r, const std::shared_ptr<Generation>& g,
+              httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
+  // The messages rendered with the model's chat template, then as completions.
+  void chat_completions(const httplib::Request& req, httplib::Response& res);
 
   const ServeOptions& opts_;
   Metrics metrics_;

@@ -234,6 +234,100 @@ TEST(ServeTest, CompletionsEqualTheSingleDevice) {
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
 
+// The events of an SSE body, "[DONE]" excluded (which must end it).
+std::vector<json> sse_events(const std::string& body) {
+  std::vector<json> out;
+  bool done = false;
+  size_t at = 0;
+  while ((at = body.find("data: ", at)) != std::string::npos) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    out.push_back(json::parse(data));
+  }
+  EXPECT_TRUE(done) << body;
+  return out;
+}
+
+// /v1/chat/completions on 2 devices: the messages rendered by the model's
+// template (ChatML, written out here by hand) answer what /v1/completions
+// answers for that text; streamed and whole agree; usage, max_tokens and
+// stop hold; bad messages get 400 and the server keeps serving.
+TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
+  Server s({"--model", kData + "/gpt2-chat", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const json messages = json::array({{{"role", "system"}, {"content", "You are terse."}},
+                                     {{"role", "user"}, {"content", "Say hello to the world"}}});
+  const std::string rendered =
+      "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nSay hello to the world<|im_end|>\n<|im_start|>assistant\n";
+  auto plain = s.post("/v1/completions", {{"prompt", rendered}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const json want = json::parse(plain->body);
+
+  auto r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json got = json::parse(r->body);
+  EXPECT_EQ(got["object"], "chat.completion");
+  EXPECT_EQ(got["choices"][0]["message"]["role"], "assistant");
+  const std::string content = got["choices"][0]["message"]["content"];
+  EXPECT_EQ(content, want["choices"][0]["text"]);
+  EXPECT_EQ(got["choices"][0]["finish_reason"], want["choices"][0]["finish_reason"]);
+  EXPECT_EQ(got["usage"]["prompt_tokens"], want["usage"]["prompt_tokens"]);
+  EXPECT_EQ(got["usage"]["completion_tokens"], want["usage"]["completion_tokens"]);
+  EXPECT_EQ(got["usage"]["total_tokens"],
+            got["usage"]["prompt_tokens"].get<int64_t>() + got["usage"]["completion_tokens"].get<int64_t>());
+  if (got["choices"][0]["finish_reason"] == "length") EXPECT_EQ(got["usage"]["completion_tokens"], 8);
+
+  // Streamed: the role first, the same text in deltas, the finish reason and usage last.
+  r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_completion_tokens", 8}, {"temperature", 0},
+                                      {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const std::vector<json> events = sse_events(r->body);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(events.front()["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 1; i + 1 < events.size(); ++i) streamed += events[i]["choices"][0]["delta"].value("content", "");
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], got["choices"][0]["finish_reason"]);
+  EXPECT_EQ(events.back()["usage"], got["usage"]);
+
+  // max_tokens and stop are honoured.
+  r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_LE(json::parse(r->body)["usage"]["completion_tokens"].get<int64_t>(), 2);
+  if (content.size() >= 3) {
+    const std::string stop = content.substr(1, 2);
+    r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"stop", stop}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    EXPECT_EQ(j["choices"][0]["message"]["content"], content.substr(0, content.find(stop)));
+  }
+
+  // Bad messages: 400 with OpenAI's error body, and the server goes on.
+  for (const json& bad : {json{{"messages", json::array()}}, json{{"messages", "hi"}},
+                          json{{"messages", json::array({{{"role", "wizard"}, {"content", "x"}}})}},
+                          json{{"messages", json::array({{{"role", "user"}}})}},
+                          json{{"messages", json::array({{{"role", "user"}, {"content", 3}}})}},
+                          json{{"messages", messages}, {"max_tokens", 100000}}}) {
+    r = s.post("/v1/chat/completions", bad);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << bad.dump() << " " << r->body;
+    EXPECT_TRUE(json::parse(r->body).contains("error")) << r->body;
+  }
+  EXPECT_EQ(s.health()["status"], "ok");
+}
+
 TEST(ServeTest, EmbeddingsAndClassificationEqualTheSingleDevice) {
   Server s({"--model", kData + "/bert-tiny", "--devices", "2", "--strategy", "tp"});
   ASSERT_TRUE(s.up()) << s.proc().log();

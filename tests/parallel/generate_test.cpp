@@ -68,7 +68,7 @@ TEST(GenerateTest, GreedyEqualsSingleDeviceForTpGalaxyPipeline) {
   all.push_back(make_case(gpt2_12l(), {5, 17, 300, 42, 9, 11, 7}, 24));
   size_t compared = 0, near_ties = 0, runs = 0;
   for (const Case& c : all)
-    for (const std::string s : decoding_strategies())
+    for (const std::string& s : decoding_strategies())
       for (int k = 2; k <= 4; ++k) {
         const std::string what = s + " K=" + std::to_string(k) + " " + c.dir;
         const auto got = generate_threads(c.dir, make_plan(s, k), c.prompt, c.opts);
@@ -96,7 +96,7 @@ TEST(GenerateTest, SeededSamplingEqualsSingleDevice) {
   const std::vector<int64_t> prompt = {1, 2, 3, 4};
   auto m = model::Transformer::load(dir).value();
   const auto want = model::generate(m, prompt, o, nullptr).value();
-  for (const std::string s : decoding_strategies()) {
+  for (const std::string& s : decoding_strategies()) {
     std::vector<int64_t> streamed;
     model::GenerateOptions so = o;
     so.on_token = [&](int64_t t) { streamed.push_back(t); };

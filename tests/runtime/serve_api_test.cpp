@@ -184,6 +184,53 @@ TEST(ServeApiTest, StopScanHoldsBackPossibleStops) {
   EXPECT_EQ(s.sendable, 2u);
 }
 
+TEST(ServeApiTest, ChatMessagesAndFields) {
+  auto r = parse_chat(R"({"messages":[{"role":"developer","content":"be kind"},
+                                      {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]},
+                                      {"role":"assistant","content":null,"tool_calls":[{"id":"c1"}]},
+                                      {"role":"tool","content":"42","tool_call_id":"c1"}],
+                          "tools":[{"type":"function"}],"max_completion_tokens":5,"temperature":0,"stop":"x","stream":true})",
+                      kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->messages.size(), 4u);
+  EXPECT_EQ(r->messages[0]["role"], "system");  // developer is read as system
+  EXPECT_EQ(r->messages[1]["content"], "hi there");
+  EXPECT_TRUE(r->messages[2]["content"].is_null());
+  EXPECT_EQ(r->messages[2]["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(r->messages[3]["tool_call_id"], "c1");
+  EXPECT_EQ(r->tools.size(), 1u);
+  EXPECT_TRUE(r->max_tokens_given);
+  EXPECT_EQ(r->sampling.max_tokens, 5);
+  EXPECT_EQ(r->sampling.temperature, 0.0);
+  EXPECT_EQ(r->sampling.stop, (std::vector<std::string>{"x"}));
+  EXPECT_TRUE(r->sampling.stream);
+  // Without a limit the answer may run to the end of the context.
+  r = parse_chat(R"({"messages":[{"role":"user","content":"hi"}]})", kLimits);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->max_tokens_given);
+  EXPECT_EQ(r->sampling.max_tokens, kLimits.max_positions);
+  EXPECT_TRUE(r->tools.is_null());
+}
+
+TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
+  for (const char* body : {R"({})", R"({"messages":[]})", R"({"messages":{}})", R"({"messages":["hi"]})",
+                           R"({"messages":[{"content":"x"}]})", R"({"messages":[{"role":"king","content":"x"}]})",
+                           R"({"messages":[{"role":"user"}]})", R"({"messages":[{"role":"user","content":5}]})",
+                           R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})",
+                           R"({"messages":[{"role":"user","content":"x","name":3}]})",
+                           R"({"messages":[{"role":"user","content":"x"}],"tools":{}})",
+                           R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-1})",
+                           R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})"}) {
+    auto r = parse_chat(body, kLimits);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << body;
+    EXPECT_FALSE(r.status().message().empty());
+  }
+  ApiLimits few = kLimits;
+  few.max_messages = 1;
+  EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]})", few).ok());
+}
+
 // The HTTP status travels as the Status's code, never inside its message.
 TEST(ServeApiTest, ErrorCodesMapToHttpStatuses) {
   EXPECT_EQ(http_status(core::ErrorCode::kInvalidArgument), 400);

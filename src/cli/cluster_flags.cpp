@@ -1,0 +1,19 @@
+#include "cli/cluster_flags.h"
+
+namespace tessera::cli {
+
+void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeout_s) {
+  cmd->add_option("--threads-per-device", o.threads_per_device, "compute threads of each device")->capture_default_str();
+  cmd->add_option("--cpus-per-device", o.cpus_per_device, "pin local device d to cores d*N..d*N+N-1 (0: no pinning)")
+      ->capture_default_str();
+  cmd->add_option("--link", o.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
+  cmd->add_option("--cluster", o.cluster_file, "TOML file: terminal endpoint and worker daemons (see README)");
+  cmd->add_option("--key", o.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
+  cmd->add_flag("--insecure", o.insecure, "no CURVE encryption (benchmarks)");
+  cmd->add_option("--memory-limit", o.memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
+  cmd->add_option("--device-speed", o.device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
+  cmd->add_option("--profile", o.profile_file, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
+  cmd->add_option("--timeout", timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
+}
+
+}  // namespace tessera::cli
