@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config git
   libopenblas-dev libxsmm-dev libzmq3-dev cppzmq-dev coinor-libcbc-dev nlohmann-json3-dev libcli11-dev
   libspdlog-dev libtomlplusplus-dev libcpp-httplib-dev libstb-dev libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox
-  clang libfuzzer-14-dev)
+  clang libfuzzer-14-dev libutf8proc-dev libpcre2-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -3,6 +3,7 @@
 #include "model/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iterator>
 
@@ -56,6 +57,100 @@ std::u32string normalize(std::u32string_view text, const NormalizerConfig& cfg) 
     std::u32string lowered;
     for (char32_t c : out) append_lowercase(c, lowered);
     out.swap(lowered);
+  }
+  return out;
+}
+
+// ---- Patterns ----
+
+core::Status Pattern::find_all(std::u32string_view text, std::vector<Span>& out) const {
+  if (regex) return regex->find_all(text, out);
+  if (literal.empty()) return core::ok_status();
+  for (size_t at = text.find(literal); at != std::u32string_view::npos; at = text.find(literal, at + literal.size())) {
+    out.push_back({at, at + literal.size()});
+  }
+  return core::ok_status();
+}
+
+core::Result<Pattern> parse_pattern(const Json& j) {
+  Pattern p;
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> literal, json_opt_string(j, "String"));
+  TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> regex, json_opt_string(j, "Regex"));
+  if (literal) {
+    TESSERA_ASSIGN_OR_RETURN(p.literal, utf8_to_u32(*literal));
+    return p;
+  }
+  if (regex) {
+    TESSERA_ASSIGN_OR_RETURN(p.regex, Regex::compile(*regex));
+    return p;
+  }
+  return core::parse_error("\"pattern\" must be {\"String\": ...} or {\"Regex\": ...}");
+}
+
+core::Result<std::u32string> replace_all(std::u32string_view text, const Pattern& pattern,
+                                         std::u32string_view content) {
+  std::vector<Span> spans;
+  TESSERA_RETURN_IF_ERROR(pattern.find_all(text, spans));
+  if (spans.empty()) return std::u32string(text);
+  std::u32string out;
+  out.reserve(text.size());
+  size_t prev = 0;
+  for (const Span& s : spans) {
+    out.append(text.substr(prev, s.begin - prev));
+    out.append(content);
+    prev = s.end;
+  }
+  out.append(text.substr(prev));
+  return out;
+}
+
+namespace {
+
+std::u32string strip_spaces(std::u32string_view text, bool left, bool right) {
+  size_t b = 0, e = text.size();
+  while (left && b < e && is_whitespace(text[b])) ++b;
+  while (right && e > b && is_whitespace(text[e - 1])) --e;
+  return std::u32string(text.substr(b, e - b));
+}
+
+}  // namespace
+
+core::Result<std::u32string> normalize(std::u32string_view text, const Normalizer& normalizer) {
+  std::u32string out(text);
+  for (const NormalizerStep& step : normalizer.steps) {
+    switch (step.kind) {
+      case NormalizerStep::Kind::kBert:
+        out = normalize(out, step.bert);
+        break;
+      case NormalizerStep::Kind::kForm:
+        out = normalize_form(out, step.form);
+        break;
+      case NormalizerStep::Kind::kLowercase: {
+        std::u32string lowered;
+        lowered.reserve(out.size());
+        for (char32_t c : out) append_lowercase(c, lowered);
+        out.swap(lowered);
+        break;
+      }
+      case NormalizerStep::Kind::kStripAccents: {  // HF: drops nonspacing marks (after an NFD step)
+        std::u32string kept;
+        for (char32_t c : out) {
+          if (!is_nonspacing_mark(c)) kept.push_back(c);
+        }
+        out.swap(kept);
+        break;
+      }
+      case NormalizerStep::Kind::kReplace: {
+        TESSERA_ASSIGN_OR_RETURN(out, replace_all(out, step.pattern, step.content));
+        break;
+      }
+      case NormalizerStep::Kind::kPrepend:
+        if (!out.empty()) out.insert(0, step.content);  // HF prepends to non-empty text only
+        break;
+      case NormalizerStep::Kind::kStrip:
+        out = strip_spaces(out, step.left, step.right);
+        break;
+    }
   }
   return out;
 }
@@ -165,29 +260,55 @@ core::Status too_deep(const char* what) {
   return core::parse_error(std::string(what) + " Sequences nest deeper than " + std::to_string(kMaxSequenceNesting) + " levels");
 }
 
-core::Status parse_normalizer(const Json* j, NormalizerConfig& cfg, int depth = 0) {
+core::Status parse_normalizer(const Json* j, Normalizer& out, int depth = 0) {
   if (j == nullptr) return core::ok_status();
   if (depth > kMaxSequenceNesting) return too_deep("normalizer");
   TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(*j, "type", ""));
+  NormalizerStep step;
+  using Kind = NormalizerStep::Kind;
   if (type == "BertNormalizer") {
+    NormalizerConfig& cfg = step.bert;
     TESSERA_ASSIGN_OR_RETURN(cfg.clean_text, json_bool(*j, "clean_text", true));
     TESSERA_ASSIGN_OR_RETURN(cfg.handle_chinese_chars, json_bool(*j, "handle_chinese_chars", true));
     TESSERA_ASSIGN_OR_RETURN(cfg.lowercase, json_bool(*j, "lowercase", true));
     // null strip_accents follows lowercase
     TESSERA_ASSIGN_OR_RETURN(cfg.strip_accents, json_bool(*j, "strip_accents", cfg.lowercase));
-    return core::ok_status();
-  }
-  if (type == "Lowercase") {
-    cfg.lowercase = true;
-    return core::ok_status();
-  }
-  if (type == "Sequence") {
+    step.kind = Kind::kBert;
+  } else if (type == "Lowercase") {
+    step.kind = Kind::kLowercase;
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    step.kind = Kind::kForm;
+    step.form = type == "NFC"    ? NormalForm::kNFC
+                : type == "NFD"  ? NormalForm::kNFD
+                : type == "NFKC" ? NormalForm::kNFKC
+                                 : NormalForm::kNFKD;
+  } else if (type == "StripAccents") {
+    step.kind = Kind::kStripAccents;
+  } else if (type == "Replace") {
+    step.kind = Kind::kReplace;
+    const Json* pattern = member(*j, "pattern");
+    if (pattern == nullptr) return wrong_type("pattern", "an object");
+    TESSERA_ASSIGN_OR_RETURN(step.pattern, parse_pattern(*pattern));
+    TESSERA_ASSIGN_OR_RETURN(std::string content, json_string(*j, "content", ""));
+    TESSERA_ASSIGN_OR_RETURN(step.content, utf8_to_u32(content));
+  } else if (type == "Prepend") {
+    step.kind = Kind::kPrepend;
+    TESSERA_ASSIGN_OR_RETURN(std::string prepend, json_string(*j, "prepend", ""));
+    TESSERA_ASSIGN_OR_RETURN(step.content, utf8_to_u32(prepend));
+  } else if (type == "Strip") {
+    step.kind = Kind::kStrip;
+    TESSERA_ASSIGN_OR_RETURN(step.left, json_bool(*j, "strip_left", true));
+    TESSERA_ASSIGN_OR_RETURN(step.right, json_bool(*j, "strip_right", true));
+  } else if (type == "Sequence") {
     const Json* list = member(*j, "normalizers");
     if (list == nullptr || !list->is_array()) return wrong_type("normalizers", "an array");
-    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_normalizer(&item, cfg, depth + 1));
+    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_normalizer(&item, out, depth + 1));
     return core::ok_status();
+  } else {
+    return core::unimplemented("unsupported normalizer type '" + type + "'");
   }
-  return core::unimplemented("unsupported normalizer type '" + type + "'");
+  out.steps.push_back(std::move(step));
+  return core::ok_status();
 }
 
 core::Result<std::vector<int64_t>> template_special_ids(const Json& specials, const std::string& name) {
@@ -264,30 +385,187 @@ core::Status parse_post_processor(const Json* j, std::vector<int64_t>& prefix, s
   return core::unimplemented("unsupported post_processor type '" + type + "'");
 }
 
-core::Status parse_decoder(const Json* j, DecoderConfig& cfg) {
+core::Status parse_decoder(const Json* j, DecoderConfig& cfg, int depth = 0) {
   if (j == nullptr) return core::ok_status();
+  if (depth > kMaxSequenceNesting) return too_deep("decoder");
   TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(*j, "type", ""));
+  using Kind = DecoderStep::Kind;
+  DecoderStep step;
   if (type == "WordPiece") {
-    cfg.kind = DecoderKind::kWordPiece;
-    TESSERA_ASSIGN_OR_RETURN(cfg.prefix, json_string(*j, "prefix", "##"));
-    TESSERA_ASSIGN_OR_RETURN(cfg.cleanup, json_bool(*j, "cleanup", true));
+    step.kind = Kind::kWordPiece;
+    TESSERA_ASSIGN_OR_RETURN(step.prefix, json_string(*j, "prefix", "##"));
+    TESSERA_ASSIGN_OR_RETURN(step.cleanup, json_bool(*j, "cleanup", true));
+  } else if (type == "ByteLevel") {
+    step.kind = Kind::kByteLevel;
+  } else if (type == "ByteFallback") {
+    step.kind = Kind::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = Kind::kFuse;
+  } else if (type == "Replace") {
+    step.kind = Kind::kReplace;
+    const Json* pattern = member(*j, "pattern");
+    if (pattern == nullptr) return wrong_type("pattern", "an object");
+    TESSERA_ASSIGN_OR_RETURN(step.pattern, parse_pattern(*pattern));
+    TESSERA_ASSIGN_OR_RETURN(step.content, json_string(*j, "content", ""));
+  } else if (type == "Strip") {
+    step.kind = Kind::kStrip;
+    TESSERA_ASSIGN_OR_RETURN(step.content, json_string(*j, "content", " "));
+    TESSERA_ASSIGN_OR_RETURN(int64_t start, json_int(*j, "start", 0));
+    TESSERA_ASSIGN_OR_RETURN(int64_t stop, json_int(*j, "stop", 0));
+    if (start < 0 || stop < 0) return core::parse_error("Strip decoder start/stop must not be negative");
+    step.start = static_cast<size_t>(start), step.stop = static_cast<size_t>(stop);
+    TESSERA_ASSIGN_OR_RETURN(std::u32string c, utf8_to_u32(step.content));
+    if (c.size() != 1) return core::parse_error("Strip decoder content must be one character");
+  } else if (type == "Metaspace") {
+    step.kind = Kind::kMetaspace;
+    TESSERA_ASSIGN_OR_RETURN(step.replacement, json_string(*j, "replacement", "\u2581"));
+    TESSERA_ASSIGN_OR_RETURN(std::u32string c, utf8_to_u32(step.replacement));
+    if (c.size() != 1) return core::parse_error("Metaspace replacement must be one character");
+    TESSERA_ASSIGN_OR_RETURN(bool add_prefix_space, json_bool(*j, "add_prefix_space", true));
+    TESSERA_ASSIGN_OR_RETURN(std::string scheme, json_string(*j, "prepend_scheme", add_prefix_space ? "always" : "never"));
+    step.prepend = scheme != "never";
+  } else if (type == "Sequence") {
+    const Json* list = member(*j, "decoders");
+    if (list == nullptr || !list->is_array()) return wrong_type("decoders", "an array");
+    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_decoder(&item, cfg, depth + 1));
     return core::ok_status();
+  } else {
+    return core::unimplemented("unsupported decoder type '" + type + "'");
   }
-  if (type == "ByteLevel") {
-    cfg.kind = DecoderKind::kByteLevel;
-    return core::ok_status();
-  }
-  return core::unimplemented("unsupported decoder type '" + type + "'");
+  cfg.steps.push_back(std::move(step));
+  return core::ok_status();
 }
 
 }  // namespace
 
-core::Status parse_common(const Json& root, TokenizerParts& parts) {
+namespace {
+
+// "bos_token": "<s>" or {"content": "<s>", ...}.
+std::optional<std::string> config_token(const Json* config, const char* key) {
+  const Json* v = config ? member(*config, key) : nullptr;
+  if (v == nullptr) return std::nullopt;
+  if (v->is_string()) return v->get<std::string>();
+  const Json* content = member(*v, "content");
+  if (content != nullptr && content->is_string()) return content->get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+core::Status parse_common(const Json& root, const Json* config, TokenizerParts& parts) {
+  parts.bos_token = config_token(config, "bos_token");
+  parts.eos_token = config_token(config, "eos_token");
   TESSERA_RETURN_IF_ERROR(parse_added_tokens(root, parts.added));
   TESSERA_RETURN_IF_ERROR(parse_normalizer(member(root, "normalizer"), parts.normalizer));
   TESSERA_RETURN_IF_ERROR(
       parse_post_processor(member(root, "post_processor"), parts.template_prefix, parts.template_suffix));
   return parse_decoder(member(root, "decoder"), parts.decoder);
+}
+
+// ---- Decoders ----
+
+std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens) {
+  std::vector<std::string> out;
+  std::string bytes;
+  auto flush = [&] {
+    if (bytes.empty()) return;
+    if (utf8_to_u32(bytes).ok()) {
+      out.push_back(bytes);
+    } else {
+      for (size_t i = 0; i < bytes.size(); ++i) out.emplace_back("\uFFFD");
+    }
+    bytes.clear();
+  };
+  for (const std::string& t : tokens) {
+    if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      bytes.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+      continue;
+    }
+    flush();
+    out.push_back(t);
+  }
+  flush();
+  return out;
+}
+
+namespace {
+
+std::u32string lossy_u32(std::string_view text) {
+  auto decoded = utf8_to_u32(utf8_lossy(text));
+  return decoded.ok() ? std::move(decoded).value() : std::u32string();
+}
+
+// HF Strip: up to `start` leading and `stop` trailing copies of one char, per token.
+std::string strip_token(const std::string& token, char32_t c, size_t start, size_t stop) {
+  const std::u32string chars = lossy_u32(token);
+  size_t b = 0, e = chars.size();
+  while (b < start && b < e && chars[b] == c) ++b;
+  for (size_t i = 0; i < stop && e > b && chars[e - 1] == c; ++i) --e;
+  return u32_to_utf8(std::u32string_view(chars).substr(b, e - b));
+}
+
+}  // namespace
+
+core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder) {
+  using Kind = DecoderStep::Kind;
+  if (decoder.steps.empty()) {  // no decoder: HF joins tokens with spaces
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const DecoderStep& step : decoder.steps) {
+    switch (step.kind) {
+      case Kind::kWordPiece:
+        tokens = {decode_wordpiece(tokens, step.prefix, step.cleanup)};
+        break;
+      case Kind::kByteLevel:
+        tokens = {decode_byte_level(tokens)};
+        break;
+      case Kind::kByteFallback:
+        tokens = decode_byte_fallback(tokens);
+        break;
+      case Kind::kFuse: {
+        std::string joined;
+        for (const std::string& t : tokens) joined += t;
+        tokens = {std::move(joined)};
+        break;
+      }
+      case Kind::kReplace: {
+        const std::u32string content = lossy_u32(step.content);
+        for (std::string& t : tokens) {
+          TESSERA_ASSIGN_OR_RETURN(std::u32string replaced, replace_all(lossy_u32(t), step.pattern, content));
+          t = u32_to_utf8(replaced);
+        }
+        break;
+      }
+      case Kind::kStrip: {
+        const std::u32string c = lossy_u32(step.content);
+        for (std::string& t : tokens) t = strip_token(t, c.empty() ? U' ' : c[0], step.start, step.stop);
+        break;
+      }
+      case Kind::kMetaspace: {
+        const std::u32string rep = lossy_u32(step.replacement);
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          const std::u32string chars = lossy_u32(tokens[i]);
+          std::u32string out;
+          for (size_t j = 0; j < chars.size(); ++j) {
+            if (!rep.empty() && chars[j] == rep[0]) {
+              if (i == 0 && j == 0 && step.prepend) continue;  // the space the pre-tokenizer prepended
+              out.push_back(U' ');
+            } else {
+              out.push_back(chars[j]);
+            }
+          }
+          tokens[i] = u32_to_utf8(out);
+        }
+        break;
+      }
+    }
+  }
+  std::string out;
+  for (const std::string& t : tokens) out += t;
+  return out;
 }
 
 // ---- TokenizerBase ----
@@ -300,7 +578,10 @@ TokenizerBase::TokenizerBase(TokenizerParts parts) : parts_(std::move(parts)) {
     auto decoded = utf8_to_u32(t.content);  // JSON strings are valid UTF-8; skip the token otherwise
     std::u32string text = decoded.ok() ? std::move(decoded).value() : std::u32string();
     // Normalized tokens are matched in normalized text, so they are normalized too (as HF does).
-    if (t.normalized) text = normalize(text, parts_.normalizer);
+    if (t.normalized) {
+      auto normalized = normalize(text, parts_.normalizer);
+      if (normalized.ok()) text = std::move(normalized).value();
+    }
     if (!text.empty()) (t.normalized ? normalized_index_ : raw_index_)[text[0]].push_back(i);
     match_text_.push_back(std::move(text));
   }
@@ -310,6 +591,8 @@ TokenizerBase::TokenizerBase(TokenizerParts parts) : parts_(std::move(parts)) {
                        [&](size_t a, size_t b) { return match_text_[a].size() > match_text_[b].size(); });
     }
   }
+  if (parts_.bos_token) bos_id_ = token_to_id(*parts_.bos_token);
+  if (parts_.eos_token) eos_id_ = token_to_id(*parts_.eos_token);
 }
 
 std::optional<size_t> TokenizerBase::longest_added_at(std::u32string_view text, size_t pos, bool normalized) const {
@@ -366,13 +649,16 @@ core::Result<std::vector<int64_t>> TokenizerBase::encode(std::string_view text, 
       ids.push_back(*raw.id);
       continue;
     }
-    const std::u32string normalized = normalize(raw.text, parts_.normalizer);
+    const bool at_start = raw.text.data() == chars.data();
+    TESSERA_ASSIGN_OR_RETURN(const std::u32string normalized, normalize(raw.text, parts_.normalizer));
+    bool first_piece = true;
     for (const Segment& piece : split_added(normalized, /*normalized=*/true)) {
       if (piece.id) {
         ids.push_back(*piece.id);
-      } else {
-        TESSERA_RETURN_IF_ERROR(encode_piece(piece.text, ids));
+      } else if (!piece.text.empty()) {
+        TESSERA_RETURN_IF_ERROR(encode_piece(piece.text, at_start && first_piece, ids));
       }
+      first_piece = false;
     }
   }
   if (add_special_tokens) ids.insert(ids.end(), parts_.template_suffix.begin(), parts_.template_suffix.end());
@@ -403,17 +689,7 @@ core::Result<std::string> TokenizerBase::decode(const std::vector<int64_t>& ids,
     if (token == nullptr || (skip_special && special_ids_.contains(id))) continue;
     tokens.push_back(*token);
   }
-  switch (parts_.decoder.kind) {
-    case DecoderKind::kWordPiece:
-      return decode_wordpiece(tokens, parts_.decoder.prefix, parts_.decoder.cleanup);
-    case DecoderKind::kByteLevel:
-      return decode_byte_level(tokens);
-    case DecoderKind::kNone:
-      break;
-  }
-  std::string out;  // no decoder: HF joins tokens with spaces
-  for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-  return out;
+  return run_decoders(std::move(tokens), parts_.decoder);
 }
 
 int64_t TokenizerBase::vocab_size() const {
@@ -443,32 +719,43 @@ std::string infer_model_type(const Json& model) {
   return "";
 }
 
-core::Result<std::unique_ptr<Tokenizer>> tokenizer_from_root(const Json& root) {
+core::Result<std::unique_ptr<Tokenizer>> tokenizer_from_root(const Json& root, const Json* config) {
   if (!root.is_object()) return core::parse_error("top level is not a JSON object");
   const auto model = root.find("model");
   if (model == root.end() || !model->is_object()) return core::parse_error("missing \"model\" object");
   TESSERA_ASSIGN_OR_RETURN(std::string type, tok::json_string(*model, "type", ""));
   if (type.empty()) type = infer_model_type(*model);
-  if (type == "WordPiece") return tok::wordpiece_from_json(root);
-  if (type == "BPE") return tok::bpe_from_json(root);
+  if (type == "WordPiece") return tok::wordpiece_from_json(root, config);
+  if (type == "BPE") return tok::bpe_from_json(root, config);
   if (type.empty()) return core::parse_error("model has no \"type\"");
   return core::unimplemented("unsupported model type '" + type + "' (WordPiece and BPE are supported)");
 }
 
 }  // namespace
 
-core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name) {
+core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name,
+                                                              const std::string* config_text) {
   // Depth-bounded parse: the loaders below walk the tree recursively.
   // Duplicate keys are left to the format (HF writes none and reads the last).
   auto parsed = core::parse_json(text, name, core::JsonLimits{64, false});
   if (!parsed.ok()) return parsed.status();
+  std::optional<Json> config;
+  if (config_text != nullptr) {
+    auto c = core::parse_json(*config_text, name + " (tokenizer_config.json)", core::JsonLimits{64, false});
+    if (!c.ok()) return c.status();
+    config = std::move(c).value();
+  }
   try {
-    auto tokenizer = tokenizer_from_root(*parsed);
+    auto tokenizer = tokenizer_from_root(*parsed, config ? &*config : nullptr);
     if (!tokenizer.ok()) return tokenizer.status().with_context(name);
     return tokenizer;
   } catch (const Json::exception& e) {  // typed lookups do not throw; a missed one must not abort
     return core::parse_error(name + ": " + e.what());
   }
+}
+
+core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name) {
+  return parse_tokenizer_json(text, name, nullptr);
 }
 
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path) {
@@ -478,12 +765,52 @@ core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& 
 
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir) {
   const std::string json_path = dir + "/tokenizer.json";
-  if (core::file_exists(json_path)) return load_tokenizer_json(json_path);
+  if (core::file_exists(json_path)) {
+    TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(json_path));
+    const std::string config_path = dir + "/tokenizer_config.json";
+    if (!core::file_exists(config_path)) return parse_tokenizer_json(text, json_path, nullptr);
+    TESSERA_ASSIGN_OR_RETURN(const std::string config, core::read_file(config_path));
+    return parse_tokenizer_json(text, json_path, &config);
+  }
   if (core::file_exists(dir + "/vocab.txt")) return load_wordpiece_vocab_txt(dir + "/vocab.txt");
   if (core::file_exists(dir + "/vocab.json") && core::file_exists(dir + "/merges.txt")) {
     return load_bpe_vocab_merges(dir + "/vocab.json", dir + "/merges.txt");
   }
   return core::not_found("no tokenizer.json, vocab.txt or vocab.json + merges.txt in '" + dir + "'");
+}
+
+// ---- StreamDecoder (HF's DecodeStream) ----
+
+namespace {
+
+bool ends_with_replacement(const std::string& s) { return s.ends_with("\xEF\xBF\xBD"); }
+
+}  // namespace
+
+core::Result<std::string> StreamDecoder::step(int64_t id) {
+  ids_.push_back(id);
+  TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_.decode(ids_, skip_special_));
+  if (text.size() <= prefix_.size() || ends_with_replacement(text) || !text.starts_with(prefix_)) {
+    return std::string();  // nothing new, or a character still incomplete
+  }
+  std::string fresh = text.substr(prefix_.size());
+  // The ids just emitted become the context of the next step.
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_index_));
+  prefix_index_ = ids_.size();
+  TESSERA_ASSIGN_OR_RETURN(prefix_, tokenizer_.decode(ids_, skip_special_));
+  return fresh;
+}
+
+core::Result<std::string> StreamDecoder::flush() {
+  std::string fresh;
+  if (ids_.size() > prefix_index_) {
+    TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_.decode(ids_, skip_special_));
+    if (text.size() > prefix_.size() && text.starts_with(prefix_)) fresh = text.substr(prefix_.size());
+  }
+  ids_.clear();
+  prefix_.clear();
+  prefix_index_ = 0;
+  return fresh;
 }
 
 }  // namespace tessera::model

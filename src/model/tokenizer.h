@@ -1,5 +1,7 @@
-// Text <-> token ids, compatible with Hugging Face `tokenizers` for the two
-// families our models use: BERT WordPiece and GPT-2 byte-level BPE.
+// Text <-> token ids, compatible with Hugging Face `tokenizers`: BERT
+// WordPiece, GPT-2 byte-level BPE, tiktoken-style BPE with regex Split
+// pre-tokenizers (Llama 3, Qwen2/3, DeepSeek-V3) and SentencePiece-style BPE
+// with byte fallback (Llama 2, Mistral, Gemma).
 #pragma once
 
 #include <cstdint>
@@ -29,14 +31,46 @@ class Tokenizer {
   // Distinct tokens, added tokens included (HF get_vocab_size(true)).
   virtual int64_t vocab_size() const = 0;
   virtual std::optional<int64_t> token_to_id(std::string_view token) const = 0;
+  // tokenizer_config.json's bos_token / eos_token, when the directory has one naming a known token.
+  virtual std::optional<int64_t> bos_id() const { return std::nullopt; }
+  virtual std::optional<int64_t> eos_id() const { return std::nullopt; }
+  // An added token marked "special" (what decode's skip_special drops).
+  virtual bool is_special(int64_t /*id*/) const { return false; }
 };
 
-// Reads <dir>/tokenizer.json; falls back to <dir>/vocab.txt (WordPiece,
+// Streaming detokenisation: ids go in one at a time and only complete UTF-8
+// text comes out, so a character split over byte tokens (byte-level BPE or
+// <0xNN> byte fallback) is held back until its last byte arrives. The
+// concatenated output equals decode(all ids) (HF's DecodeStream algorithm:
+// the text of a few previous ids is decoded along, so decoders that look at
+// neighbours, such as Metaspace's leading space, see the same context).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = true)
+      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+  // The new complete text after `id` (often empty); an unknown id is skipped, as decode does.
+  core::Result<std::string> step(int64_t id);
+  // Whatever is held back (an incomplete character becomes U+FFFD); resets the stream.
+  core::Result<std::string> flush();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::vector<int64_t> ids_;  // context ids already emitted, then pending ones
+  std::string prefix_;        // decode of the context ids alone
+  size_t prefix_index_ = 0;   // how many of ids_ are context
+};
+
+// Reads <dir>/tokenizer.json (and <dir>/tokenizer_config.json for the BOS/EOS
+// tokens when present); falls back to <dir>/vocab.txt (WordPiece,
 // lowercase BERT defaults) or <dir>/vocab.json + <dir>/merges.txt (GPT-2 byte-level BPE).
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir);
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& path);
 // The same from the file's text; `name` labels errors.
 core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name);
+// The same with tokenizer_config.json's text (null: none), for the BOS/EOS tokens.
+core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string& text, const std::string& name,
+                                                              const std::string* config_text);
 // BERT defaults as BertTokenizerFast builds them: BertNormalizer, BertPreTokenizer,
 // [PAD]/[UNK]/[CLS]/[SEP]/[MASK] as special tokens and a "[CLS] $A [SEP]" template.
 core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::string& path, bool lowercase = true);

@@ -1,6 +1,8 @@
 // GPT-2 byte-level BPE: the GPT-2 split pattern, a reversible byte -> char
 // map, then merges applied lowest rank first (leftmost on ties), as HF does.
+#include <algorithm>
 #include <array>
+#include <cstdio>
 #include <memory>
 #include <queue>
 
@@ -11,15 +13,34 @@
 namespace tessera::model::tok {
 namespace {
 
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+// One pre-tokenizer (Sequences flattened). Words are split further by each
+// step in turn, as HF's PreTokenizedString does.
+struct PreTokStep {
+  enum class Kind { kSplit, kByteLevel, kMetaspace, kDigits, kWhitespaceSplit, kWhitespace };
+  Kind kind = Kind::kSplit;
+  Pattern pattern;  // Split; ByteLevel's and Whitespace's own regex
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;
+  bool add_prefix_space = false;  // ByteLevel
+  bool use_regex = true;          // ByteLevel
+  char32_t replacement = U'\u2581';  // Metaspace
+  PrependScheme prepend = PrependScheme::kAlways;
+  bool split = true;               // Metaspace
+  bool individual_digits = false;  // Digits
+};
+
 struct BpeConfig {
   std::optional<std::string> unk_token;
   std::string prefix;  // continuing_subword_prefix
   std::string suffix;  // end_of_word_suffix
   bool fuse_unk = false;
   bool ignore_merges = false;
-  bool byte_level = true;  // ByteLevel pre-tokenizer; otherwise each piece is one word
-  bool add_prefix_space = false;
-  bool use_regex = true;
+  bool byte_fallback = false;
+  bool byte_level = false;  // a ByteLevel pre-tokenizer: words are spelled in GPT-2's byte chars
+  std::vector<PreTokStep> pre;
 };
 
 using MergeList = std::vector<std::pair<std::string, std::string>>;  // in rank order
@@ -129,51 +150,174 @@ std::optional<uint8_t> char_to_byte(char32_t c) {
   return static_cast<uint8_t>(table[c]);
 }
 
-// ---- The GPT-2 split pattern, by hand ----
-// 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// Alternatives are tried in order (Oniguruma semantics), so each helper
-// returns the length one alternative matches at `i`, or 0.
+// GPT-2's split pattern, which ByteLevel applies when use_regex is set.
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-bool is_other(char32_t c) { return !is_whitespace(c) && !is_letter(c) && !is_number(c); }
+core::Result<Pattern> regex_pattern(const char* pattern) {
+  Pattern p;
+  TESSERA_ASSIGN_OR_RETURN(p.regex, Regex::compile(pattern));
+  return p;
+}
 
-size_t contraction_length(std::u32string_view s, size_t i) {
-  if (s[i] != U'\'') return 0;
-  for (std::u32string_view suffix : {U"s", U"t", U"re", U"ve", U"m", U"ll", U"d"}) {
-    if (s.substr(i + 1).starts_with(suffix)) return 1 + suffix.size();
+// HF's split by behavior: `spans` are the pattern's matches in `word`.
+void split_word(std::u32string_view word, const std::vector<Span>& matches, SplitBehavior behavior, bool invert,
+                std::vector<std::u32string>& out) {
+  struct Part {
+    size_t begin, end;
+    bool is_match;
+  };
+  std::vector<Part> parts;
+  size_t prev = 0;
+  for (const Span& m : matches) {
+    if (m.begin > prev) parts.push_back({prev, m.begin, invert});
+    parts.push_back({m.begin, m.end, !invert});
+    prev = m.end;
   }
-  return 0;
-}
-
-// ` ?X+`: an optional U+0020, then one or more chars of class X.
-size_t spaced_run_length(std::u32string_view s, size_t i, bool (*in_class)(char32_t)) {
-  const size_t first = s[i] == U' ' ? i + 1 : i;
-  size_t end = first;
-  while (end < s.size() && in_class(s[end])) ++end;
-  return end > first ? end - i : 0;
-}
-
-// `\s+(?!\S)|\s+`: a whitespace run that leaves its last char to a following word.
-size_t whitespace_run_length(std::u32string_view s, size_t i) {
-  size_t end = i;
-  while (end < s.size() && is_whitespace(s[end])) ++end;
-  const size_t n = end - i;
-  if (n == 0) return 1;  // unreachable: every char is in one class; guarantees progress
-  return (end == s.size() || n == 1) ? n : n - 1;
-}
-
-size_t gpt2_match_length(std::u32string_view s, size_t i) {
-  if (size_t n = contraction_length(s, i)) return n;
-  for (bool (*in_class)(char32_t) : {&is_letter, &is_number, &is_other}) {
-    if (size_t n = spaced_run_length(s, i, in_class)) return n;
+  if (prev < word.size()) parts.push_back({prev, word.size(), invert});
+  std::vector<Span> kept;
+  bool previous_match = false;
+  switch (behavior) {
+    case SplitBehavior::kRemoved:
+      for (const Part& p : parts) {
+        if (!p.is_match) kept.push_back({p.begin, p.end});
+      }
+      break;
+    case SplitBehavior::kIsolated:
+      for (const Part& p : parts) kept.push_back({p.begin, p.end});
+      break;
+    case SplitBehavior::kMergedWithPrevious:
+      for (const Part& p : parts) {
+        if (p.is_match && !previous_match && !kept.empty()) {
+          kept.back().end = p.end;
+        } else {
+          kept.push_back({p.begin, p.end});
+        }
+        previous_match = p.is_match;
+      }
+      break;
+    case SplitBehavior::kMergedWithNext:
+      for (size_t i = parts.size(); i-- > 0;) {
+        const Part& p = parts[i];
+        if (p.is_match && !previous_match && !kept.empty()) {
+          kept.back().begin = p.begin;
+        } else {
+          kept.push_back({p.begin, p.end});
+        }
+        previous_match = p.is_match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case SplitBehavior::kContiguous:
+      for (size_t i = 0; i < parts.size(); ++i) {
+        if (i > 0 && parts[i].is_match == previous_match) {
+          kept.back().end = parts[i].end;
+        } else {
+          kept.push_back({parts[i].begin, parts[i].end});
+        }
+        previous_match = parts[i].is_match;
+      }
+      break;
   }
-  return whitespace_run_length(s, i);
+  for (const Span& k : kept) {
+    if (k.end > k.begin) out.emplace_back(word.substr(k.begin, k.end - k.begin));
+  }
 }
 
-// The word's UTF-8 bytes spelled with the byte -> char map, as UTF-8.
-std::string to_byte_chars(std::u32string_view word) {
-  std::string out;
-  for (char c : u32_to_utf8(word)) append_utf8(byte_to_char()[static_cast<uint8_t>(c)], out);
+// Chars of a class as matches (Digits, WhitespaceSplit).
+std::vector<Span> class_matches(std::u32string_view word, bool (*in_class)(char32_t), bool runs) {
+  std::vector<Span> out;
+  for (size_t i = 0; i < word.size();) {
+    if (!in_class(word[i])) {
+      ++i;
+      continue;
+    }
+    size_t end = i + 1;
+    while (runs && end < word.size() && in_class(word[end])) ++end;
+    out.push_back({i, end});
+    i = end;
+  }
   return out;
+}
+
+// Applies one pre-tokenizer to every word; `first`: words[0] starts the input.
+core::Status pre_tokenize_step(const PreTokStep& step, bool first, std::vector<std::u32string>& words) {
+  std::vector<std::u32string> out;
+  out.reserve(words.size());
+  std::vector<Span> matches;
+  for (size_t w = 0; w < words.size(); ++w) {
+    std::u32string& word = words[w];
+    matches.clear();
+    switch (step.kind) {
+      case PreTokStep::Kind::kSplit:
+        TESSERA_RETURN_IF_ERROR(step.pattern.find_all(word, matches));
+        split_word(word, matches, step.behavior, step.invert, out);
+        break;
+      case PreTokStep::Kind::kByteLevel:
+        if (step.add_prefix_space && !word.starts_with(U' ')) word.insert(word.begin(), U' ');
+        if (!step.use_regex) {
+          out.push_back(std::move(word));
+          break;
+        }
+        TESSERA_RETURN_IF_ERROR(step.pattern.find_all(word, matches));
+        split_word(word, matches, SplitBehavior::kIsolated, false, out);
+        break;
+      case PreTokStep::Kind::kMetaspace: {
+        for (char32_t& c : word) {
+          if (c == U' ') c = step.replacement;
+        }
+        const bool prepend = step.prepend == PrependScheme::kAlways || (step.prepend == PrependScheme::kFirst && first && w == 0);
+        if (prepend && !word.starts_with(step.replacement)) word.insert(word.begin(), step.replacement);
+        if (!step.split) {
+          out.push_back(std::move(word));
+          break;
+        }
+        for (size_t i = 0; i < word.size(); ++i) {
+          if (word[i] == step.replacement) matches.push_back({i, i + 1});
+        }
+        split_word(word, matches, SplitBehavior::kMergedWithNext, false, out);
+        break;
+      }
+      case PreTokStep::Kind::kDigits:
+        split_word(word, class_matches(word, &is_number, !step.individual_digits),
+                   step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false, out);
+        break;
+      case PreTokStep::Kind::kWhitespaceSplit:
+        split_word(word, class_matches(word, &is_whitespace, true), SplitBehavior::kRemoved, false, out);
+        break;
+      case PreTokStep::Kind::kWhitespace:  // \w+|[^\w\s]+ kept, the rest (whitespace) removed
+        TESSERA_RETURN_IF_ERROR(step.pattern.find_all(word, matches));
+        split_word(word, matches, SplitBehavior::kRemoved, true, out);
+        break;
+    }
+  }
+  words.swap(out);
+  return core::ok_status();
+}
+
+// The bytes spelled with the byte -> char map, as UTF-8.
+std::string to_byte_chars(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) append_utf8(byte_to_char()[static_cast<uint8_t>(c)], out);
+  return out;
+}
+
+// Lowest rank first, leftmost on ties, by scanning: for the short words of
+// regex-split text this beats the queue's allocations and gives the same result.
+void merge_short_word(std::vector<int64_t>& symbols, const MergeMap& merges) {
+  while (symbols.size() > 1) {
+    size_t best = 0;
+    const Merge* best_merge = nullptr;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto it = merges.find(pair_key(symbols[i], symbols[i + 1]));
+      if (it != merges.end() && (best_merge == nullptr || it->second.rank < best_merge->rank)) {
+        best = i, best_merge = &it->second;
+      }
+    }
+    if (best_merge == nullptr) return;
+    symbols[best] = best_merge->id;
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
 }
 
 class BpeTokenizer final : public TokenizerBase {
@@ -181,20 +325,47 @@ class BpeTokenizer final : public TokenizerBase {
   BpeTokenizer(TokenizerParts parts, BpeConfig cfg, MergeMap merges)
       : TokenizerBase(std::move(parts)), cfg_(std::move(cfg)), merges_(std::move(merges)) {
     if (cfg_.unk_token) unk_id_ = model_vocab().find(*cfg_.unk_token);
+    for (int b = 0; b < 256; ++b) {
+      std::string ch;
+      append_utf8(byte_to_char()[b], ch);
+      byte_char_ids_[b] = model_vocab().find(ch).value_or(-1);
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      byte_fallback_ids_[b] = model_vocab().find(name).value_or(-1);
+    }
   }
 
  private:
-  core::Status encode_piece(std::u32string_view piece, std::vector<int64_t>& ids) const override {
-    if (!cfg_.byte_level) return encode_word(u32_to_utf8(piece), ids);
-    std::u32string text;
-    if (cfg_.add_prefix_space && !piece.empty() && piece[0] != U' ') text.push_back(U' ');
-    text.append(piece);
-    const std::u32string_view view(text);
-    for (size_t i = 0; i < view.size();) {
-      const size_t n = cfg_.use_regex ? gpt2_match_length(view, i) : view.size() - i;
-      TESSERA_RETURN_IF_ERROR(encode_word(to_byte_chars(view.substr(i, n)), ids));
-      i += n;
+  core::Status encode_piece(std::u32string_view piece, bool first, std::vector<int64_t>& ids) const override {
+    std::vector<std::u32string> words{std::u32string(piece)};
+    for (const PreTokStep& step : cfg_.pre) TESSERA_RETURN_IF_ERROR(pre_tokenize_step(step, first, words));
+    std::string bytes;
+    for (const std::u32string& word : words) {
+      bytes.clear();
+      for (char32_t c : word) append_utf8(c, bytes);
+      TESSERA_RETURN_IF_ERROR(cfg_.byte_level ? encode_byte_word(bytes, ids) : encode_word(bytes, ids));
     }
+    return core::ok_status();
+  }
+
+  // A byte-level word: one symbol per byte (its mapped char's id), then merges.
+  core::Status encode_byte_word(const std::string& bytes, std::vector<int64_t>& ids) const {
+    if (!cfg_.prefix.empty() || !cfg_.suffix.empty()) return encode_word(to_byte_chars(bytes), ids);
+    if (cfg_.ignore_merges) {
+      if (auto id = model_vocab().find(to_byte_chars(bytes))) {
+        ids.push_back(*id);
+        return core::ok_status();
+      }
+    }
+    std::vector<int64_t> symbols;
+    symbols.reserve(bytes.size());
+    for (char c : bytes) {
+      const int64_t id = byte_char_ids_[static_cast<uint8_t>(c)];
+      if (id < 0) return encode_word(to_byte_chars(bytes), ids);  // a vocab without every byte: the general path
+      symbols.push_back(id);
+    }
+    apply_merges(symbols);
+    ids.insert(ids.end(), symbols.begin(), symbols.end());
     return core::ok_status();
   }
 
@@ -211,20 +382,33 @@ class BpeTokenizer final : public TokenizerBase {
     return core::ok_status();
   }
 
-  // One symbol per char; chars missing from the vocab become unk_token, or
-  // are dropped when there is none (HF's behaviour).
+  // One symbol per char; a char missing from the vocab becomes its <0xNN>
+  // byte tokens (byte_fallback, when all exist), else unk_token (fused when
+  // fuse_unk), else is dropped: HF's BPE::merge_word.
   core::Result<std::vector<int64_t>> initial_symbols(const std::string& word) const {
     std::vector<int64_t> symbols;
     bool last_unk = false;
     for (size_t pos = 0; pos < word.size();) {
       const size_t len = next_utf8(word, pos).len;
-      std::string symbol = (pos > 0 ? cfg_.prefix : std::string()) + word.substr(pos, len);
+      const std::string_view ch = std::string_view(word).substr(pos, len);
+      std::string symbol = (pos > 0 ? cfg_.prefix : std::string()) + std::string(ch);
       pos += len;
       if (pos == word.size()) symbol += cfg_.suffix;
       if (auto id = model_vocab().find(symbol)) {
         symbols.push_back(*id);
         last_unk = false;
-      } else if (cfg_.unk_token) {
+        continue;
+      }
+      if (cfg_.byte_fallback) {
+        bool all = true;
+        for (char c : ch) all = all && byte_fallback_ids_[static_cast<uint8_t>(c)] >= 0;
+        if (all) {
+          for (char c : ch) symbols.push_back(byte_fallback_ids_[static_cast<uint8_t>(c)]);
+          last_unk = false;
+          continue;
+        }
+      }
+      if (cfg_.unk_token) {
         if (!unk_id_) return core::not_found("BPE unk_token '" + *cfg_.unk_token + "' is not in the vocabulary");
         if (!(cfg_.fuse_unk && last_unk)) symbols.push_back(*unk_id_);
         last_unk = true;
@@ -233,11 +417,19 @@ class BpeTokenizer final : public TokenizerBase {
     return symbols;
   }
 
-  void apply_merges(std::vector<int64_t>& symbols) const { MergeWord(symbols, merges_).run(); }
+  void apply_merges(std::vector<int64_t>& symbols) const {
+    if (symbols.size() <= 24) {
+      merge_short_word(symbols, merges_);
+    } else {
+      MergeWord(symbols, merges_).run();
+    }
+  }
 
   BpeConfig cfg_;
   MergeMap merges_;
   std::optional<int64_t> unk_id_;
+  std::array<int64_t, 256> byte_char_ids_{};      // byte-level: id of each byte's mapped char
+  std::array<int64_t, 256> byte_fallback_ids_{};  // id of <0xNN>, or -1
 };
 
 core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab, const std::string& prefix) {
@@ -290,19 +482,80 @@ core::Status parse_model_config(const Json& model, BpeConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(cfg.suffix, json_string(model, "end_of_word_suffix", ""));
   TESSERA_ASSIGN_OR_RETURN(cfg.fuse_unk, json_bool(model, "fuse_unk", false));
   TESSERA_ASSIGN_OR_RETURN(cfg.ignore_merges, json_bool(model, "ignore_merges", false));
-  TESSERA_ASSIGN_OR_RETURN(bool byte_fallback, json_bool(model, "byte_fallback", false));
-  if (byte_fallback) return core::unimplemented("BPE byte_fallback is not supported");
+  TESSERA_ASSIGN_OR_RETURN(cfg.byte_fallback, json_bool(model, "byte_fallback", false));
   return core::ok_status();  // dropout is ignored: it only matters for training
 }
 
-core::Status parse_pre_tokenizer(const Json& root, BpeConfig& cfg) {
-  const auto it = root.find("pre_tokenizer");
-  cfg.byte_level = it != root.end() && !it->is_null();
-  if (!cfg.byte_level) return core::ok_status();
-  TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(*it, "type", ""));
-  if (type != "ByteLevel") return core::unimplemented("unsupported pre_tokenizer '" + type + "' for BPE");
-  TESSERA_ASSIGN_OR_RETURN(cfg.add_prefix_space, json_bool(*it, "add_prefix_space", true));  // HF's defaults
-  TESSERA_ASSIGN_OR_RETURN(cfg.use_regex, json_bool(*it, "use_regex", true));
+core::Result<SplitBehavior> parse_behavior(const std::string& name) {
+  if (name == "Removed") return SplitBehavior::kRemoved;
+  if (name == "Isolated") return SplitBehavior::kIsolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (name == "Contiguous") return SplitBehavior::kContiguous;
+  return core::unimplemented("unsupported Split behavior '" + name + "'");
+}
+
+constexpr int kMaxPreTokNesting = 16;
+
+core::Status parse_pre_tokenizer(const Json& j, BpeConfig& cfg, int depth = 0) {
+  if (depth > kMaxPreTokNesting) return core::parse_error("pre_tokenizer Sequences nest too deep");
+  TESSERA_ASSIGN_OR_RETURN(std::string type, json_string(j, "type", ""));
+  if (type == "Sequence") {
+    const auto list = j.find("pretokenizers");
+    if (list == j.end() || !list->is_array()) return core::parse_error("\"pretokenizers\" must be an array");
+    for (const Json& item : *list) TESSERA_RETURN_IF_ERROR(parse_pre_tokenizer(item, cfg, depth + 1));
+    return core::ok_status();
+  }
+  // Later steps would see GPT-2's byte chars, which we only spell inside the model.
+  if (cfg.byte_level) return core::unimplemented("pre_tokenizer '" + type + "' after ByteLevel is not supported");
+  PreTokStep step;
+  using Kind = PreTokStep::Kind;
+  if (type == "ByteLevel") {
+    step.kind = Kind::kByteLevel;
+    TESSERA_ASSIGN_OR_RETURN(step.add_prefix_space, json_bool(j, "add_prefix_space", true));  // HF's defaults
+    TESSERA_ASSIGN_OR_RETURN(step.use_regex, json_bool(j, "use_regex", true));
+    if (step.use_regex) {
+      TESSERA_ASSIGN_OR_RETURN(step.pattern, regex_pattern(kGpt2Pattern));
+    }
+    cfg.byte_level = true;
+  } else if (type == "Split") {
+    step.kind = Kind::kSplit;
+    const auto pattern = j.find("pattern");
+    if (pattern == j.end() || !pattern->is_object()) return core::parse_error("Split needs a \"pattern\" object");
+    TESSERA_ASSIGN_OR_RETURN(step.pattern, parse_pattern(*pattern));
+    TESSERA_ASSIGN_OR_RETURN(std::string behavior, json_string(j, "behavior", "Isolated"));
+    TESSERA_ASSIGN_OR_RETURN(step.behavior, parse_behavior(behavior));
+    TESSERA_ASSIGN_OR_RETURN(step.invert, json_bool(j, "invert", false));
+  } else if (type == "Metaspace") {
+    step.kind = Kind::kMetaspace;
+    TESSERA_ASSIGN_OR_RETURN(std::string replacement, json_string(j, "replacement", "\u2581"));
+    TESSERA_ASSIGN_OR_RETURN(std::u32string rep, utf8_to_u32(replacement));
+    if (rep.size() != 1) return core::parse_error("Metaspace replacement must be one character");
+    step.replacement = rep[0];
+    TESSERA_ASSIGN_OR_RETURN(bool add_prefix_space, json_bool(j, "add_prefix_space", true));  // older files
+    TESSERA_ASSIGN_OR_RETURN(std::string scheme, json_string(j, "prepend_scheme", add_prefix_space ? "always" : "never"));
+    if (scheme == "always") {
+      step.prepend = PrependScheme::kAlways;
+    } else if (scheme == "first") {
+      step.prepend = PrependScheme::kFirst;
+    } else if (scheme == "never") {
+      step.prepend = PrependScheme::kNever;
+    } else {
+      return core::unimplemented("unsupported Metaspace prepend_scheme '" + scheme + "'");
+    }
+    TESSERA_ASSIGN_OR_RETURN(step.split, json_bool(j, "split", true));
+  } else if (type == "Digits") {
+    step.kind = Kind::kDigits;
+    TESSERA_ASSIGN_OR_RETURN(step.individual_digits, json_bool(j, "individual_digits", false));
+  } else if (type == "WhitespaceSplit") {
+    step.kind = Kind::kWhitespaceSplit;
+  } else if (type == "Whitespace") {
+    step.kind = Kind::kWhitespace;
+    TESSERA_ASSIGN_OR_RETURN(step.pattern, regex_pattern(R"(\w+|[^\w\s]+)"));
+  } else {
+    return core::unimplemented("unsupported pre_tokenizer type '" + type + "'");
+  }
+  cfg.pre.push_back(std::move(step));
   return core::ok_status();
 }
 
@@ -347,15 +600,16 @@ std::string decode_byte_level(const std::vector<std::string>& tokens) {
   return utf8_lossy(bytes);
 }
 
-core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root) {
+core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const Json* config) {
   const Json& model = root.at("model");
   TokenizerParts parts;
   TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(model.value("vocab", Json()), "model.vocab"));
   TESSERA_ASSIGN_OR_RETURN(MergeList merges, merges_from_json(model));
-  TESSERA_RETURN_IF_ERROR(parse_common(root, parts));
+  TESSERA_RETURN_IF_ERROR(parse_common(root, config, parts));
   BpeConfig cfg;
   TESSERA_RETURN_IF_ERROR(parse_model_config(model, cfg));
-  TESSERA_RETURN_IF_ERROR(parse_pre_tokenizer(root, cfg));
+  const auto pre = root.find("pre_tokenizer");
+  if (pre != root.end() && !pre->is_null()) TESSERA_RETURN_IF_ERROR(parse_pre_tokenizer(*pre, cfg));
   return make_bpe(std::move(parts), std::move(cfg), merges);
 }
 
@@ -376,8 +630,14 @@ core::Result<std::unique_ptr<Tokenizer>> load_bpe_vocab_merges(const std::string
   if (auto eos = parts.vocab.find("<|endoftext|>")) {
     parts.added.push_back({.id = *eos, .content = "<|endoftext|>", .special = true});
   }
-  parts.decoder.kind = tok::DecoderKind::kByteLevel;
-  auto tokenizer = tok::make_bpe(std::move(parts), tok::BpeConfig{}, merges);
+  parts.decoder.steps.emplace_back();  // a default step is ByteLevel
+  tok::BpeConfig cfg;  // GPT-2: ByteLevel without prefix space, with its regex
+  tok::PreTokStep byte_level;
+  byte_level.kind = tok::PreTokStep::Kind::kByteLevel;
+  TESSERA_ASSIGN_OR_RETURN(byte_level.pattern, tok::regex_pattern(tok::kGpt2Pattern));
+  cfg.pre.push_back(std::move(byte_level));
+  cfg.byte_level = true;
+  auto tokenizer = tok::make_bpe(std::move(parts), std::move(cfg), merges);
   if (!tokenizer.ok()) return tokenizer.status().with_context(merges_txt);
   return tokenizer;
 }

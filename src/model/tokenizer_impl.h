@@ -1,9 +1,11 @@
 // Private to the tokenizer sources: Unicode helpers, the pipeline shared by
-// every model (added tokens -> normalizer -> model -> template) and the
-// per-model factories. Mirrors the stages of Hugging Face `tokenizers`.
+// every model (added tokens -> normalizer -> pre-tokenizer -> model ->
+// template; decoders) and the per-model factories. Mirrors the stages of
+// Hugging Face `tokenizers`.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -32,26 +34,75 @@ std::string u32_to_utf8(std::u32string_view text);
 // Like Rust's String::from_utf8_lossy: invalid sequences become U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
 
-// ---- Unicode character classes (tables derived from UnicodeData 14) ----
+// ---- Unicode (utf8proc: categories, case, normalization forms) ----
 bool is_whitespace(char32_t c);       // White_Space, which is also Oniguruma's \s
 bool is_letter(char32_t c);           // \p{L}
 bool is_number(char32_t c);           // \p{N}
 bool is_punctuation(char32_t c);      // ASCII punctuation or \p{P}
 bool is_control(char32_t c);          // BERT's "other" chars: Cc, Cf, Co; not \t \n \r
 bool is_nonspacing_mark(char32_t c);  // \p{Mn}
+bool is_mark(char32_t c);             // \p{M}
 bool is_cjk_ideograph(char32_t c);    // the ranges BERT pads with spaces
 void append_lowercase(char32_t c, std::u32string& out);
 // NFD of `c` without its nonspacing marks (what BERT's strip_accents keeps).
 void append_without_accents(char32_t c, std::u32string& out);
+enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
+std::u32string normalize_form(std::u32string_view text, NormalForm form);
+
+// ---- Regex (PCRE2, UTF + UCP, JIT where available) ----
+struct Span {
+  size_t begin, end;  // in chars
+};
+class Regex {
+ public:
+  ~Regex();
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  // A pattern in the syntax tokenizer.json uses (Oniguruma's; PCRE2 reads the constructs real files use).
+  static core::Result<std::shared_ptr<const Regex>> compile(const std::string& pattern);
+  // Appends every non-overlapping match, leftmost first (find_iter). Thread-safe.
+  core::Status find_all(std::u32string_view subject, std::vector<Span>& out) const;
+
+ private:
+  Regex() = default;
+  void* code_ = nullptr;  // pcre2_code_32
+  bool jit_ = false;
+};
+
+// A Split / Replace pattern: {"String": literal} or {"Regex": pattern}.
+struct Pattern {
+  std::u32string literal;
+  std::shared_ptr<const Regex> regex;
+  core::Status find_all(std::u32string_view text, std::vector<Span>& out) const;
+};
+core::Result<Pattern> parse_pattern(const Json& j);
+// `text` with every match of `pattern` replaced by `content`.
+core::Result<std::u32string> replace_all(std::u32string_view text, const Pattern& pattern,
+                                         std::u32string_view content);
 
 // ---- Pipeline configuration ----
-struct NormalizerConfig {
+struct NormalizerConfig {  // BertNormalizer
   bool clean_text = false;
   bool handle_chinese_chars = false;
   bool strip_accents = false;
   bool lowercase = false;
 };
 std::u32string normalize(std::u32string_view text, const NormalizerConfig& cfg);
+
+struct NormalizerStep {
+  enum class Kind { kBert, kForm, kLowercase, kStripAccents, kReplace, kPrepend, kStrip };
+  Kind kind = Kind::kBert;
+  NormalizerConfig bert;
+  NormalForm form = NormalForm::kNFC;
+  Pattern pattern;
+  std::u32string content;            // Replace's replacement, Prepend's prefix
+  bool left = false, right = false;  // Strip
+};
+// Steps applied in order (Sequences flattened).
+struct Normalizer {
+  std::vector<NormalizerStep> steps;
+};
+core::Result<std::u32string> normalize(std::u32string_view text, const Normalizer& normalizer);
 
 struct AddedToken {
   int64_t id = 0;
@@ -63,12 +114,22 @@ struct AddedToken {
   bool normalized = false;  // matched after normalization rather than on raw text
 };
 
-enum class DecoderKind { kNone, kWordPiece, kByteLevel };
-struct DecoderConfig {
-  DecoderKind kind = DecoderKind::kNone;
-  std::string prefix = "##";
-  bool cleanup = true;
+struct DecoderStep {
+  enum class Kind { kWordPiece, kByteLevel, kReplace, kByteFallback, kFuse, kStrip, kMetaspace };
+  Kind kind = Kind::kByteLevel;
+  std::string prefix = "##";    // WordPiece
+  bool cleanup = true;          // WordPiece
+  Pattern pattern;              // Replace
+  std::string content;          // Replace's replacement; Strip's char
+  size_t start = 0, stop = 0;   // Strip
+  std::string replacement;      // Metaspace
+  bool prepend = true;          // Metaspace: prepend_scheme is not "never"
 };
+struct DecoderConfig {
+  std::vector<DecoderStep> steps;  // none: tokens joined with spaces, as HF does without a decoder
+};
+// The decoder chain on token strings (HF decode_chain), concatenated.
+core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder);
 
 // Heterogeneous lookup so string_views need no temporary std::string.
 struct StringHash {
@@ -88,13 +149,15 @@ core::Result<Vocab> vocab_from_json(const Json& obj, const std::string& where);
 struct TokenizerParts {
   Vocab vocab;  // the model's own vocab
   std::vector<AddedToken> added;
-  NormalizerConfig normalizer;
+  Normalizer normalizer;
   std::vector<int64_t> template_prefix;  // single-sequence template: prefix $A suffix
   std::vector<int64_t> template_suffix;
   DecoderConfig decoder;
+  std::optional<std::string> bos_token, eos_token;  // from tokenizer_config.json
 };
-// added_tokens, normalizer, post_processor and decoder of a tokenizer.json.
-core::Status parse_common(const Json& root, TokenizerParts& parts);
+// added_tokens, normalizer, post_processor and decoder of a tokenizer.json;
+// bos_token / eos_token of tokenizer_config.json (`config`, may be null).
+core::Status parse_common(const Json& root, const Json* config, TokenizerParts& parts);
 
 // Typed JSON lookups that never throw: missing or null gives `fallback`, a wrong type an error.
 core::Result<bool> json_bool(const Json& obj, const char* key, bool fallback);
@@ -111,10 +174,14 @@ class TokenizerBase : public Tokenizer {
   core::Result<std::string> decode(const std::vector<int64_t>& ids, bool skip_special) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(std::string_view token) const override;
+  std::optional<int64_t> bos_id() const override { return bos_id_; }
+  std::optional<int64_t> eos_id() const override { return eos_id_; }
+  bool is_special(int64_t id) const override { return special_ids_.contains(id); }
 
  protected:
-  // Appends the ids of one normalized piece of text free of added tokens.
-  virtual core::Status encode_piece(std::u32string_view piece, std::vector<int64_t>& ids) const = 0;
+  // Appends the ids of one normalized piece of text free of added tokens;
+  // `first`: the piece starts the input (Metaspace's prepend_scheme "first").
+  virtual core::Status encode_piece(std::u32string_view piece, bool first, std::vector<int64_t>& ids) const = 0;
   const Vocab& model_vocab() const { return parts_.vocab; }
 
  private:
@@ -132,14 +199,19 @@ class TokenizerBase : public Tokenizer {
   std::unordered_map<char32_t, std::vector<size_t>> normalized_index_;
   Vocab added_vocab_;
   std::unordered_set<int64_t> special_ids_;
+  std::optional<int64_t> bos_id_, eos_id_;
 };
 
 // ---- Decoders ----
 std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::string& prefix, bool cleanup);
 std::string decode_byte_level(const std::vector<std::string>& tokens);
+// HF ByteFallback: runs of <0xNN> tokens become their bytes when those are
+// UTF-8, one U+FFFD per byte otherwise.
+std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens);
 
 // ---- Model factories (model/tokenizer_wordpiece.cpp, model/tokenizer_bpe.cpp) ----
-core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root);
-core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root);
+// `config`: tokenizer_config.json, when there is one.
+core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root, const Json* config);
+core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const Json* config);
 
 }  // namespace tessera::model::tok

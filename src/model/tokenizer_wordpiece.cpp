@@ -36,7 +36,7 @@ class WordPieceTokenizer final : public TokenizerBase {
       : TokenizerBase(std::move(parts)), cfg_(std::move(cfg)), unk_id_(model_vocab().find(cfg_.unk_token)) {}
 
  private:
-  core::Status encode_piece(std::u32string_view piece, std::vector<int64_t>& ids) const override {
+  core::Status encode_piece(std::u32string_view piece, bool /*first*/, std::vector<int64_t>& ids) const override {
     if (!cfg_.split_words) return encode_word(piece, ids);
     for (std::u32string_view word : bert_pre_tokenize(piece)) TESSERA_RETURN_IF_ERROR(encode_word(word, ids));
     return core::ok_status();
@@ -126,10 +126,10 @@ std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::
   return out;
 }
 
-core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root) {
+core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root, const Json* config) {
   TokenizerParts parts;
   TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(root.at("model").value("vocab", Json()), "model.vocab"));
-  TESSERA_RETURN_IF_ERROR(parse_common(root, parts));
+  TESSERA_RETURN_IF_ERROR(parse_common(root, config, parts));
   TESSERA_ASSIGN_OR_RETURN(WordPieceConfig cfg, wordpiece_config(root));
   return std::unique_ptr<Tokenizer>(std::make_unique<WordPieceTokenizer>(std::move(parts), std::move(cfg)));
 }
@@ -160,9 +160,12 @@ core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::str
   }
   const auto cls = parts.vocab.find("[CLS]"), sep = parts.vocab.find("[SEP]");
   if (cls && sep) parts.template_prefix = {*cls}, parts.template_suffix = {*sep};
-  parts.normalizer = {
-      .clean_text = true, .handle_chinese_chars = true, .strip_accents = lowercase, .lowercase = lowercase};
-  parts.decoder = {.kind = tok::DecoderKind::kWordPiece, .prefix = "##", .cleanup = true};
+  tok::NormalizerStep bert;
+  bert.bert = {.clean_text = true, .handle_chinese_chars = true, .strip_accents = lowercase, .lowercase = lowercase};
+  parts.normalizer.steps.push_back(std::move(bert));
+  tok::DecoderStep decoder;
+  decoder.kind = tok::DecoderStep::Kind::kWordPiece;
+  parts.decoder.steps.push_back(std::move(decoder));
   return std::unique_ptr<Tokenizer>(
       std::make_unique<tok::WordPieceTokenizer>(std::move(parts), tok::WordPieceConfig{}));
 }
