@@ -3,7 +3,9 @@
 # GPT-2 server and a BERT server, each on 2 local devices; a completion, a
 # streamed completion and embeddings (the client's default base64 encoding)
 # must equal the single device: greedy tokens equal (`tessera generate`),
-# embeddings within 1e-4 (`tessera run --dump`). The `openai` package is
+# embeddings within 1e-4 (`tessera run --dump`). A chat server (gpt2-chat,
+# a ChatML template) answers chat.completions.create the same whole and
+# streamed, with the right usage, max_tokens and stop. The `openai` package is
 # installed into a temporary folder, never vendored; without the registry
 # the test is skipped with a message.
 #   scripts/openai_client_test.sh [BUILD_DIR]     (default: build)
@@ -41,6 +43,7 @@ start_server() {  # name model
 }
 gpt2_port=$(start_server gpt2 gpt2-tiny)
 bert_port=$(start_server bert bert-tiny)
+chat_port=$(start_server chat gpt2-chat)
 
 prompt=17,4,99,250,3
 embed_ids=101,7,300,41,102
@@ -50,7 +53,7 @@ embed_ids=101,7,300,41,102
 cat >"$work/client.mjs" <<'EOF'
 import fs from "node:fs";
 import OpenAI from "openai";
-const [gpt2Port, bertPort, prompt, embedIds, refTokens, refBert] = process.argv.slice(2);
+const [gpt2Port, bertPort, chatPort, prompt, embedIds, refTokens, refBert] = process.argv.slice(2);
 const ids = (s) => s.trim().split(",").map(Number);
 const fail = (m) => { console.error("FAIL: " + m); process.exit(1); };
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -87,6 +90,35 @@ if (got.length !== ref.length) fail(`embedding of ${got.length} floats, want ${r
 const diff = Math.max(...got.map((x, i) => Math.abs(x - ref[i])));
 if (!(diff <= 1e-4)) fail(`embedding differs by ${diff}`);
 console.log(`embeddings: ${got.length} floats within ${diff.toExponential(2)} of the single device (pooling: ${e.pooling})`);
+
+// Chat: the same text whole and streamed; usage; max_tokens and stop honoured.
+const chat = new OpenAI({ baseURL: `http://127.0.0.1:${chatPort}/v1`, apiKey: "unused", maxRetries: 0 });
+const messages = [{ role: "system", content: "Hi" }, { role: "user", content: "hello" }];
+const whole = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0 });
+const text = whole.choices[0].message.content;
+if (whole.choices[0].message.role !== "assistant") fail("chat role");
+const u = whole.usage;
+if (u.total_tokens !== u.prompt_tokens + u.completion_tokens || u.completion_tokens > 6 || u.prompt_tokens < 1) fail(`chat usage ${JSON.stringify(u)}`);
+if (whole.choices[0].finish_reason === "length" && u.completion_tokens !== 6) fail("chat max_tokens");
+const chunked = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0, stream: true,
+                                                    stream_options: { include_usage: true } });
+let streamedText = "", streamedUsage = null;
+for await (const chunk of chunked) {
+  streamedText += chunk.choices[0]?.delta?.content ?? "";
+  if (chunk.usage) streamedUsage = chunk.usage;
+}
+if (streamedText !== text) fail(`chat streamed ${JSON.stringify(streamedText)} != ${JSON.stringify(text)}`);
+if (!streamedUsage || streamedUsage.completion_tokens !== u.completion_tokens) fail("chat streamed usage");
+const short = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_completion_tokens: 2, temperature: 0 });
+if (short.usage.completion_tokens > 2) fail("chat max_completion_tokens");
+const trimmed = text.replace(/^\s+/, "");
+if (trimmed.length >= 2) {
+  const stop = trimmed.slice(0, 1);
+  const stopped = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0, stop });
+  if (stopped.choices[0].finish_reason !== "stop" || stopped.choices[0].message.content !== text.slice(0, text.indexOf(stop)))
+    fail(`chat stop: ${JSON.stringify(stopped.choices[0])}`);
+}
+console.log(`chat: ${u.completion_tokens} tokens, the same text whole and streamed; usage, max_tokens and stop honoured`);
 EOF
-(cd "$work" && node client.mjs "$gpt2_port" "$bert_port" "$prompt" "$embed_ids" ref_tokens.txt ref_bert.safetensors)
+(cd "$work" && node client.mjs "$gpt2_port" "$bert_port" "$chat_port" "$prompt" "$embed_ids" ref_tokens.txt ref_bert.safetensors)
 echo "openai client test: passed"
