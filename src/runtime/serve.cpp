@@ -41,6 +41,7 @@ const char* error_type(int status) {
     case 400: return "invalid_request_error";
     case 401: return "authentication_error";
     case 404: return "not_found_error";
+    case 405: return "invalid_request_error";
     case 413: return "invalid_request_error";
     case 429: return "rate_limit_error";
     case 503: return "service_unavailable";
@@ -154,6 +155,23 @@ void Server::routes() {
   svr_.Post("/v1/classify", [this](const httplib::Request& req, httplib::Response& res) {
     admitted(res, [&] { classify(req, res); });
   });
+  // A known endpoint asked with the wrong method: 405 with the one that works, not 404.
+  const auto wrong_method = [](const char* allow) {
+    return [allow](const httplib::Request&, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      send_error(res, 405, std::string("this endpoint takes ") + allow);
+    };
+  };
+  for (const char* path : {"/health", "/metrics", "/v1/models"}) {
+    svr_.Post(path, wrong_method("GET"));
+    svr_.Put(path, wrong_method("GET"));
+    svr_.Delete(path, wrong_method("GET"));
+  }
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify"}) {
+    svr_.Get(path, wrong_method("POST"));
+    svr_.Put(path, wrong_method("POST"));
+    svr_.Delete(path, wrong_method("POST"));
+  }
 }
 
 bool Server::admit(httplib::Response& res) {

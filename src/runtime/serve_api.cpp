@@ -88,6 +88,14 @@ Result<T> as_request_error(Result<T> r) {
 
 // The sampling and streaming fields that completions and chat completions share.
 Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
+  // Options we do not implement are refused, never silently ignored.
+  for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "n"}) {
+    const json* v = member(j, key);
+    if (v == nullptr) continue;
+    const bool harmless = (v->is_boolean() && !v->get<bool>()) || (std::string_view(key) == "n" && *v == 1) ||
+                          (std::string_view(key) == "best_of" && *v == 1) || (v->is_object() && v->empty());
+    if (!harmless) return bad(std::string("\"") + key + "\" is not supported by this server");
+  }
   const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
   TESSERA_ASSIGN_OR_RETURN(r.max_tokens, as_request_error(core::json_field_int(j, max_tokens_field, 0, positions, 16)));
   TESSERA_ASSIGN_OR_RETURN(r.temperature, as_request_error(core::json_field_number(j, "temperature", 0.0, 2.0, 1.0)));

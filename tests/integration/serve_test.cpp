@@ -325,6 +325,14 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
     EXPECT_EQ(r->status, 400) << bad.dump() << " " << r->body;
     EXPECT_TRUE(json::parse(r->body).contains("error")) << r->body;
   }
+  // A known endpoint with the wrong method: 405 and the method that works.
+  auto g = s.client().Get("/v1/chat/completions");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 405);
+  EXPECT_EQ(g->get_header_value("Allow"), "POST");
+  auto p = s.client().Post("/health", "", "application/json");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->status, 405);
   EXPECT_EQ(s.health()["status"], "ok");
 }
 

@@ -226,6 +226,16 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
     EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << body;
     EXPECT_FALSE(r.status().message().empty());
   }
+  // What the server does not implement is refused, not ignored; its "off" values pass.
+  for (const char* body : {R"({"prompt":"x","logprobs":2})", R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
+                           R"({"prompt":"x","logit_bias":{"5":1}})", R"({"prompt":"x","n":2})"}) {
+    auto r = parse_completion(body, kLimits);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.status().message().find("not supported"), std::string::npos) << body;
+  }
+  EXPECT_TRUE(parse_completion(R"({"prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":1})", kLimits).ok());
+  EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})", kLimits).ok());
+  EXPECT_TRUE(parse_chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})", kLimits).ok());
   ApiLimits few = kLimits;
   few.max_messages = 1;
   EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]})", few).ok());
