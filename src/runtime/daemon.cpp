@@ -48,13 +48,6 @@ Status check_daemon_job(const JobSpec& job, const std::vector<std::string>& root
 
 namespace {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 // One job, start to end; its outcome is logged (the daemon carries on either way).
 void run_daemon_job(const JobSpec& job, WorkerEnv env) {
   comm::CommStats cs;

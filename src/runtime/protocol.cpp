@@ -24,14 +24,6 @@ constexpr int64_t kMaxRows = int64_t{1} << 24;
 constexpr std::array<const char*, kOpCount> kOpNames = {"ready", "error", "done",     "run", "stop",
                                                         "ping",  "generate", "decode", "end"};
 
-// One dispatch per side: an overload set for std::visit.
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 Tensor json_tensor(const json& j) {
   const std::string s = j.dump();
   Tensor t = Tensor::zeros(core::DType::kU8, {static_cast<int64_t>(s.size())});

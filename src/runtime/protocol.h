@@ -22,6 +22,15 @@
 
 namespace tessera::runtime {
 
+// One dispatch per message kind: an overload set for std::visit, so that a
+// message added to a variant does not compile until each side handles it.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 // The op of every group message. The values and names are the wire format:
 // ProtocolTest pins them, so a change here is a protocol change.
 enum class Op : int {
