@@ -199,21 +199,76 @@ core::Result<std::optional<std::string>> json_opt_string(const Json& obj, const 
   return std::optional<std::string>(v->get<std::string>());
 }
 
-std::optional<int64_t> Vocab::find(std::string_view token) const {
-  const auto it = ids.find(token);
-  if (it == ids.end()) return std::nullopt;
-  return it->second;
+namespace {
+
+size_t hash_token(std::string_view token) { return std::hash<std::string_view>{}(token); }
+
+}  // namespace
+
+size_t Vocab::slot_of(std::string_view token, size_t hash) const {
+  const size_t mask = slots_.size() - 1;
+  const auto h32 = static_cast<uint32_t>(hash);
+  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+    const uint64_t s = slots_[i];
+    if (s == 0 || (static_cast<uint32_t>(s >> 32) == h32 && entries_[static_cast<uint32_t>(s) - 1].token == token)) {
+      return i;
+    }
+  }
 }
 
-void Vocab::add(const std::string& token, int64_t id) {
-  ids.insert_or_assign(token, id);
-  tokens.emplace(id, token);  // with duplicate ids the first spelling wins
+std::optional<int64_t> Vocab::find(std::string_view token) const {
+  if (slots_.empty()) return std::nullopt;
+  const uint64_t e = slots_[slot_of(token, hash_token(token))];
+  if (e == 0) return std::nullopt;
+  return entries_[static_cast<uint32_t>(e) - 1].id;
+}
+
+void Vocab::reserve(size_t n) {
+  entries_.reserve(n);
+  size_t want = 16;
+  while (want < 2 * n) want *= 2;
+  if (want <= slots_.size()) return;
+  slots_.assign(want, 0);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const size_t h = hash_token(entries_[i].token);
+    slots_[slot_of(entries_[i].token, h)] = (static_cast<uint64_t>(static_cast<uint32_t>(h)) << 32) | (i + 1);
+  }
+}
+
+void Vocab::add(std::string_view token, int64_t id) {
+  if (2 * (entries_.size() + 1) > slots_.size()) reserve(std::max<size_t>(16, 2 * entries_.size() + 1));
+  const size_t h = hash_token(token);
+  const size_t slot = slot_of(token, h);
+  uint32_t index;
+  if (slots_[slot] != 0) {
+    index = static_cast<uint32_t>(slots_[slot]) - 1;
+    entries_[index].id = id;  // a repeated token takes the new id
+  } else {
+    index = static_cast<uint32_t>(entries_.size());
+    entries_.push_back({std::string(token), id});
+    slots_[slot] = (static_cast<uint64_t>(static_cast<uint32_t>(h)) << 32) | (index + 1);
+  }
+  // With duplicate ids the first spelling wins.
+  const size_t dense_limit = 2 * entries_.capacity() + 65536;
+  if (id >= 0 && static_cast<size_t>(id) < dense_limit) {
+    if (by_id_.size() <= static_cast<size_t>(id)) by_id_.resize(std::max<size_t>(id + 1, by_id_.size() * 3 / 2), -1);
+    if (by_id_[id] < 0) by_id_[id] = static_cast<int32_t>(index);
+  } else {
+    sparse_by_id_.emplace(id, index);
+  }
+}
+
+const std::string* Vocab::token(int64_t id) const {
+  if (id >= 0 && static_cast<size_t>(id) < by_id_.size() && by_id_[id] >= 0) return &entries_[by_id_[id]].token;
+  const auto it = sparse_by_id_.find(id);
+  return it == sparse_by_id_.end() ? nullptr : &entries_[it->second].token;
 }
 
 core::Result<Vocab> vocab_from_json(const Json& obj, const std::string& where) {
   if (!obj.is_object()) return core::parse_error(where + " is not a JSON object of token -> id");
   constexpr int64_t kMaxId = (int64_t{1} << 31) - 1;
   Vocab vocab;
+  vocab.reserve(obj.size());
   for (const auto& [token, id] : obj.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxId) {
       return core::parse_error(where + ": token '" + token + "' has no valid id");
@@ -666,8 +721,8 @@ core::Result<std::vector<int64_t>> TokenizerBase::encode(std::string_view text, 
 }
 
 const std::string* TokenizerBase::find_token(int64_t id) const {
-  if (const auto it = added_vocab_.tokens.find(id); it != added_vocab_.tokens.end()) return &it->second;
-  if (const auto it = parts_.vocab.tokens.find(id); it != parts_.vocab.tokens.end()) return &it->second;
+  if (const std::string* t = added_vocab_.token(id)) return t;
+  if (const std::string* t = parts_.vocab.token(id)) return t;
   return nullptr;
 }
 
@@ -693,8 +748,8 @@ core::Result<std::string> TokenizerBase::decode(const std::vector<int64_t>& ids,
 }
 
 int64_t TokenizerBase::vocab_size() const {
-  auto n = static_cast<int64_t>(parts_.vocab.ids.size());
-  for (const auto& [token, id] : added_vocab_.ids) n += parts_.vocab.ids.contains(token) ? 0 : 1;
+  auto n = static_cast<int64_t>(parts_.vocab.size());
+  added_vocab_.for_each([&](const std::string& token, int64_t) { n += parts_.vocab.contains(token) ? 0 : 1; });
   return n;
 }
 
@@ -719,17 +774,157 @@ std::string infer_model_type(const Json& model) {
   return "";
 }
 
-core::Result<std::unique_ptr<Tokenizer>> tokenizer_from_root(const Json& root, const Json* config) {
+core::Result<std::unique_ptr<Tokenizer>> tokenizer_from_root(const Json& root, const Json* config,
+                                                             tok::StreamedModel& streamed) {
   if (!root.is_object()) return core::parse_error("top level is not a JSON object");
   const auto model = root.find("model");
   if (model == root.end() || !model->is_object()) return core::parse_error("missing \"model\" object");
   TESSERA_ASSIGN_OR_RETURN(std::string type, tok::json_string(*model, "type", ""));
   if (type.empty()) type = infer_model_type(*model);
-  if (type == "WordPiece") return tok::wordpiece_from_json(root, config);
-  if (type == "BPE") return tok::bpe_from_json(root, config);
+  if (type.empty() && streamed.has_merges) type = "BPE";
+  if (type == "WordPiece") return tok::wordpiece_from_json(root, config, &streamed);
+  if (type == "BPE") return tok::bpe_from_json(root, config, &streamed);
   if (type.empty()) return core::parse_error("model has no \"type\"");
   return core::unimplemented("unsupported model type '" + type + "' (WordPiece and BPE are supported)");
 }
+
+}  // namespace
+
+namespace {
+
+// SAX events to a DOM, except model.vocab and model.merges, which go straight
+// into a StreamedModel (the DOM keeps an empty object / array in their place).
+// Depth is bounded as core::parse_json bounds it.
+class TokenizerSax : public nlohmann::json_sax<Json> {
+ public:
+  TokenizerSax(Json& root, tok::StreamedModel& model, int max_depth)
+      : dom_(root, /*allow_exceptions=*/false), model_(model), max_depth_(max_depth) {}
+  std::string error;
+
+  bool null() override { return scalar(Json()); }
+  bool boolean(bool v) override { return scalar(Json(v)); }
+  bool number_integer(number_integer_t v) override {
+    if (mode_ == Mode::kVocab) return vocab_id(v);
+    return scalar(Json(v));
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (mode_ == Mode::kVocab) return vocab_id(v <= static_cast<number_unsigned_t>(INT64_MAX) ? static_cast<int64_t>(v) : -1);
+    return scalar(Json(v));
+  }
+  bool number_float(number_float_t v, const string_t& s) override {
+    if (mode_ != Mode::kDom) return bad("a non-integer entry");
+    return dom_.number_float(v, s);
+  }
+  bool string(string_t& v) override {
+    if (mode_ == Mode::kMerges) {
+      if (merge_depth_ == 1) {  // "a b"
+        const size_t space = v.find(' ');
+        if (space == std::string::npos || v.find(' ', space + 1) != std::string::npos) {
+          return bad("merge " + std::to_string(model_.merges.size() + 1) + " is neither \"a b\" nor [\"a\", \"b\"]");
+        }
+        model_.merges.emplace_back(v.substr(0, space), v.substr(space + 1));
+        return true;
+      }
+      if (merge_depth_ == 2 && pair_.size() < 2) {
+        pair_.push_back(std::move(v));
+        return true;
+      }
+      return bad("merge " + std::to_string(model_.merges.size() + 1) + " is neither \"a b\" nor [\"a\", \"b\"]");
+    }
+    if (mode_ == Mode::kVocab) return bad("model.vocab: token '" + key_ + "' has no valid id");
+    return dom_.string(v);
+  }
+  bool binary(binary_t& v) override { return mode_ == Mode::kDom && dom_.binary(v); }
+  bool start_object(std::size_t n) override {
+    if (++depth_ > max_depth_) return bad("nested deeper than " + std::to_string(max_depth_) + " levels");
+    if (mode_ != Mode::kDom) return bad("a nested value");
+    if (depth_ == 3 && path_model_ && pending_key_ == "vocab") {
+      mode_ = Mode::kVocab;
+      model_.has_vocab = true;
+      if (n != static_cast<std::size_t>(-1)) model_.vocab.reserve(n);
+      return dom_.start_object(0);
+    }
+    return dom_.start_object(n);
+  }
+  bool end_object() override {
+    --depth_;
+    if (mode_ == Mode::kVocab) mode_ = Mode::kDom;
+    if (depth_ == 1) path_model_ = false;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) override {
+    if (++depth_ > max_depth_) return bad("nested deeper than " + std::to_string(max_depth_) + " levels");
+    if (mode_ == Mode::kMerges) {
+      if (++merge_depth_ != 2) return bad("merge " + std::to_string(model_.merges.size() + 1) + " is nested too deep");
+      pair_.clear();
+      return true;
+    }
+    if (mode_ == Mode::kVocab) return bad("a nested value");
+    if (depth_ == 3 && path_model_ && pending_key_ == "merges") {
+      mode_ = Mode::kMerges;
+      merge_depth_ = 1;
+      model_.has_merges = true;
+      return dom_.start_array(0);
+    }
+    return dom_.start_array(n);
+  }
+  bool end_array() override {
+    --depth_;
+    if (mode_ == Mode::kMerges) {
+      if (--merge_depth_ == 1) {
+        if (pair_.size() != 2) return bad("merge " + std::to_string(model_.merges.size() + 1) + " is neither \"a b\" nor [\"a\", \"b\"]");
+        model_.merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+        return true;
+      }
+      mode_ = Mode::kDom;
+    }
+    return dom_.end_array();
+  }
+  bool key(string_t& k) override {
+    if (mode_ == Mode::kVocab) {
+      key_ = std::move(k);
+      return true;
+    }
+    if (depth_ == 1) path_model_ = k == "model";
+    pending_key_ = k;
+    return dom_.key(k);
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    if (error.empty()) error = std::string(e.what()) + " (byte " + std::to_string(position) + ")";
+    return false;
+  }
+
+ private:
+  enum class Mode { kDom, kVocab, kMerges };
+  bool scalar(Json v) {
+    if (mode_ == Mode::kVocab) return bad("model.vocab: token '" + key_ + "' has no valid id");
+    if (mode_ == Mode::kMerges) return bad("merge " + std::to_string(model_.merges.size() + 1) + " is neither \"a b\" nor [\"a\", \"b\"]");
+    if (v.is_null()) return dom_.null();
+    if (v.is_boolean()) return dom_.boolean(v.get<bool>());
+    if (v.is_number_unsigned()) return dom_.number_unsigned(v.get<number_unsigned_t>());
+    return dom_.number_integer(v.get<number_integer_t>());
+  }
+  bool vocab_id(int64_t id) {
+    constexpr int64_t kMaxId = (int64_t{1} << 31) - 1;
+    if (id < 0 || id > kMaxId) return bad("model.vocab: token '" + key_ + "' has no valid id");
+    model_.vocab.add(key_, id);
+    return true;
+  }
+  bool bad(std::string what) {
+    if (error.empty()) error = std::move(what);
+    return false;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  tok::StreamedModel& model_;
+  int max_depth_;
+  int depth_ = 0;
+  Mode mode_ = Mode::kDom;
+  bool path_model_ = false;  // inside the top-level "model" object
+  std::string pending_key_, key_;
+  int merge_depth_ = 0;
+  std::vector<std::string> pair_;
+};
 
 }  // namespace
 
@@ -737,8 +932,16 @@ core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string&
                                                               const std::string* config_text) {
   // Depth-bounded parse: the loaders below walk the tree recursively.
   // Duplicate keys are left to the format (HF writes none and reads the last).
-  auto parsed = core::parse_json(text, name, core::JsonLimits{64, false});
-  if (!parsed.ok()) return parsed.status();
+  Json root;
+  tok::StreamedModel streamed;
+  TokenizerSax sax(root, streamed, 64);
+  bool parsed_ok = false;
+  try {
+    parsed_ok = Json::sax_parse(text, &sax, Json::input_format_t::json, /*strict=*/true);
+  } catch (const Json::exception& e) {
+    if (sax.error.empty()) sax.error = e.what();
+  }
+  if (!parsed_ok) return core::parse_error(name + ": " + (sax.error.empty() ? "not valid JSON" : sax.error));
   std::optional<Json> config;
   if (config_text != nullptr) {
     auto c = core::parse_json(*config_text, name + " (tokenizer_config.json)", core::JsonLimits{64, false});
@@ -746,7 +949,7 @@ core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string&
     config = std::move(c).value();
   }
   try {
-    auto tokenizer = tokenizer_from_root(*parsed, config ? &*config : nullptr);
+    auto tokenizer = tokenizer_from_root(root, config ? &*config : nullptr, streamed);
     if (!tokenizer.ok()) return tokenizer.status().with_context(name);
     return tokenizer;
   } catch (const Json::exception& e) {  // typed lookups do not throw; a missed one must not abort

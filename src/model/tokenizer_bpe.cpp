@@ -1,6 +1,7 @@
 // GPT-2 byte-level BPE: the GPT-2 split pattern, a reversible byte -> char
 // map, then merges applied lowest rank first (leftmost on ties), as HF does.
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cstdio>
 #include <memory>
@@ -46,11 +47,53 @@ struct BpeConfig {
 using MergeList = std::vector<std::pair<std::string, std::string>>;  // in rank order
 
 struct Merge {
-  size_t rank;
-  int64_t id;  // of the merged token
+  uint32_t rank;
+  int32_t id;  // of the merged token (ids are below 2^31)
 };
 
-using MergeMap = std::unordered_map<uint64_t, Merge>;
+// Pair key -> merge, open addressing (looked up for every adjacent pair while encoding).
+class MergeMap {
+ public:
+  void reserve(size_t n) {
+    size_t want = 16;
+    while (want < 2 * n) want *= 2;
+    if (want <= slots_.size()) return;
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(want, Slot{kEmpty, {}});
+    shift_ = 64 - static_cast<int>(std::countr_zero(want));
+    for (const Slot& s : old) {
+      if (s.key != kEmpty) insert_or_assign(s.key, s.merge);
+    }
+  }
+  void insert_or_assign(uint64_t key, Merge merge) {
+    if (2 * (count_ + 1) > slots_.size()) reserve(std::max<size_t>(16, 2 * count_ + 1));
+    Slot& s = slots_[slot_of(key)];
+    if (s.key == kEmpty) ++count_;
+    s = {key, merge};
+  }
+  const Merge* find(uint64_t key) const {
+    if (slots_.empty()) return nullptr;
+    const Slot& s = slots_[slot_of(key)];
+    return s.key == kEmpty ? nullptr : &s.merge;
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};  // pair keys stay below 2^63
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  size_t slot_of(uint64_t key) const {
+    const size_t mask = slots_.size() - 1;
+    for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> shift_;; i = (i + 1) & mask) {
+      if (slots_[i].key == kEmpty || slots_[i].key == key) return i;
+    }
+  }
+  std::vector<Slot> slots_;
+  size_t count_ = 0;
+  int shift_ = 60;
+};
 
 // Vocab ids are below 2^31, so a pair packs into one key.
 uint64_t pair_key(int64_t left, int64_t right) {
@@ -104,8 +147,7 @@ class MergeWord {
   void consider(int left) {
     if (left < 0 || next_[left] < 0) return;
     const int64_t a = symbols_[left], b = symbols_[next_[left]];
-    const auto it = merges_.find(pair_key(a, b));
-    if (it != merges_.end()) queue_.push({it->second.rank, left, a, b, it->second.id});
+    if (const Merge* m = merges_.find(pair_key(a, b))) queue_.push({m->rank, left, a, b, m->id});
   }
 
   // A queued pair goes stale when either side has merged since.
@@ -309,10 +351,8 @@ void merge_short_word(std::vector<int64_t>& symbols, const MergeMap& merges) {
     size_t best = 0;
     const Merge* best_merge = nullptr;
     for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto it = merges.find(pair_key(symbols[i], symbols[i + 1]));
-      if (it != merges.end() && (best_merge == nullptr || it->second.rank < best_merge->rank)) {
-        best = i, best_merge = &it->second;
-      }
+      const Merge* m = merges.find(pair_key(symbols[i], symbols[i + 1]));
+      if (m != nullptr && (best_merge == nullptr || m->rank < best_merge->rank)) best = i, best_merge = m;
     }
     if (best_merge == nullptr) return;
     symbols[best] = best_merge->id;
@@ -434,6 +474,7 @@ class BpeTokenizer final : public TokenizerBase {
 
 core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab, const std::string& prefix) {
   MergeMap merges;
+  merges.reserve(list.size());
   for (size_t rank = 0; rank < list.size(); ++rank) {
     const auto& [left, right] = list[rank];
     // The merged token drops the right side's continuation prefix.
@@ -445,7 +486,7 @@ core::Result<MergeMap> build_merges(const MergeList& list, const Vocab& vocab, c
       return core::parse_error("merge " + std::to_string(rank + 1) + " ('" + left + " " + right +
                                "') uses a token missing from the vocabulary");
     }
-    merges.insert_or_assign(pair_key(*a, *b), Merge{rank, *merged});  // a repeated pair keeps its last rank, like HF
+    merges.insert_or_assign(pair_key(*a, *b), Merge{static_cast<uint32_t>(rank), static_cast<int32_t>(*merged)});  // a repeated pair keeps its last rank, like HF
   }
   return merges;
 }
@@ -600,11 +641,21 @@ std::string decode_byte_level(const std::vector<std::string>& tokens) {
   return utf8_lossy(bytes);
 }
 
-core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const Json* config) {
+core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const Json* config,
+                                                       StreamedModel* streamed) {
   const Json& model = root.at("model");
   TokenizerParts parts;
-  TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(model.value("vocab", Json()), "model.vocab"));
-  TESSERA_ASSIGN_OR_RETURN(MergeList merges, merges_from_json(model));
+  MergeList merges;
+  if (streamed != nullptr && streamed->has_vocab) {
+    parts.vocab = std::move(streamed->vocab);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(model.value("vocab", Json()), "model.vocab"));
+  }
+  if (streamed != nullptr && streamed->has_merges) {
+    merges = std::move(streamed->merges);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(merges, merges_from_json(model));
+  }
   TESSERA_RETURN_IF_ERROR(parse_common(root, config, parts));
   BpeConfig cfg;
   TESSERA_RETURN_IF_ERROR(parse_model_config(model, cfg));

@@ -126,9 +126,14 @@ std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::
   return out;
 }
 
-core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root, const Json* config) {
+core::Result<std::unique_ptr<Tokenizer>> wordpiece_from_json(const Json& root, const Json* config,
+                                                             StreamedModel* streamed) {
   TokenizerParts parts;
-  TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(root.at("model").value("vocab", Json()), "model.vocab"));
+  if (streamed != nullptr && streamed->has_vocab) {
+    parts.vocab = std::move(streamed->vocab);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(parts.vocab, vocab_from_json(root.at("model").value("vocab", Json()), "model.vocab"));
+  }
   TESSERA_RETURN_IF_ERROR(parse_common(root, config, parts));
   TESSERA_ASSIGN_OR_RETURN(WordPieceConfig cfg, wordpiece_config(root));
   return std::unique_ptr<Tokenizer>(std::make_unique<WordPieceTokenizer>(std::move(parts), std::move(cfg)));
@@ -152,7 +157,7 @@ core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::str
     parts.vocab.add(line, id);
     pos = end + 1;
   }
-  if (parts.vocab.ids.empty()) return core::parse_error(path + ": empty vocabulary");
+  if (parts.vocab.empty()) return core::parse_error(path + ": empty vocabulary");
   for (const char* special : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}) {
     if (auto special_id = parts.vocab.find(special)) {
       parts.added.push_back({.id = *special_id, .content = special, .special = true});
