@@ -11,6 +11,7 @@ void add_worker_commands(CLI::App& app);
 void add_bench_command(CLI::App& app);  // bench (strategy x devices x link sweep, CSV, plots)
 void add_serve_command(CLI::App& app);  // serve (OpenAI-compatible HTTP API)
 void add_render_chat_command(CLI::App& app);  // render-chat (a chat template for a messages file)
+void add_tokenize_command(CLI::App& app);  // tokenize (text <-> ids with the model's tokenizer)
 void add_chat_command(CLI::App& app);   // chat (interactive, the model's chat template)
 void add_bench_attention(CLI::App& app);  // bench-attention (Voltage Fig. 6)  // worker (daemon), worker-job (local worker process)
 

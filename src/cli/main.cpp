@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   tessera::cli::add_plan_commands(app);
   tessera::cli::add_serve_command(app);
   tessera::cli::add_render_chat_command(app);
+  tessera::cli::add_tokenize_command(app);
   tessera::cli::add_chat_command(app);
   try {
     app.parse(argc, argv);
