@@ -317,3 +317,228 @@ TEST(TokenizerUnicode, CharacterClasses) {
 
 }  // namespace
 }  // namespace tessera::model
+
+// ---- Split / SentencePiece BPE, added tokens, decoders, streaming (issue 25) ----
+
+namespace tessera::model {
+namespace {
+
+using nlohmann::json;
+
+// A tokenizer.json around a small vocab: every char of `chars` is a token,
+// plus `extra` tokens (merges "a b" need "ab" in extra), `<0x00>`..`<0xFF>`
+// byte tokens when byte_fallback is set.
+json tiny_tokenizer(const std::string& chars, const std::vector<std::string>& extra, const json& merges) {
+  json vocab = json::object();
+  int64_t id = 0;
+  for (const char* t : {"<unk>", "<s>", "</s>"}) vocab[t] = id++;
+  for (size_t i = 0; i < chars.size();) {
+    const size_t len = tok::next_utf8(chars, i).len;
+    vocab[chars.substr(i, len)] = id++;
+    i += len;
+  }
+  for (const std::string& t : extra) vocab[t] = id++;
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    vocab[name] = id++;
+  }
+  return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"unk_token", "<unk>"}}},
+          {"added_tokens",
+           json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                        {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                        {{"id", 2}, {"content", "</s>"}, {"special", true}}})}};
+}
+
+std::unique_ptr<Tokenizer> parse(const json& j) { return must(parse_tokenizer_json(j.dump(), "test")); }
+
+std::vector<std::string> tokens_of(const Tokenizer& t, const std::string& text, bool special = false) {
+  auto ids = t.encode(text, special);
+  EXPECT_TRUE(ids.ok()) << ids.status().to_string();
+  if (!ids.ok()) return {};
+  auto tokens = t.id_to_tokens(*ids);
+  return tokens.ok() ? *tokens : std::vector<std::string>{};
+}
+
+const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Llama 3's shape: Split regex + ByteLevel without regex; the byte-level
+// vocab holds each piece as one token so the split is visible in the tokens.
+json llama3_like(const std::vector<std::string>& pieces) {
+  json j = tiny_tokenizer("", {}, json::array());
+  json& vocab = j["model"]["vocab"];
+  int64_t id = 1000;
+  // GPT-2's byte chars for the bytes used below: printable ASCII is itself, ' ' is Ġ, '\n' is Ċ, '\t' is ĉ.
+  for (const char* c : {"Ġ", "Ċ", "ĉ"}) vocab[c] = id++;
+  for (char c = 33; c < 127; ++c) vocab[std::string(1, c)] = id++;
+  for (const std::string& p : pieces) vocab[p] = id++;
+  j["model"]["ignore_merges"] = true;
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         json::array({{{"type", "Split"},
+                                       {"pattern", {{"Regex", kLlama3Pattern}}},
+                                       {"behavior", "Isolated"},
+                                       {"invert", false}},
+                                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  return j;
+}
+
+TEST(TokenizerSplit, Llama3PatternKeepsLastSpaceForTheNextWordAndContractionsInAnyCase) {
+  auto t = parse(llama3_like({"Hello", "Ġworld", "ĠĠ", "'S", "'re", "123", "4", "ĠHello", "'M"}));
+  // \s+(?!\S): of three spaces, two stand alone and the third joins "world".
+  EXPECT_EQ(tokens_of(*t, "Hello   world"), (std::vector<std::string>{"Hello", "ĠĠ", "Ġworld"}));
+  // (?i:'s|...) matches contractions in any case; \p{N}{1,3} splits digit runs by three.
+  EXPECT_EQ(tokens_of(*t, "I'M Hello'S 1234"),
+            (std::vector<std::string>{"I", "'M", "ĠHello", "'S", "Ġ", "123", "4"}));
+  auto text = t->decode(t->encode("Hello   world'S", false).value(), false);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "Hello   world'S");
+}
+
+TEST(TokenizerSplit, BehaviorsAndInvert) {
+  auto with_split = [](const std::string& behavior, bool invert) {
+    json j = tiny_tokenizer("ab-", {}, json::array());
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behavior}, {"invert", invert}};
+    return parse(j);
+  };
+  EXPECT_EQ(tokens_of(*with_split("Removed", false), "a-b"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(tokens_of(*with_split("Isolated", false), "a-b"), (std::vector<std::string>{"a", "-", "b"}));
+  EXPECT_EQ(tokens_of(*with_split("MergedWithPrevious", false), "a-b"), (std::vector<std::string>{"a", "-", "b"}));
+  EXPECT_EQ(tokens_of(*with_split("Removed", true), "a-b"), (std::vector<std::string>{"-"}));
+}
+
+// Llama 2 / Mistral: Prepend ▁ + Replace " " -> ▁, no pre-tokenizer, byte fallback.
+json sentencepiece_like() {
+  json j = tiny_tokenizer("▁abcdehlorw", {"▁h", "▁he", "ll", "llo", "▁hello"},
+                          json::array({"▁ h", "▁h e", "l l", "ll o", "▁he llo"}));
+  j["model"]["byte_fallback"] = true;
+  j["model"]["fuse_unk"] = true;
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "▁"}},
+                                                  {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}})}};
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+                                            {{"type", "ByteFallback"}},
+                                            {{"type", "Fuse"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}};
+  return j;
+}
+
+TEST(TokenizerSentencePiece, PrependMergesByteFallbackAndTemplateBos) {
+  auto t = parse(sentencepiece_like());
+  EXPECT_EQ(tokens_of(*t, "hello"), (std::vector<std::string>{"▁hello"}));
+  EXPECT_EQ(tokens_of(*t, "hello", true), (std::vector<std::string>{"<s>", "▁hello"}));  // TemplateProcessing BOS
+  // é is not in the vocab: its two UTF-8 bytes.
+  EXPECT_EQ(tokens_of(*t, "hé"), (std::vector<std::string>{"▁h", "<0xC3>", "<0xA9>"}));
+  for (const std::string s : {"hello world", "hé 🙂 x", "a  b"}) {
+    auto text = t->decode(t->encode(s, true).value(), true);
+    ASSERT_TRUE(text.ok());
+    EXPECT_EQ(*text, s);
+  }
+}
+
+TEST(TokenizerSentencePiece, MetaspacePrependSchemes) {
+  auto with_scheme = [](const std::string& scheme) {
+    json j = tiny_tokenizer("▁ab", {"▁a", "▁b"}, json::array({"▁ a", "▁ b"}));
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}, {"split", true}};
+    j["decoder"] = {{"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", scheme}};
+    return parse(j);
+  };
+  EXPECT_EQ(tokens_of(*with_scheme("always"), "a b"), (std::vector<std::string>{"▁a", "▁b"}));
+  EXPECT_EQ(tokens_of(*with_scheme("never"), "a b"), (std::vector<std::string>{"a", "▁b"}));
+  // "first": only the text's first section gets the ▁, not the one after an added token.
+  EXPECT_EQ(tokens_of(*with_scheme("first"), "a<s>b"), (std::vector<std::string>{"▁a", "<s>", "b"}));
+  EXPECT_EQ(tokens_of(*with_scheme("always"), "a<s>b"), (std::vector<std::string>{"▁a", "<s>", "▁b"}));
+  auto always = with_scheme("always");
+  auto text = always->decode(always->encode("a b", false).value(), false);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "a b");
+}
+
+TEST(TokenizerAddedTokens, LstripRstripSpecialAndNormalized) {
+  json j = tiny_tokenizer("ab ", {}, json::array());
+  j["added_tokens"].push_back({{"id", 1000}, {"content", "[M]"}, {"special", true}, {"lstrip", true}, {"rstrip", true}});
+  j["added_tokens"].push_back({{"id", 1001}, {"content", "xy"}, {"special", false}, {"normalized", true}});
+  j["normalizer"] = {{"type", "Lowercase"}};
+  auto t = parse(j);
+  // lstrip/rstrip swallow the spaces around [M]; "XY" matches "xy" after the Lowercase normalizer.
+  EXPECT_EQ(tokens_of(*t, "a  [M]  b"), (std::vector<std::string>{"a", "[M]", "b"}));
+  EXPECT_EQ(tokens_of(*t, "aXYb"), (std::vector<std::string>{"a", "xy", "b"}));
+  EXPECT_TRUE(t->is_special(1000));
+  EXPECT_FALSE(t->is_special(1001));
+  const std::vector<int64_t> ids{*t->token_to_id("a"), 1000};
+  auto kept = t->decode(ids, false), dropped = t->decode(ids, true);
+  ASSERT_TRUE(kept.ok() && dropped.ok());
+  EXPECT_EQ(*kept, "a [M]");  // no decoder: tokens joined with spaces
+  EXPECT_EQ(*dropped, "a");
+}
+
+TEST(TokenizerDecoders, EachDecoder) {
+  auto run = [](std::vector<std::string> tokens, const json& decoder) {
+    json j = tiny_tokenizer("", {}, json::array());
+    j["decoder"] = decoder;
+    auto parsed = parse_tokenizer_json(j.dump(), "test");
+    EXPECT_TRUE(parsed.ok()) << parsed.status().to_string();
+    // Reach the parsed decoder through a decode of the tokens' ids.
+    std::vector<int64_t> ids;
+    for (const std::string& t : tokens) ids.push_back(*(*parsed)->token_to_id(t));
+    auto out = (*parsed)->decode(ids, false);
+    EXPECT_TRUE(out.ok());
+    return out.ok() ? *out : std::string();
+  };
+  EXPECT_EQ(run({"<0xE2>", "<0x82>", "<0xAC>"}, {{"type", "ByteFallback"}}), "€");
+  EXPECT_EQ(run({"<0xE2>", "<0x82>"}, {{"type", "ByteFallback"}}), "\uFFFD\uFFFD");  // invalid: one U+FFFD per byte
+  EXPECT_EQ(run({"<s>", "</s>"}, {{"type", "Fuse"}}), "<s></s>");
+  EXPECT_EQ(run({"<s>", "</s>"}, json::object({{"type", "Sequence"}, {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "s"}}}, {"content", "x"}}})}})), "<x></x>");
+  EXPECT_EQ(run({"<s>"}, {{"type", "Strip"}, {"content", "<"}, {"start", 1}, {"stop", 0}}), "s>");
+  EXPECT_EQ(run({"<s>"}, {{"type", "ByteLevel"}}), "<s>");
+}
+
+TEST(TokenizerStream, NeverEmitsPartialUtf8) {
+  auto t = parse(sentencepiece_like());
+  // 🙂 is four byte-fallback tokens: nothing comes out until the fourth.
+  auto ids = t->encode("h🙂e", false);
+  ASSERT_TRUE(ids.ok());
+  StreamDecoder stream(*t);
+  std::string all;
+  std::vector<std::string> pieces;
+  for (int64_t id : *ids) {
+    auto piece = stream.step(id);
+    ASSERT_TRUE(piece.ok());
+    auto checked = tok::utf8_to_u32(*piece);
+    EXPECT_TRUE(checked.ok()) << "partial UTF-8 emitted";
+    pieces.push_back(*piece);
+    all += *piece;
+  }
+  auto rest = stream.flush();
+  ASSERT_TRUE(rest.ok());
+  all += *rest;
+  EXPECT_EQ(all, t->decode(*ids, true).value());
+  EXPECT_EQ(all, "h🙂e");
+  ASSERT_EQ(pieces.size(), 6u);  // ▁h, 4 bytes, e
+  EXPECT_EQ(pieces[1], "");
+  EXPECT_EQ(pieces[3], "");
+  EXPECT_EQ(pieces[4], "🙂");
+}
+
+TEST(TokenizerErrors, UnknownComponentTypesAreNamed) {
+  for (const char* key : {"normalizer", "pre_tokenizer", "decoder", "post_processor"}) {
+    json j = tiny_tokenizer("ab", {}, json::array());
+    j[key] = {{"type", "Frobnicate"}};
+    auto r = parse_tokenizer_json(j.dump(), "test");
+    ASSERT_FALSE(r.ok()) << key;
+    EXPECT_NE(r.status().to_string().find("Frobnicate"), std::string::npos) << r.status().to_string();
+  }
+  json j = tiny_tokenizer("ab", {}, json::array());
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  EXPECT_FALSE(parse_tokenizer_json(j.dump(), "test").ok());
+}
+
+}  // namespace
+}  // namespace tessera::model
