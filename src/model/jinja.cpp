@@ -1336,8 +1336,20 @@ class Evaluator {
     if (++steps_ > lim_.max_steps) throw_render(line, "template takes too many steps");
   }
 
+  // Statement and expression recursion together (macro calls inside nested
+  // blocks inside nested expressions): bounded so the native stack is.
+  struct Recursion {
+    Recursion(Evaluator* e, int line) : e_(e) {
+      if (++e_->recursion_ > kMaxRecursion) throw_render(line, "template recursion too deep");
+    }
+    ~Recursion() { --e_->recursion_; }
+    Evaluator* e_;
+  };
+  static constexpr int kMaxRecursion = 1500;
+
   Flow exec(const Node& n, Scope& scope, std::string& out) {
     step(n.line);
+    Recursion r(this, n.line);
     switch (n.kind) {
       case K::Text: append(out, n.name, n.line); return Flow::Normal;
       case K::Emit: {
@@ -2222,6 +2234,7 @@ class Evaluator {
 
   Value eval(const Node& n, Scope& scope) {
     step(n.line);
+    Recursion r(this, n.line);
     switch (n.kind) {
       case K::Literal: return n.lit;
       case K::Name: {
@@ -2722,6 +2735,7 @@ class Evaluator {
   const Limits& lim_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int recursion_ = 0;
 };
 
 }  // namespace

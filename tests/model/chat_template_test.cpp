@@ -243,6 +243,13 @@ TEST(Jinja, HostileTemplatesAreBounded) {
                    .ok());
   EXPECT_FALSE(jinja::Template::parse("{{ " + std::string(100000, '(') + "1" + std::string(100000, ')') + " }}").ok());
   EXPECT_FALSE(jinja::Template::parse("{{ " + std::string(5000, '[') + " }}").ok());
+  // Macro recursion inside deeply nested blocks: bounded before the native stack is.
+  std::string deep = "{% macro f(n) %}";
+  for (int i = 0; i < 60; ++i) deep += "{% if true %}";
+  deep += "{{ f(n + 1) }}";
+  for (int i = 0; i < 60; ++i) deep += "{% endif %}";
+  deep += "{% endmacro %}{{ f(0) }}";
+  EXPECT_FALSE(render_error(deep).ok());
   std::string nested;
   for (int i = 0; i < 1000; ++i) nested += "{% if true %}";
   EXPECT_FALSE(jinja::Template::parse(nested).ok());
