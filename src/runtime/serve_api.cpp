@@ -154,10 +154,12 @@ Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
   const json* messages = member(j, "messages");
   if (messages == nullptr) return bad("\"messages\" is required");
   if (!messages->is_array() || messages->empty()) return bad("\"messages\" must be a non-empty list of messages");
+  // The same document in the client's key order, for what the template prints as JSON.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(body, nullptr, false);
   if (static_cast<int64_t>(messages->size()) > limits.max_messages)
     return bad("\"messages\" holds " + std::to_string(messages->size()) + " messages; at most " +
                std::to_string(limits.max_messages));
-  r.messages = json::array();
+  r.messages = nlohmann::ordered_json::array();
   for (size_t i = 0; i < messages->size(); ++i) {
     const json& m = (*messages)[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -167,7 +169,7 @@ Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
     const std::string& rs = role->get_ref<const std::string&>();
     if (rs != "system" && rs != "developer" && rs != "user" && rs != "assistant" && rs != "tool")
       return bad(where + ".role must be system, developer, user, assistant or tool, not \"" + rs.substr(0, 32) + "\"");
-    json out = {{"role", rs == "developer" ? "system" : rs}};
+    nlohmann::ordered_json out = {{"role", rs == "developer" ? "system" : rs}};
     const json* content = member(m, "content");
     if (content == nullptr) {
       if (rs != "assistant") return bad(where + ".content is required");
@@ -192,13 +194,13 @@ Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
       }
     if (const json* calls = member(m, "tool_calls")) {
       if (!calls->is_array()) return bad(where + ".tool_calls must be a list");
-      out["tool_calls"] = *calls;
+      out["tool_calls"] = ordered["messages"][i]["tool_calls"];
     }
     r.messages.push_back(std::move(out));
   }
   if (const json* tools = member(j, "tools")) {
     if (!tools->is_array()) return bad("\"tools\" must be a list");
-    r.tools = *tools;
+    r.tools = ordered["tools"];
   }
   // max_completion_tokens is the current name; max_tokens the older one.
   const bool current = member(j, "max_completion_tokens") != nullptr;

@@ -46,9 +46,11 @@ struct CompletionRequest {
 // ({role, content} with content a string, or null for an assistant turn
 // that only calls tools; "developer" read as "system"), the tools as data,
 // and the sampling fields of a completion (its prompt unused).
+// Kept in the client's key order: a template's tojson of tool schemas and
+// tool calls renders them as Python's dicts would.
 struct ChatRequest {
-  nlohmann::json messages = nlohmann::json::array();
-  nlohmann::json tools;  // null: none
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools;  // null: none
   CompletionRequest sampling;
   bool max_tokens_given = false;  // else: up to the end of the context
 };

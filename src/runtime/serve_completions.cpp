@@ -145,8 +145,9 @@ void Server::chat_completions(const httplib::Request& req, httplib::Response& re
     return send_error(res, 400, "this model has no chat template (tokenizer_config.json's chat_template): use /v1/completions");
   auto r = api::parse_chat(req.body, limits_);
   if (!r.ok()) return fail(res, r.status());
-  const json extra = r->tools.is_null() ? json::object() : json{{"tools", r->tools}};
-  auto prompt = tmpl->render(r->messages, true, extra);
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  if (!r->tools.is_null()) extra["tools"] = r->tools;
+  auto prompt = tmpl->render_ordered(r->messages, true, extra);
   if (!prompt.ok()) return send_error(res, 400, "the chat template: " + prompt.status().message());
   auto g = std::make_shared<Generation>();
   auto ids = model::chat_prompt_ids(*engine_.tokenizer(), *prompt, tmpl->bos_token());

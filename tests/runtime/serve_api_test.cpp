@@ -204,6 +204,13 @@ TEST(ServeApiTest, ChatMessagesAndFields) {
   EXPECT_EQ(r->sampling.temperature, 0.0);
   EXPECT_EQ(r->sampling.stop, (std::vector<std::string>{"x"}));
   EXPECT_TRUE(r->sampling.stream);
+  // Tools and tool calls keep the client's key order (a template prints them with tojson).
+  r = parse_chat(R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"z":1,"a":2}]}],
+                     "tools":[{"type":"function","function":{"name":"f","parameters":{"zeta":1,"alpha":2}}}]})",
+                 kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->tools[0]["function"]["parameters"].dump(), R"({"zeta":1,"alpha":2})");
+  EXPECT_EQ(r->messages[0]["tool_calls"][0].dump(), R"({"z":1,"a":2})");
   // Without a limit the answer may run to the end of the context.
   r = parse_chat(R"({"messages":[{"role":"user","content":"hi"}]})", kLimits);
   ASSERT_TRUE(r.ok());
