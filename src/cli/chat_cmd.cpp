@@ -36,7 +36,7 @@ class Chatter {
     TESSERA_ASSIGN_OR_RETURN(c->tok_, model::load_tokenizer(dir));
     TESSERA_ASSIGN_OR_RETURN(model::ChatTemplate t, model::ChatTemplate::load(dir));
     c->template_ = std::make_unique<model::ChatTemplate>(std::move(t));
-    TESSERA_ASSIGN_OR_RETURN(c->stop_ids_, model::end_of_turn_ids(dir, c->config_, c->tok_.get(), c->template_->eos_token()));
+    c->stop_ids_ = model::end_of_turn_ids(c->config_, c->tok_.get(), c->template_->eos_token());
     f.cluster.devices = f.plan->devices;
     f.cluster.timeout_ms = f.timeout_s * 1000;
     if (runtime::runs_in_process(f.cluster, f.plan->strategy)) {

@@ -106,6 +106,9 @@ Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
     c.eps = j.value("layer_norm_epsilon", 1e-5f);
     TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(j.value("activation_function", std::string("gelu_new"))));
     if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"].get<int64_t>();
+    if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty() &&
+        j["eos_token_id"][0].is_number_integer())
+      c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
     c.scale_attn_weights = j.value("scale_attn_weights", true);
     c.scale_attn_by_inverse_layer_idx = j.value("scale_attn_by_inverse_layer_idx", false);
     if (j.value("reorder_and_upcast_attn", false)) return core::unimplemented("config.json: reorder_and_upcast_attn is not supported");
@@ -199,9 +202,45 @@ Result<ModelConfig> parse_config(const std::string& text) {
   }
 }
 
+namespace {
+
+// The ids of an eos_token_id field (a number or a list); `what` labels errors.
+core::Status add_eos_ids(const json& j, const std::string& what, const ModelConfig& c, std::vector<int64_t>& ids) {
+  const auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return core::ok_status();
+  const json list = it->is_array() ? *it : json::array({*it});
+  for (const json& v : list) {
+    if (!v.is_number_integer()) return core::parse_error(what + ": eos_token_id must be token ids");
+    // An id outside the vocabulary never comes out of the model (tiny test
+    // models keep GPT-2's 50256 over 512 tokens): nothing to stop at.
+    const int64_t id = v.get<int64_t>();
+    if (id >= 0 && (c.vocab <= 0 || id < c.vocab)) ids.push_back(id);
+  }
+  return core::ok_status();
+}
+
+}  // namespace
+
+bool ModelConfig::ends_generation(int64_t id) const {
+  return std::binary_search(eos_token_ids.begin(), eos_token_ids.end(), id);
+}
+
 Result<ModelConfig> load_config(const std::string& model_dir) {
   TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(model_dir + "/config.json"));
-  return parse_config(text);
+  TESSERA_ASSIGN_OR_RETURN(ModelConfig c, parse_config(text));
+  // Every end-of-generation id: config.json's, then generation_config.json's.
+  const json cj = json::parse(text, nullptr, false);
+  if (cj.is_object()) TESSERA_RETURN_IF_ERROR(add_eos_ids(cj, "config.json", c, c.eos_token_ids));
+  const std::string gen_path = model_dir + "/generation_config.json";
+  if (core::file_exists(gen_path)) {
+    TESSERA_ASSIGN_OR_RETURN(const std::string gen_text, core::read_file(gen_path));
+    TESSERA_ASSIGN_OR_RETURN(const json g, core::parse_json(gen_text, "generation_config.json"));
+    if (!g.is_object()) return core::parse_error("generation_config.json: not a JSON object");
+    TESSERA_RETURN_IF_ERROR(add_eos_ids(g, "generation_config.json", c, c.eos_token_ids));
+  }
+  std::sort(c.eos_token_ids.begin(), c.eos_token_ids.end());
+  c.eos_token_ids.erase(std::unique(c.eos_token_ids.begin(), c.eos_token_ids.end()), c.eos_token_ids.end());
+  return c;
 }
 
 }  // namespace tessera::model

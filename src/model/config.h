@@ -34,6 +34,11 @@ struct ModelConfig {
   bool qkv_bias = true;
   // GPT-2
   int64_t eos_token_id = -1;
+  // Every id that ends a generation: config.json's eos_token_id (a number or
+  // a list) and generation_config.json's, ids outside the vocabulary left
+  // out; sorted (load_config).
+  std::vector<int64_t> eos_token_ids;
+  bool ends_generation(int64_t id) const;
   bool scale_attn_weights = true;
   bool scale_attn_by_inverse_layer_idx = false;
   // DeTransformer decoupled model ("block_parallel" in config.json): every

@@ -92,7 +92,11 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
   TESSERA_RETURN_IF_ERROR(validate_generate_options(opts));
   ModelInput in{prompt, {}, {}};
   TESSERA_RETURN_IF_ERROR(model.validate_input(in));
-  const int64_t eos = opts.eos_token_id == -2 ? c.eos_token_id : opts.eos_token_id;
+  // -2: every end-of-generation id of the model (config.json and generation_config.json).
+  const auto ends = [&](int64_t id) {
+    if (opts.eos_token_id == -2) return c.ends_generation(id) || id == c.eos_token_id;
+    return id == opts.eos_token_id;
+  };
   std::vector<int64_t> seq = prompt;
   uint64_t rng_state = opts.seed;
   int64_t pos = 0;
@@ -109,7 +113,7 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
     if (next < 0) return core::internal_error("the model produced only NaN logits at position " + std::to_string(pos));
     seq.push_back(next);
     if (opts.on_token) opts.on_token(next);
-    if (next == eos || (opts.stop_requested && opts.stop_requested())) break;
+    if (ends(next) || (opts.stop_requested && opts.stop_requested())) break;
   }
   return seq;
 }

@@ -32,7 +32,7 @@ Status Engine::start() {
   } else if (t.status().code() != core::ErrorCode::kNotFound) {
     return t.status().with_context("the chat template");
   }
-  TESSERA_ASSIGN_OR_RETURN(stop_ids_, model::end_of_turn_ids(dir, config_, tokenizer_.get(), chat_ ? chat_->eos_token() : ""));
+  stop_ids_ = model::end_of_turn_ids(config_, tokenizer_.get(), chat_ ? chat_->eos_token() : "");
   Cluster c = opts_.cluster;
   if (opts_.plan.strategy == "auto") {
     // Every device profiled once, before serving: later plans use the

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/io.h"
 #include "generate_check.h"
 
 namespace tessera::parallel::testing {
@@ -134,6 +135,36 @@ TEST(GenerateTest, UnevenSharesAndLayerMapsEqualSingleDevice) {
   for (const Plan& p : {make_plan("tp", 3, {1, 2, 1}), make_plan("galaxy", 2, {3, 1}),
                         make_plan("pipeline", 3, {}, {{"layer_map", "0-2:1,3-7:0,8-11:2"}})})
     compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(), p.to_json().dump());
+}
+
+// Generation ends at any id of generation_config.json's eos_token_id list,
+// on one device and on several.
+TEST(GenerateTest, StopsAtEveryEosIdOfGenerationConfig) {
+  namespace fs = std::filesystem;
+  const std::string src = kData + "/gpt2-tiny";
+  const fs::path dir = fs::temp_directory_path() / ("tessera-eos-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(src + "/" + f, dir / f, fs::copy_options::overwrite_existing);
+  model::GenerateOptions free;
+  free.max_new_tokens = 8;
+  free.eos_token_id = -1;
+  const std::vector<int64_t> prompt = {5, 17, 300, 42};
+  auto m = model::Transformer::load(dir.string()).value();
+  const auto all = model::generate(m, prompt, free, nullptr).value();
+  ASSERT_EQ(all.size(), prompt.size() + 8);
+  const int64_t third = all[prompt.size() + 2];
+  // The third new token is an end id (in a list beside one that never comes).
+  ASSERT_TRUE(core::write_file((dir / "generation_config.json").string(),
+                               "{\"eos_token_id\": [50256, " + std::to_string(third) + "]}").ok());
+  auto stopped_model = model::Transformer::load(dir.string()).value();
+  EXPECT_TRUE(stopped_model.config().ends_generation(third));
+  model::GenerateOptions o;  // eos_token_id -2: the model's own ids
+  o.max_new_tokens = 8;
+  const auto first_stop = std::find(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end(), third);
+  const std::vector<int64_t> want(all.begin(), first_stop + 1);
+  EXPECT_EQ(model::generate(stopped_model, prompt, o, nullptr).value(), want);
+  EXPECT_EQ(generate_threads(dir.string(), make_plan("tp", 2), prompt, o), want);
+  fs::remove_all(dir);
 }
 
 TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
