@@ -14,7 +14,6 @@
 #include "model/chat.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
-#include "runtime/serve_api.h"
 #include "runtime/session.h"
 
 namespace tessera::cli {
@@ -73,30 +72,27 @@ class Chatter {
     model::GenerateOptions o = base;
     o.max_new_tokens = base.max_new_tokens < 0 ? room : std::min(base.max_new_tokens, room);
     o.eos_token_id = -1;  // the end-of-turn ids below stop it
-    std::vector<int64_t> tokens;
+    model::StreamDecoder decoder(*tok_);  // releases whole characters only
     std::string text;
-    size_t shown = 0;
     bool ended = false;
     o.on_token = [&](int64_t id) {
       if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), id)) {
         ended = true;
         return;
       }
-      tokens.push_back(id);
-      auto t = tok_->decode(tokens, true);
-      if (!t.ok()) return;
-      text = *t;
-      const size_t ready = runtime::api::scan_stop(text, {}, false).sendable;  // whole characters only
-      if (ready > shown) {
-        std::fwrite(text.data() + shown, 1, ready - shown, stdout);
-        std::fflush(stdout);
-        shown = ready;
-      }
+      auto piece = decoder.step(id);
+      if (!piece.ok() || piece->empty()) return;
+      text += *piece;
+      std::fwrite(piece->data(), 1, piece->size(), stdout);
+      std::fflush(stdout);
     };
     o.stop_requested = [&] { return ended; };
     auto seq = model_ ? model::generate(*model_, ids, o, pool_.get()) : session_->generate(ids, o);
     TESSERA_RETURN_IF_ERROR(seq.status());
-    if (text.size() > shown) std::fwrite(text.data() + shown, 1, text.size() - shown, stdout);
+    if (auto tail = decoder.flush(); tail.ok() && !tail->empty()) {
+      text += *tail;
+      std::fwrite(tail->data(), 1, tail->size(), stdout);
+    }
     std::fputc('\n', stdout);
     std::fflush(stdout);
     return text;

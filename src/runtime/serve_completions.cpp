@@ -32,21 +32,22 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
   const int64_t room = engine_.config().max_positions - static_cast<int64_t>(g.prompt.size());
   const int64_t max_new = std::min(r.max_tokens, room);
-  std::string sent_text;
+  // The text grows by whole characters only (a byte-level token can end
+  // inside one): what the stream decoder releases, scanned for stop strings.
+  std::optional<model::StreamDecoder> decoder;
+  if (engine_.tokenizer() != nullptr) decoder.emplace(*engine_.tokenizer());
+  std::string text;
   size_t sent = 0;
   bool stop = false, gone = false, late = false;
   const auto on_token = [&](int64_t id) {
     g.tokens.push_back(id);
     std::string delta;
-    if (engine_.tokenizer() != nullptr) {
-      auto text = engine_.tokenizer()->decode(g.tokens, true);
-      if (text.ok()) {
-        const api::StopScan s = api::scan_stop(*text, r.stop, false);
-        if (s.sendable > sent) delta = text->substr(sent, s.sendable - sent);
-        sent = std::max(sent, s.sendable);
-        sent_text = text->substr(0, sent);
-        if (s.stopped) stop = true;
-      }
+    if (decoder) {
+      if (auto piece = decoder->step(id); piece.ok()) text += *piece;
+      const api::StopScan s = api::scan_stop(text, r.stop, false);
+      if (s.sendable > sent) delta = text.substr(sent, s.sendable - sent);
+      sent = std::max(sent, s.sendable);
+      if (s.stopped) stop = true;
     }
     if (engine_.ends_turn(id)) stop = true;
     if (!emit(delta, id)) gone = true;
@@ -67,9 +68,9 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   if (!st.ok()) return st;
   if (late && !stop) return core::timeout_error("the request's deadline passed during generation");
   if (stop) g.finish = "stop";
-  if (!stop && engine_.tokenizer() != nullptr) {  // what was held back for a stop string that never came
-    auto text = engine_.tokenizer()->decode(g.tokens, true);
-    if (text.ok() && text->size() > sent) emit(text->substr(sent), -1);
+  if (!stop && decoder) {  // what was held back: an unfinished character, or a stop string that never came
+    if (auto tail = decoder->flush(); tail.ok()) text += *tail;
+    if (text.size() > sent) emit(text.substr(sent), -1);
   }
   return core::ok_status();
 }
