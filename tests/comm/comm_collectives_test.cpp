@@ -159,9 +159,10 @@ TEST(Collectives, MismatchedArgumentsAreErrorsNotHangs) {
 
 TEST(Collectives, TimeoutWhenARankDoesNotJoin) {
   // Rank 2 never calls the collective and stays in the group until the
-  // others have returned: their allgather can only end at its timeout
-  // (kTimeout). Had it waited for rank 2 instead, rank 2 would leave at its
-  // own deadline and the others would see it go (kNetwork).
+  // others have returned, and they stay until both have: their allgather can
+  // only end at its timeout (kTimeout). Had it waited for rank 2 instead,
+  // rank 2 would leave at its own deadline and the others would see it go
+  // (kNetwork).
   std::atomic<int> returned{0};
   auto st = run_inproc(3, [&](Group& g) -> core::Status {
     if (g.rank() == 2) {
@@ -172,6 +173,9 @@ TEST(Collectives, TimeoutWhenARankDoesNotJoin) {
     core::Status s = allgather(g, AllgatherOptions{300ms, 0}, core::Tensor::zeros_f32({1}), &out);
     ++returned;
     TESSERA_EXPECT_OR_FAIL(s.code() == core::ErrorCode::kTimeout, "ended by the timeout: " + s.to_string());
+    // Nobody leaves before both have returned: a rank that left first would
+    // end the other's allgather as a lost peer (kNetwork) instead.
+    TESSERA_EXPECT_OR_FAIL(compute_until([&] { return returned == 2; }), "the other rank's allgather did not end");
     return core::ok_status();
   });
   EXPECT_TRUE(all_ok(st)) << statuses_to_string(st);
