@@ -52,7 +52,7 @@ class Chatter {
     } else {
       TESSERA_ASSIGN_OR_RETURN(r.plan, build_plan(*f.plan, f.plan->strategy, cluster.size(), true));
     }
-    r.rows = 1;  // a decode step; budgets are checked at the model's longest input
+    r.rows = 0;  // planned as serve plans (plan_rows' default); budgets at the model's longest input
     TESSERA_ASSIGN_OR_RETURN(runtime::Deployment d, runtime::deploy(cluster, c->config_, r));
     d.session.budget_rows = 0;
     TESSERA_ASSIGN_OR_RETURN(c->session_, runtime::Session::start(d.session));
