@@ -93,9 +93,10 @@ Result<Cluster> Cluster::open(const ClusterOptions& o) {
     TESSERA_ASSIGN_OR_RETURN(c.file_, load_cluster_file(o.cluster_file));
     world = 1 + static_cast<int>(c.file_->workers.size());
     c.memory_limits_ = c.file_->memory_limits();
-    if (!o.insecure) {
-      if (o.key_file.empty())
-        return core::invalid_argument("a cluster needs --key (the file every worker was started with) or --insecure");
+    // The key is read when given; what needs it (profiling the daemons, a
+    // session, serve's probes) says so when it is missing, so that planning
+    // on a saved profile needs no key.
+    if (!o.insecure && !o.key_file.empty()) {
       TESSERA_ASSIGN_OR_RETURN(c.key_, comm::read_key_file(o.key_file));
     }
   }

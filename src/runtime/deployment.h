@@ -54,7 +54,7 @@ struct Device {
 class Cluster {
  public:
   // Parses the cluster file (if any), the budgets and the speeds, and reads
-  // the key a cluster needs.
+  // the key file when one is given.
   [[nodiscard]] static core::Result<Cluster> open(const ClusterOptions& o);
 
   int size() const { return static_cast<int>(devices_.size()); }

@@ -98,12 +98,16 @@ TEST(DeploymentTest, ClusterFileParsedOnceWithBudgetsAndDevices) {
   o.memory_limit = "1GB,1GB";
   EXPECT_FALSE(Cluster::open(o).ok());
 
-  // A secure cluster needs its key.
+  // A secure cluster's daemons cannot be profiled without the key; the error says so.
   o.memory_limit.clear();
   o.insecure = false;
   auto keyless = Cluster::open(o);
-  ASSERT_FALSE(keyless.ok());
-  EXPECT_NE(keyless.status().message().find("--key"), std::string::npos);
+  ASSERT_TRUE(keyless.ok()) << keyless.status().to_string();
+  auto cfg = model::load_config(kModel);
+  ASSERT_TRUE(cfg.ok());
+  auto profile = keyless->profile(*cfg, 8);
+  ASSERT_FALSE(profile.ok());
+  EXPECT_NE(profile.status().message().find("--key"), std::string::npos);
 }
 
 TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
