@@ -11,7 +11,7 @@ using nlohmann::json;
 json JobSpec::to_json() const {
   return {{"rank", rank},         {"endpoints", endpoints},       {"group_id", group_id},
           {"insecure", insecure}, {"link", link},                 {"timeout_ms", timeout_ms},
-          {"heartbeat_ms", heartbeat_ms}, {"model", model_dir}, {"threads", threads},
+          {"heartbeat_ms", heartbeat_ms}, {"run_timeout_ms", run_timeout_ms}, {"model", model_dir}, {"threads", threads},
           {"device_speed", device_speed}, {"plan", plan.to_json()}};
 }
 
@@ -66,6 +66,11 @@ Result<JobSpec> JobSpec::from_object(const json& j) {
   if (s.timeout_ms < 1 || s.timeout_ms > 24ll * 3600 * 1000) return core::invalid_argument("job: timeout must be in [1 ms, 24 h]");
   s.heartbeat_ms = heartbeat->get<int64_t>();
   if (s.heartbeat_ms < 100 || s.heartbeat_ms > 60000) return core::invalid_argument("job: heartbeat must be in [100 ms, 60 s]");
+  if (auto rt = j.find("run_timeout_ms"); rt != j.end()) {  // optional: 0 or absent, the job's timeout
+    if (!rt->is_number_integer() || rt->get<int64_t>() < 0 || rt->get<int64_t>() > 24ll * 3600 * 1000)
+      return core::invalid_argument("job: run_timeout_ms must be in [0 ms, 24 h]");
+    s.run_timeout_ms = rt->get<int64_t>();
+  }
   s.model_dir = dir->get<std::string>();
   if (s.model_dir.empty() || s.model_dir.size() > 4096) return core::invalid_argument("job: model must be 1..4096 bytes");
   const int64_t t = threads->get<int64_t>();

@@ -32,6 +32,10 @@ struct JobSpec {
   // The terminal pings an idle worker this often; a worker that hears
   // nothing for kMissedHeartbeats intervals ends the job.
   int64_t heartbeat_ms = 1000;
+  // > 0: the waits of a run end after this long (serve's failover timeout),
+  // so that a worker stuck on a silent peer is free again as soon as the
+  // terminal gives the run up; 0: timeout_ms.
+  int64_t run_timeout_ms = 0;
   static constexpr int kMissedHeartbeats = 5;
   // Work. A local worker gets the model's folder; a daemon gets a name that
   // it looks up under the roots its operator allowed (worker --models).

@@ -102,6 +102,7 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
   job.model_dir = opts_.model_dir;
   job.threads = opts_.threads_per_device;
   job.timeout_ms = opts_.timeout_ms;
+  job.run_timeout_ms = opts_.run_timeout_ms;
   TESSERA_ASSIGN_OR_RETURN(job.link, inline_link_arg(opts_.link, plan_.world));
   job.insecure = opts_.insecure;
   job.plan = plan_;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -43,7 +44,8 @@ class WorkerLoop {
   WorkerLoop(const JobSpec& job, comm::Group& group, const model::Transformer& model, const parallel::Plan& plan,
              const parallel::Strategy& strategy, int64_t weight_bytes, int64_t rss_before_load)
       : job_(job), group_(group), model_(model), plan_(plan), strategy_(strategy), pool_(job.threads),
-        sync_(group, comm::Millis(job.timeout_ms)), weight_bytes_(weight_bytes), rss_before_load_(rss_before_load) {}
+        sync_(group, comm::Millis(job.run_timeout_ms > 0 ? job.run_timeout_ms : job.timeout_ms)), weight_bytes_(weight_bytes),
+        rss_before_load_(rss_before_load) {}
 
   // Until "stop" (ok) or an error; `silence` ends a job whose terminal
   // stopped pinging.
@@ -136,6 +138,9 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
   go.bind_endpoint = env.bind_endpoint;
   if (env.max_connect.count() > 0) go.connect_timeout = std::min(go.connect_timeout, env.max_connect);
+  // As on the terminal: with a short run timeout (serve's failover), a silent
+  // peer must not hold the goodbye that frees this device for the next plan.
+  if (job.run_timeout_ms > 0) go.close_timeout = std::min(go.close_timeout, comm::Millis(job.run_timeout_ms));
   TESSERA_ASSIGN_OR_RETURN(auto group, comm::Group::create(go));
   const StatsOnExit report{group.get(), env.stats};
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(model_dir));

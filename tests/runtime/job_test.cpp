@@ -75,6 +75,12 @@ TEST(JobTest, EveryFieldIsBounded) {
   EXPECT_FALSE(with("timeout_ms", 0).ok());
   EXPECT_FALSE(with("heartbeat_ms", 10).ok());
   EXPECT_FALSE(with("heartbeat_ms", 3600000).ok());
+  EXPECT_FALSE(with("run_timeout_ms", -1).ok());
+  EXPECT_FALSE(with("run_timeout_ms", "1").ok());
+  EXPECT_FALSE(with("run_timeout_ms", 24ll * 3600 * 1000 + 1).ok());
+  auto run_timeout = with("run_timeout_ms", 1000);  // serve's failover timeout travels with the job
+  ASSERT_TRUE(run_timeout.ok());
+  EXPECT_EQ(run_timeout->run_timeout_ms, 1000);
   EXPECT_FALSE(with("threads", 100000).ok());
   EXPECT_FALSE(with("rank", 2).ok());
   EXPECT_FALSE(with("rank", "1").ok());
