@@ -553,6 +553,10 @@ TEST(DaemonTest, ProfilePlanAndAutoRunThroughDaemons) {
       EXPECT_GT(l.bandwidth_mbps, 0) << from << "->" << to;
       EXPECT_LE(l.bandwidth_mbps, 200) << from << "->" << to;  // paced, not loopback
     }
+  // The daemon logs its part once the terminal has its figures: wait for it.
+  for (const auto deadline = Clock::now() + std::chrono::seconds(30);
+       a.log().find("link profile of group") == std::string::npos && Clock::now() < deadline;)
+    std::this_thread::sleep_for(milliseconds(10));  // polling the log, bounded by the deadline
   EXPECT_NE(a.log().find("link profile of group"), std::string::npos) << a.log();
 
   // Without the key the terminal says what is missing.
