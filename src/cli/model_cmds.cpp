@@ -295,8 +295,7 @@ struct BenchFlags {
 // decode step each: one row through every layer and the LM head).
 int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::ModelInput& in, core::ThreadPool* pool) {
   const auto& c = m.config();
-  if (c.family != model::Family::kGpt2 || c.head != model::HeadKind::kLmHead)
-    return fail("--generate needs a GPT-2 model with an LM head");
+  if (!c.causal_lm()) return fail("--generate needs a causal LM with its head");
   if (b.seq + b.generate > c.max_positions) return fail("--seq + --generate exceeds max_position_embeddings");
   std::vector<double> steps;
   for (int i = 0; i < b.warmup + b.reps; ++i) {

@@ -12,13 +12,16 @@ namespace tessera::kernels {
 struct AttentionArgs {
   const float* q = nullptr;  // [n_q, heads*head_dim], row stride ldq
   int64_t ldq = 0;
-  const float* k = nullptr;  // [n_kv, heads*head_dim], row stride ldk
+  const float* k = nullptr;  // [n_kv, kv_heads*head_dim], row stride ldk
   int64_t ldk = 0;
-  const float* v = nullptr;  // [n_kv, heads*head_dim], row stride ldv
+  const float* v = nullptr;  // [n_kv, kv_heads*head_dim], row stride ldv
   int64_t ldv = 0;
   float* out = nullptr;  // [n_q, heads*head_dim], row stride ldo
   int64_t ldo = 0;
   int64_t n_q = 0, n_kv = 0, heads = 0, head_dim = 0;
+  // Grouped-query attention: query head h reads K/V head h / (heads /
+  // kv_heads). 0 = heads (plain multi-head attention).
+  int64_t kv_heads = 0;
   float scale = 1.0f;
   // Causal: query i (global position q_pos0 + i) sees key j (position
   // kv_pos0 + j) only when kv_pos0 + j <= q_pos0 + i.

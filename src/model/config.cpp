@@ -5,6 +5,7 @@
 
 #include "core/io.h"
 #include "core/json.h"
+#include "model/arch/llama.h"
 
 namespace tessera::model {
 
@@ -16,6 +17,7 @@ const char* family_name(Family f) {
     case Family::kBert: return "bert";
     case Family::kGpt2: return "gpt2";
     case Family::kVit: return "vit";
+    case Family::kLlama: return "llama";
   }
   return "?";
 }
@@ -87,6 +89,14 @@ Result<HeadKind> parse_head(const std::string& arch, Family family) {
       {"GPT2LMHeadModel", Family::kGpt2, HeadKind::kLmHead},
       {"ViTModel", Family::kVit, HeadKind::kNone},
       {"ViTForImageClassification", Family::kVit, HeadKind::kImageClassification},
+      {"LlamaModel", Family::kLlama, HeadKind::kNone},
+      {"LlamaForCausalLM", Family::kLlama, HeadKind::kLmHead},
+      {"MistralModel", Family::kLlama, HeadKind::kNone},
+      {"MistralForCausalLM", Family::kLlama, HeadKind::kLmHead},
+      {"Qwen2Model", Family::kLlama, HeadKind::kNone},
+      {"Qwen2ForCausalLM", Family::kLlama, HeadKind::kLmHead},
+      {"Qwen3Model", Family::kLlama, HeadKind::kNone},
+      {"Qwen3ForCausalLM", Family::kLlama, HeadKind::kLmHead},
   };
   for (const auto& a : kArchs)
     if (arch == a.name && family == a.family) return a.head;
@@ -181,14 +191,23 @@ Result<ModelConfig> parse_config(const std::string& text) {
     if (type == "bert") c.family = Family::kBert;
     else if (type == "gpt2") c.family = Family::kGpt2;
     else if (type == "vit") c.family = Family::kVit;
-    else return core::unimplemented("config.json: model_type '" + type + "' is not supported (bert, gpt2, vit)");
-    TESSERA_ASSIGN_OR_RETURN(c, parse_family_fields(j, c));
-    if (c.hidden % c.heads != 0)
+    else if (arch::is_llama_type(type)) c.family = Family::kLlama;
+    else
+      return core::unimplemented("config.json: model_type '" + type +
+                                 "' is not supported (bert, gpt2, vit, llama, mistral, qwen2, qwen3)");
+    if (c.family == Family::kLlama) {
+      TESSERA_RETURN_IF_ERROR(arch::parse_llama_config(j, type, c));
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(c, parse_family_fields(j, c));
+    }
+    if (c.explicit_head_dim == 0 && c.hidden % c.heads != 0)
       return core::invalid_argument("config.json: hidden size " + std::to_string(c.hidden) + " is not divisible by " +
                                     std::to_string(c.heads) + " heads");
     if (!(c.eps > 0.0f) || c.eps > 1.0f) return core::out_of_range("config.json: layer norm epsilon out of range");
     TESSERA_ASSIGN_OR_RETURN(c.labels, parse_labels(j));
     TESSERA_RETURN_IF_ERROR(parse_block_parallel(j, c));
+    if (c.bp_div > 0 && c.llama_style())
+      return core::unimplemented("config.json: block_parallel is for BERT and GPT-2 models, not '" + type + "'");
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
         j["architectures"][0].is_string()) {
       c.architecture = j["architectures"][0].get<std::string>();

@@ -1,4 +1,4 @@
-// Hugging Face config.json for the three supported families, validated.
+// Hugging Face config.json of the supported families, validated.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +10,8 @@
 
 namespace tessera::model {
 
-enum class Family { kBert, kGpt2, kVit };
+// kLlama: the Llama-style decoders (Llama, Mistral, Qwen2, Qwen3; model/arch/llama.h).
+enum class Family { kBert, kGpt2, kVit, kLlama };
 enum class HeadKind { kNone, kSequenceClassification, kLmHead, kImageClassification };
 
 const char* family_name(Family f);
@@ -39,6 +40,18 @@ struct ModelConfig {
   // out; sorted (load_config).
   std::vector<int64_t> eos_token_ids;
   bool ends_generation(int64_t id) const;
+  // Llama-style decoders (model/arch/llama.h): grouped-query attention,
+  // an explicit head size, rotary positions, per-head q/k RMSNorm (Qwen3),
+  // biases, a tied head.
+  int64_t kv_heads = 0;       // 0: as many as query heads
+  int64_t explicit_head_dim = 0;  // 0: hidden / heads
+  std::vector<float> rope_inv_freq;  // head_dim/2 frequencies, scaling applied; empty: no RoPE
+  bool qk_norm = false;
+  bool attention_bias = false;  // q/k/v biases (Qwen2; Llama's attention_bias also o_proj)
+  bool o_bias = false;
+  bool mlp_bias = false;
+  bool tied_head = false;
+  int64_t sliding_window = 0;  // Mistral/Qwen: longer sequences are refused; 0: none
   bool scale_attn_weights = true;
   bool scale_attn_by_inverse_layer_idx = false;
   // DeTransformer decoupled model ("block_parallel" in config.json): every
@@ -47,11 +60,26 @@ struct ModelConfig {
   int64_t bp_div = 0;
   std::vector<int64_t> bp_original;  // sorted, distinct
 
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads; }
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t q_width() const { return heads * head_dim(); }         // attention context width
+  int64_t kv_width() const { return kv_head_count() * head_dim(); }  // one of K, V per row
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  // RMSNorm, RoPE and a gated SiLU MLP, in place of LayerNorm, learned
+  // positions and a two-matrix MLP.
+  bool llama_style() const { return family == Family::kLlama; }
+  int64_t ffn_in_rows() const { return llama_style() ? 2 * intermediate : intermediate; }  // gate|up fused
+  // Every layer is multi-head attention over F-wide Q, K and V with learned
+  // or no positions, LayerNorm and a two-matrix MLP: what the strategies
+  // that split a layer's insides (tp, sp, voltage, galaxy, prism, bp) and
+  // the block pipeline assume. Others run whole layers only.
+  bool plain_layers() const { return !llama_style(); }
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
   // Longest input the model accepts, in rows (ViT: patches + CLS).
   int64_t max_rows() const;
-  bool causal() const { return family == Family::kGpt2; }
+  bool causal() const { return family == Family::kGpt2 || family == Family::kLlama; }
+  // A causal LM with its head: generation and /v1/completions take it.
+  bool causal_lm() const { return causal() && head == HeadKind::kLmHead; }
   bool pre_layernorm() const { return family != Family::kBert; }
   bool decoupled(int64_t l) const;          // layer l is sub-blocks
   int64_t block_width() const { return bp_div > 0 ? hidden / bp_div : hidden; }  // h/N

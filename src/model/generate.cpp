@@ -87,8 +87,8 @@ int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const Gen
 Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
                                            const GenerateOptions& opts, core::ThreadPool* pool, const ChunkLayers& layers) {
   const ModelConfig& c = model.config();
-  if (c.family != Family::kGpt2 || c.head != HeadKind::kLmHead)
-    return core::invalid_argument("generation needs a GPT-2 model with an LM head (GPT2LMHeadModel)");
+  if (!c.causal_lm())
+    return core::invalid_argument("generation needs a causal LM with its head (GPT2LMHeadModel, LlamaForCausalLM, ...)");
   TESSERA_RETURN_IF_ERROR(validate_generate_options(opts));
   ModelInput in{prompt, {}, {}};
   TESSERA_RETURN_IF_ERROR(model.validate_input(in));

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/check.h"
+#include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
 
 namespace tessera::model {
@@ -18,6 +20,12 @@ AttentionIo fused_qkv_io(const float* qkv, int64_t width, int64_t rows, float* o
   return io;
 }
 
+void norm_rows(const ModelConfig& c, const core::Tensor& gamma, const core::Tensor& beta, const float* x, float* out,
+               int64_t n, int64_t cols, core::ThreadPool* pool) {
+  if (c.llama_style()) return kernels::rmsnorm_f32_mt(pool, x, cols, out, cols, n, cols, gamma.f32(), c.eps);
+  kernels::layernorm_f32_mt(pool, x, out, n, cols, gamma.f32(), beta.f32(), c.eps);
+}
+
 namespace {
 template <typename Args>
 Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
@@ -27,6 +35,11 @@ Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
   a.out = io.out; a.ldo = io.ldo;
   a.n_q = io.n_q; a.n_kv = io.n_kv; a.q_pos0 = io.q_pos0; a.kv_pos0 = io.kv_pos0;
   a.heads = io.heads < 0 ? c.heads : io.heads;
+  // Grouped K/V heads are read whole; a subset of heads (a shard) is for
+  // plain multi-head layers only.
+  TESSERA_CHECK(io.heads < 0 || c.kv_head_count() == c.heads);
+  if constexpr (requires { a.kv_heads; })
+    if (io.heads < 0 && c.kv_head_count() != c.heads) a.kv_heads = c.kv_head_count();
   a.head_dim = c.head_dim();
   a.scale = m.attention_scale(l);
   a.causal = c.causal();
@@ -50,7 +63,7 @@ const float* attention_residual(const Transformer& m, int64_t l, float* s, const
   if (add_bias)
     kernels::bias_act_residual_f32_mt(pool, s, n, F, F, w.attn_out_b.f32(), kernels::Activation::kNone, x, F);
   if (c.pre_layernorm()) {
-    kernels::layernorm_f32_mt(pool, s, mlp_in, n, F, w.ln2_g.f32(), w.ln2_b.f32(), c.eps);
+    norm_rows(c, w.ln2_g, w.ln2_b, s, mlp_in, n, F, pool);
     return mlp_in;
   }
   kernels::layernorm_f32_mt(pool, s, s, n, F, w.ln1_g.f32(), w.ln1_b.f32(), c.eps);

@@ -32,6 +32,11 @@ struct AttentionIo {
 // n_q = n_kv = rows; the context goes to `out` (row stride `width`).
 AttentionIo fused_qkv_io(const float* qkv, int64_t width, int64_t rows, float* out);
 
+// The family's norm on n rows of width `cols` (F): LayerNorm with gamma and
+// beta, or RMSNorm with gamma (Llama-style). out may alias x.
+void norm_rows(const ModelConfig& c, const core::Tensor& gamma, const core::Tensor& beta, const float* x, float* out,
+               int64_t n, int64_t cols, core::ThreadPool* pool);
+
 // Layer l's attention (heads, head size, scale, causality) over `io`.
 kernels::AttentionArgs attention_args(const Transformer& m, int64_t l, const AttentionIo& io);
 // The same for PRISM's count-weighted attention (counts and key positions

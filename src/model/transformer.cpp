@@ -7,6 +7,7 @@
 
 #include "core/io.h"
 #include "kernels/attention.h"
+#include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "model/layer_blocks.h"
@@ -29,11 +30,12 @@ void ensure_rows(Tensor& t, int64_t rows, int64_t cols) {
 }  // namespace
 
 void Workspace::ensure(const ModelConfig& c, int64_t n, int64_t n_kv) {
-  ensure_rows(qkv, n, 3 * c.hidden);
-  ensure_rows(ctx, n, c.hidden);
+  ensure_rows(qkv, n, c.qkv_width());
+  ensure_rows(ctx, n, c.q_width());
   ensure_rows(h, n, c.hidden);
   ensure_rows(a, n, c.hidden);
   ensure_rows(ffn, n, c.intermediate);
+  if (c.llama_style()) ensure_rows(gate_up, n, 2 * c.intermediate);
   const int64_t want = std::max(n * n_kv, std::min(kernels::attention_scratch_floats(n, n_kv, c.heads), kScoreScratchCap));
   if (scores.empty() || scores.numel() < want) scores = Tensor::zeros_f32({std::max<int64_t>(want, 1)});
 }
@@ -61,6 +63,9 @@ Status Transformer::validate_input(const ModelInput& in) const {
   if (n > c.max_positions)
     return core::out_of_range("sequence of " + std::to_string(n) + " tokens is longer than max_position_embeddings (" +
                               std::to_string(c.max_positions) + ")");
+  if (c.sliding_window > 0 && n > c.sliding_window)
+    return core::out_of_range("sequence of " + std::to_string(n) + " tokens is longer than the sliding_window (" +
+                              std::to_string(c.sliding_window) + "), which is not implemented");
   for (int64_t id : in.ids)
     if (id < 0 || id >= c.vocab)
       return core::out_of_range("token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
@@ -79,7 +84,8 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
   const ModelConfig& c = config_;
   const ModelWeights& w = weights_;
   const int64_t F = c.hidden;
-  if (w.pos_emb.empty()) return core::internal_error("embeddings are not loaded on this device");
+  if (c.llama_style() ? w.word_emb.empty() && w.lm_head_w.empty() : w.pos_emb.empty())
+    return core::internal_error("embeddings are not loaded on this device");
   if (c.family == Family::kVit) {
     TESSERA_RETURN_IF_ERROR(validate_input(in));
     const int64_t p = c.patch_size, side = c.image_size / p, np = side * side, C = c.channels;
@@ -112,6 +118,7 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
   for (int64_t i = 0; i < n; ++i) {
     float* row = x.f32() + i * F;
     w.word_row(in.ids[static_cast<size_t>(i)], row);
+    if (c.llama_style()) continue;  // rotary positions are applied in attention
     const float* pe = w.pos_emb.f32() + (pos0 + i) * F;
     for (int64_t j = 0; j < F; ++j) row[j] += pe[j];
     if (c.family == Family::kBert) {
@@ -140,7 +147,10 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
                               std::to_string(config_.max_positions) + ")");
   // Checked before allocating: the request decides the size, and a failed
   // allocation must be an answer, not an abort.
-  auto width = [&](int64_t l) { return config_.decoupled(l) ? config_.bp_div * config_.hidden : config_.hidden; };
+  if (config_.sliding_window > 0 && positions > config_.sliding_window)
+    return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions is longer than the sliding_window (" +
+                              std::to_string(config_.sliding_window) + "), which is not implemented");
+  auto width = [&](int64_t l) { return config_.decoupled(l) ? config_.bp_div * config_.hidden : config_.kv_width(); };
   double need = 0;
   for (int64_t l = 0; l < config_.layers; ++l)
     need += 2.0 * static_cast<double>(positions) * static_cast<double>(width(l)) * sizeof(float);
@@ -163,21 +173,31 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
 void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
                                   core::ThreadPool* pool) const {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  const int64_t n = in.dim(0), F = config_.hidden;
-  kernels::linear_rows_f32(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, ws.qkv.f32());
-  AttentionIo io = fused_qkv_io(ws.qkv.f32(), F, n, ws.ctx.f32());
+  const ModelConfig& c = config_;
+  const int64_t n = in.dim(0), Q = c.q_width(), KV = c.kv_width(), ld = c.qkv_width();
+  float* qkv = ws.qkv.f32();
+  kernels::linear_rows_f32(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv);
+  if (c.llama_style()) position_qk(l, qkv, ld, n, pos0, pool);
+  AttentionIo io;
+  io.q = qkv;
+  io.k = qkv + Q;
+  io.v = qkv + Q + KV;
+  io.ldq = io.ldk = io.ldv = ld;
+  io.out = ws.ctx.f32();
+  io.ldo = Q;
+  io.n_q = io.n_kv = n;
   io.q_pos0 = io.kv_pos0 = pos0;
   if (cache != nullptr) {
     TESSERA_CHECK_MSG(pos0 + n <= cache->k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
     float* kc = cache->k[static_cast<size_t>(l)].f32();
     float* vc = cache->v[static_cast<size_t>(l)].f32();
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(kc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
-      std::memcpy(vc + (pos0 + i) * F, ws.qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
+      std::memcpy(kc + (pos0 + i) * KV, qkv + i * ld + Q, static_cast<size_t>(KV) * sizeof(float));
+      std::memcpy(vc + (pos0 + i) * KV, qkv + i * ld + Q + KV, static_cast<size_t>(KV) * sizeof(float));
     }
     io.k = kc;
     io.v = vc;
-    io.ldk = io.ldv = F;
+    io.ldk = io.ldv = KV;
     io.n_kv = pos0 + n;
     io.kv_pos0 = 0;
   }
@@ -185,10 +205,28 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
 }
 
+void Transformer::position_qk(int64_t l, float* qkv, int64_t ld, int64_t n, int64_t pos0, core::ThreadPool* pool) const {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const int64_t d = c.head_dim(), Q = c.q_width(), heads = c.heads + c.kv_head_count();
+  if (c.qk_norm) {  // Qwen3: RMSNorm of every q and k head, before the rotation
+    for (int64_t i = 0; i < n; ++i) {
+      kernels::rmsnorm_f32(qkv + i * ld, d, qkv + i * ld, d, c.heads, d, w.q_norm.f32(), c.eps);
+      kernels::rmsnorm_f32(qkv + i * ld + Q, d, qkv + i * ld + Q, d, c.kv_head_count(), d, w.k_norm.f32(), c.eps);
+    }
+  }
+  // Q and K heads are adjacent in a row: one rotation covers both.
+  auto rotate = [&](int64_t b, int64_t e) {
+    kernels::rope_f32(qkv + b * ld, ld, e - b, heads, d, pos0 + b, c.rope_inv_freq.data());
+  };
+  if (pool == nullptr || n < 2) return rotate(0, n);
+  pool->parallel_for(n, rotate);
+}
+
 void Transformer::layer_input(int64_t l, const float* x, int64_t n, float* out, core::ThreadPool* pool) const {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
   if (config_.pre_layernorm()) {
-    kernels::layernorm_f32_mt(pool, x, out, n, config_.hidden, w.ln1_g.f32(), w.ln1_b.f32(), config_.eps);
+    norm_rows(config_, w.ln1_g, w.ln1_b, x, out, n, config_.hidden, pool);
   } else if (out != x && n > 0) {
     std::memcpy(out, x, static_cast<size_t>(n * config_.hidden) * sizeof(float));
   }
@@ -212,7 +250,12 @@ void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_
   float* h = ws.h.f32();
   kernels::linear_rows_f32(pool, ctx, n, w.attn_out_w, w.attn_out_b, Activation::kNone, x, h);
   const float* mlp_in = attention_residual(*this, l, h, x, false, n, ws.a.f32(), pool);
-  kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, config_.act, nullptr, ws.ffn.f32());
+  if (config_.llama_style()) {  // gate|up in one GEMM, then silu(gate) * up
+    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, Activation::kNone, nullptr, ws.gate_up.f32());
+    kernels::swiglu_f32(pool, ws.gate_up.f32(), n, I, ws.ffn.f32());
+  } else {
+    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, config_.act, nullptr, ws.ffn.f32());
+  }
   int64_t r0 = 0;
   for (const int64_t rows : blocks) {
     TESSERA_CHECK(rows >= 0);
@@ -239,16 +282,15 @@ void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Work
 }
 
 void Transformer::finish_hidden(Tensor& x, core::ThreadPool* pool) const {
-  if (config_.family != Family::kGpt2) return;
-  kernels::layernorm_f32_mt(pool, x.f32(), x.f32(), x.dim(0), config_.hidden, weights_.final_ln_g.f32(),
-                            weights_.final_ln_b.f32(), config_.eps);
+  if (!config_.causal()) return;
+  norm_rows(config_, weights_.final_ln_g, weights_.final_ln_b, x.f32(), x.f32(), x.dim(0), config_.hidden, pool);
 }
 
 Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* out, core::ThreadPool* pool) const {
   const ModelConfig& c = config_;
   const ModelWeights& w = weights_;
   const int64_t F = c.hidden, n = last.dim(0);
-  if (c.family == Family::kGpt2) {
+  if (c.causal()) {
     if (c.head != HeadKind::kLmHead) return core::ok_status();
     if (w.lm_head_w.empty()) return core::internal_error("the LM head is not loaded on this device");
     const int64_t rows = last_row_only ? 1 : n;

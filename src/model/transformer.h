@@ -1,4 +1,5 @@
-// The single-device forward pass for BERT, GPT-2 and ViT. Layers run on a
+// The single-device forward pass for BERT, GPT-2, ViT and the Llama-style
+// decoders. Layers run on a
 // block of rows at given global positions, so strategies that split the
 // sequence reuse the same code; buffers live in a Workspace that is sized
 // once and reused across layers.
@@ -26,11 +27,12 @@ struct ModelInput {
 // Scratch buffers for one layer over n rows attending to n_kv rows.
 struct Workspace {
   core::Tensor qkv, ctx, h, a, ffn, scores;
+  core::Tensor gate_up;  // Llama-style MLP input projection [n, 2I]
   core::Tensor slice;  // a decoupled layer's sub-block rows [n, h/N]
   void ensure(const ModelConfig& c, int64_t n, int64_t n_kv);
 };
 
-// Keys and values of past positions, one [positions, F] pair per layer
+// Keys and values of past positions, one [positions, KV d] pair per layer
 // ([positions, N*F] for a decoupled layer: sub-block i at columns i*F).
 struct KvCache {
   std::vector<core::Tensor> k, v;
@@ -107,6 +109,9 @@ class Transformer {
                        core::ThreadPool* pool) const;
   void attention_block(int64_t l, const core::Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
                        core::ThreadPool* pool) const;
+  // Llama-style: q/k norms (Qwen3) and the rotation of the Q and K heads of
+  // n rows of a fused QKV buffer (row stride ld) at positions pos0...
+  void position_qk(int64_t l, float* qkv, int64_t ld, int64_t n, int64_t pos0, core::ThreadPool* pool) const;
 
   ModelConfig config_;
   ModelWeights weights_;

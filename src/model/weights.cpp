@@ -23,6 +23,7 @@ struct Entry {
 
 std::string layer_name(const ModelConfig& c, int64_t l, const std::string& leaf) {
   const std::string i = std::to_string(l);
+  if (c.llama_style()) return "layers." + i + "." + leaf;
   return (c.family == Family::kGpt2 ? "h." + i + "." : "encoder.layer." + i + ".") + leaf;
 }
 
@@ -74,6 +75,40 @@ const LayerNames& layer_names(Family f) {
   return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
 }
 
+// A Llama-style layer's tensors ([out, in]), by role.
+struct LlamaNames {
+  std::vector<std::string> qkv = {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."};
+  std::string o = "self_attn.o_proj.", q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
+  std::string ln1 = "input_layernorm.weight", ln2 = "post_attention_layernorm.weight";
+  std::vector<std::string> gate_up = {"mlp.gate_proj.", "mlp.up_proj."};
+  std::string down = "mlp.down_proj.";
+};
+const LlamaNames kLlama;
+
+void add_llama_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
+  const int64_t F = c.hidden, I = c.intermediate, d = c.head_dim();
+  auto add = [&](const std::string& leaf, Shape s) { out->push_back({p + layer_name(c, l, leaf), s, true}); };
+  add(kLlama.ln1, {F});
+  const int64_t rows[3] = {c.q_width(), c.kv_width(), c.kv_width()};
+  for (int i = 0; i < 3; ++i) {
+    add(kLlama.qkv[static_cast<size_t>(i)] + "weight", {rows[i], F});
+    if (c.attention_bias) add(kLlama.qkv[static_cast<size_t>(i)] + "bias", {rows[i]});
+  }
+  add(kLlama.o + "weight", {F, c.q_width()});
+  if (c.o_bias) add(kLlama.o + "bias", {F});
+  if (c.qk_norm) {
+    add(kLlama.q_norm, {d});
+    add(kLlama.k_norm, {d});
+  }
+  add(kLlama.ln2, {F});
+  for (const auto& g : kLlama.gate_up) {
+    add(g + "weight", {I, F});
+    if (c.mlp_bias) add(g + "bias", {I});
+  }
+  add(kLlama.down + "weight", {F, I});
+  if (c.mlp_bias) add(kLlama.down + "bias", {F});
+}
+
 // The tensors of one ordinary layer, or of one sub-block (`sub` =
 // "blocks.{i}.", residual width F = h/N) of a decoupled layer.
 void add_block_entries(const ModelConfig& c, int64_t l, const std::string& sub, int64_t F, const std::string& p,
@@ -112,6 +147,7 @@ void add_block_entries(const ModelConfig& c, int64_t l, const std::string& sub, 
 std::string block_prefix(int64_t i) { return "blocks." + std::to_string(i) + "."; }
 
 void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
+  if (c.llama_style()) return add_llama_entries(c, l, p, out);
   if (!c.decoupled(l)) return add_block_entries(c, l, "", c.hidden, p, out);
   for (int64_t i = 0; i < c.bp_div; ++i) add_block_entries(c, l, block_prefix(i), c.block_width(), p, out);
 }
@@ -154,7 +190,13 @@ const BaseNames& base_names(Family f) {
     b.final_ln_b = "layernorm.bias";
     return b;
   }();
-  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
+  static const BaseNames llama = [] {
+    BaseNames b;
+    b.word = "embed_tokens.weight";
+    b.final_ln_g = "norm.weight";
+    return b;
+  }();
+  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kLlama ? llama : vit;
 }
 
 std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
@@ -171,6 +213,8 @@ std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
   } else if (c.family == Family::kGpt2) {
     e.push_back({p + b.word, {c.vocab, F}});
     e.push_back({p + b.pos, {c.max_positions, F}});
+  } else if (c.llama_style()) {
+    e.push_back({p + b.word, {c.vocab, F}});
   } else {
     const int64_t ps = c.patch_size;
     e.push_back({p + b.cls, {1, 1, F}});
@@ -179,6 +223,12 @@ std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
     e.push_back({p + b.patch_b, {F}});
   }
   for (int64_t l = 0; l < c.layers; ++l) add_layer_entries(c, l, p, &e);
+  if (c.llama_style()) {
+    e.push_back({p + b.final_ln_g, {F}});
+    // A tied head reads the embeddings; a checkpoint may still store it.
+    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, F}, !c.tied_head});
+    return e;
+  }
   if (c.family == Family::kGpt2) {
     e.push_back({p + b.final_ln_g, {F}});
     e.push_back({p + b.final_ln_b, {F}});
@@ -207,14 +257,24 @@ bool ignorable(const std::string& name) {
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
   return ends_with("attn.bias") || ends_with("attn.masked_bias") || ends_with("position_ids") ||
+         ends_with("rotary_emb.inv_freq") ||
          name.rfind("cls.", 0) == 0;
+}
+
+std::string hf_wrapper(Family f) {
+  switch (f) {
+    case Family::kGpt2: return "transformer.";
+    case Family::kBert: return "bert.";
+    case Family::kVit: return "vit.";
+    case Family::kLlama: return "model.";
+  }
+  return "";
 }
 
 std::string detect_prefix(const ModelConfig& c, const TensorStore& store) {
   const BaseNames& b = base_names(c.family);
   const std::string probe = c.family == Family::kVit ? b.cls : b.word;
-  const std::string wrapped = c.family == Family::kGpt2 ? "transformer." : c.family == Family::kBert ? "bert." : "vit.";
-  return store.contains(wrapped + probe) ? wrapped : "";
+  return store.contains(hf_wrapper(c.family) + probe) ? hf_wrapper(c.family) : "";
 }
 
 Tensor concat_rows(const std::vector<Tensor>& parts) {
@@ -281,7 +341,7 @@ kernels::PackedLinear pack(const RawMatrix& m, const kernels::PackedLinear::Cons
 // A layer as read, before packing; `names` are the file tensors it came from.
 struct RawLayer {
   RawMatrix qkv, attn_out, ffn_in, ffn_out;
-  Tensor qkv_b, attn_out_b, ffn_in_b, ffn_out_b, ln1_g, ln1_b, ln2_g, ln2_b;
+  Tensor qkv_b, attn_out_b, ffn_in_b, ffn_out_b, ln1_g, ln1_b, ln2_g, ln2_b, q_norm, k_norm;
   std::vector<std::string> names;
 };
 
@@ -304,20 +364,25 @@ RawLayer shard_raw(const RawLayer& full, int64_t F, int64_t hd, int64_t h0, int6
 
 // Packs the matrices and copies the vectors, so nothing refers to the file;
 // `consumed` hears of the source ranges each pack has read.
+// An owned copy; a tensor a family does not have stays empty.
+Tensor owned_copy(const Tensor& t) { return t.empty() ? Tensor() : t.clone(); }
+
 LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consumed& consumed = {}) {
   LayerWeights w;
   w.qkv_w = pack(r.qkv, consumed);
   w.attn_out_w = pack(r.attn_out, consumed);
   w.ffn_in_w = pack(r.ffn_in, consumed);
   w.ffn_out_w = pack(r.ffn_out, consumed);
-  w.qkv_b = r.qkv_b.clone();
-  w.attn_out_b = r.attn_out_b.clone();
-  w.ffn_in_b = r.ffn_in_b.clone();
-  w.ffn_out_b = r.ffn_out_b.clone();
-  w.ln1_g = r.ln1_g.clone();
-  w.ln1_b = r.ln1_b.clone();
-  w.ln2_g = r.ln2_g.clone();
-  w.ln2_b = r.ln2_b.clone();
+  w.qkv_b = owned_copy(r.qkv_b);
+  w.attn_out_b = owned_copy(r.attn_out_b);
+  w.ffn_in_b = owned_copy(r.ffn_in_b);
+  w.ffn_out_b = owned_copy(r.ffn_out_b);
+  w.ln1_g = owned_copy(r.ln1_g);
+  w.ln1_b = owned_copy(r.ln1_b);
+  w.ln2_g = owned_copy(r.ln2_g);
+  w.ln2_b = owned_copy(r.ln2_b);
+  w.q_norm = owned_copy(r.q_norm);
+  w.k_norm = owned_copy(r.k_norm);
   return w;
 }
 
@@ -360,6 +425,7 @@ class Loader {
 
   // Layer l, or its sub-block under `sub` (residual width F).
   Result<RawLayer> load_layer(int64_t l, const std::string& sub = "", int64_t F = -1);
+  Result<RawLayer> load_llama_layer(int64_t l);
 
  private:
   const TensorStore& store_;
@@ -367,7 +433,39 @@ class Loader {
   std::string p_;
 };
 
+// Q, K, V stacked in one matrix (and their biases, when the model has
+// them); gate and up stacked as the MLP's input matrix.
+Result<RawLayer> Loader::load_llama_layer(int64_t l) {
+  RawLayer w;
+  auto matrices = [&](const std::vector<std::string>& leaves, bool biased, Tensor* bias) -> Result<RawMatrix> {
+    std::vector<RawMatrix> ms;
+    std::vector<Tensor> bs;
+    for (const auto& leaf : leaves) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf + "weight", w));
+      ms.push_back(linear_of(t));
+      if (biased) {
+        TESSERA_ASSIGN_OR_RETURN(Tensor b, layer(l, leaf + "bias", w));
+        bs.push_back(b);
+      }
+    }
+    if (biased) *bias = bs.size() == 1 ? bs[0] : concat_rows(bs);
+    return ms.size() == 1 ? std::move(ms[0]) : stack(ms, c_.hidden);
+  };
+  TESSERA_ASSIGN_OR_RETURN(w.qkv, matrices(kLlama.qkv, c_.attention_bias, &w.qkv_b));
+  TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrices({kLlama.o}, c_.o_bias, &w.attn_out_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrices(kLlama.gate_up, c_.mlp_bias, &w.ffn_in_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_out, matrices({kLlama.down}, c_.mlp_bias, &w.ffn_out_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, kLlama.ln1, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, kLlama.ln2, w));
+  if (c_.qk_norm) {
+    TESSERA_ASSIGN_OR_RETURN(w.q_norm, layer(l, kLlama.q_norm, w));
+    TESSERA_ASSIGN_OR_RETURN(w.k_norm, layer(l, kLlama.k_norm, w));
+  }
+  return w;
+}
+
 Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F) {
+  if (c_.llama_style()) return load_llama_layer(l);
   const LayerNames& n = layer_names(c_.family);
   RawLayer w;
   auto layer = [&](int64_t li, const std::string& leaf, RawLayer& into) { return this->layer(li, sub + leaf, into); };
@@ -426,7 +524,7 @@ core::Status validate_names(const TensorStore& store, const std::vector<Entry>& 
 // Config files without "architectures": infer the head from the tensors.
 void infer_head(ModelConfig& c, const TensorStore& store, const std::string& prefix) {
   if (!c.architecture.empty()) return;
-  if (c.family == Family::kGpt2) {
+  if (c.family == Family::kGpt2 || c.llama_style()) {
     c.head = prefix.empty() ? HeadKind::kNone : HeadKind::kLmHead;
   } else if (store.contains(base_names(c.family).classifier_w)) {
     c.head = c.family == Family::kBert ? HeadKind::kSequenceClassification : HeadKind::kImageClassification;
@@ -457,7 +555,7 @@ LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_
 size_t LayerWeights::bytes() const {
   size_t b = 0;
   for (const LayerWeights& s : blocks) b += s.bytes();
-  for (const Tensor* t : {&qkv_b, &attn_out_b, &ln1_g, &ln1_b, &ffn_in_b, &ffn_out_b, &ln2_g, &ln2_b})
+  for (const Tensor* t : {&qkv_b, &attn_out_b, &ln1_g, &ln1_b, &ffn_in_b, &ffn_out_b, &ln2_g, &ln2_b, &q_norm, &k_norm})
     b += t->empty() ? 0 : t->nbytes();
   for (const kernels::PackedLinear* m : {&qkv_w, &attn_out_w, &ffn_in_w, &ffn_out_w}) b += m->nbytes();
   return b;
@@ -485,7 +583,7 @@ void ModelWeights::word_row(int64_t id, float* dst) const {
 
 std::string hf_prefix(const ModelConfig& c) {
   if (c.head == HeadKind::kNone) return "";
-  return c.family == Family::kGpt2 ? "transformer." : c.family == Family::kBert ? "bert." : "vit.";
+  return hf_wrapper(c.family);
 }
 
 std::vector<NamedShape> hf_tensor_table(const ModelConfig& c) {
@@ -546,13 +644,15 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
     TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
     TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
-  } else if (c.family == Family::kGpt2) {
+  } else if (c.family == Family::kGpt2 || c.llama_style()) {
     if (gpt2_tied) {
       TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
     } else {
       TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
     }
-    TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+    if (!c.llama_style()) {
+      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+    }
   } else {
     TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
     w.cls_token = cls.reshaped({c.hidden});
@@ -572,9 +672,11 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
 core::Status load_head(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
                        bool gpt2_tied, ModelWeights& w) {
   const BaseNames& b = base_names(c.family);
-  if (c.family == Family::kGpt2) {
+  if (c.family == Family::kGpt2 || c.llama_style()) {
     TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-    TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
+    if (!c.llama_style()) {
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
+    }
     if (c.head == HeadKind::kLmHead) {
       if (!gpt2_tied) {
         TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
@@ -619,6 +721,8 @@ core::Status load_sub_blocks(Loader& ld, const ModelConfig& c, const LoadOptions
 // 2: MLP, 3: both) only the blocks this device runs.
 core::Status load_original_layer(Loader& ld, const ModelConfig& c, const Shard& s, int64_t l, int part,
                                  LayerWeights& dst) {
+  if (s.cut && c.llama_style())
+    return core::unimplemented("tensor-parallel shards of grouped-query (Llama-style) layers are not supported yet");
   auto lw = ld.load_layer(l);
   if (!lw.ok()) return lw.status();
   // TP shards cut the file's tensors first and pack only their slice.
@@ -644,7 +748,9 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   ModelWeights w;
   // Embeddings and head first, while few pages are resident: copying the big
   // word embeddings last would add their size to the peak.
-  const bool gpt2_tied = c.family == Family::kGpt2 && !store.contains(base_names(c.family).lm_head);
+  // GPT-2 and tied Llama-style heads: one packed matrix serves the lookup
+  // and the head (a tied checkpoint that still stores lm_head reads it).
+  const bool gpt2_tied = (c.family == Family::kGpt2 || c.llama_style()) && !store.contains(base_names(c.family).lm_head);
   if (opts.embeddings || opts.head) TESSERA_RETURN_IF_ERROR(load_embeddings(ld, store, c, prefix, gpt2_tied, w));
   if (opts.head) TESSERA_RETURN_IF_ERROR(load_head(ld, store, c, prefix, gpt2_tied, w));
   if (!opts.only_parts.empty() && opts.only_parts.size() != opts.only_layers.size())

@@ -19,8 +19,8 @@
 namespace tessera::model {
 
 struct LayerWeights {
-  kernels::PackedLinear qkv_w;          // [3F, F]
-  core::Tensor qkv_b;                   // [3F]
+  kernels::PackedLinear qkv_w;          // [3F, F] (Llama-style: [(H + 2 KV) d, F])
+  core::Tensor qkv_b;                   // [3F]; may be empty (no biases)
   kernels::PackedLinear attn_out_w;     // [F, F]
   core::Tensor attn_out_b;              // [F]
   core::Tensor ln1_g, ln1_b;            // BERT: after attention; GPT-2/ViT: before it
@@ -29,6 +29,10 @@ struct LayerWeights {
   kernels::PackedLinear ffn_out_w;      // [F, I]
   core::Tensor ffn_out_b;               // [F]
   core::Tensor ln2_g, ln2_b;            // BERT: after FFN; GPT-2/ViT: before it
+  // Llama-style layers: ln1/ln2 are RMSNorm weights (no _b); ffn_in is the
+  // fused [gate; up] [2I, F]; QKV is [(H + 2 KV) d, F]; Qwen3's per-head
+  // q/k RMSNorm weights [d].
+  core::Tensor q_norm, k_norm;
   // A decoupled layer (ModelConfig::decoupled) holds no matrices of its own
   // but N sub-blocks, each a layer whose residual width is h/N (F above reads
   // h/N; attention and FFN keep their full widths); unloaded ones are empty.
@@ -45,7 +49,7 @@ struct ModelWeights {
   kernels::PackedLinear patch_w;
   core::Tensor patch_b, cls_token;
   std::vector<LayerWeights> layers;  // indexed by global layer; unloaded ones are empty
-  core::Tensor final_ln_g, final_ln_b;     // GPT-2 ln_f, ViT layernorm
+  core::Tensor final_ln_g, final_ln_b;     // GPT-2 ln_f, ViT layernorm, Llama's norm (RMS: no _b)
   kernels::PackedLinear pooler_w;          // BERT / ViT pooler, when present
   core::Tensor pooler_b;
   kernels::PackedLinear classifier_w;
@@ -93,7 +97,7 @@ struct NamedShape {
   core::Shape shape;
 };
 std::vector<NamedShape> hf_tensor_table(const ModelConfig& config);
-// "bert.", "transformer.", "vit." when the head model wraps the base model.
+// "bert.", "transformer.", "vit.", "model." when the head model wraps the base model.
 std::string hf_prefix(const ModelConfig& config);
 
 }  // namespace tessera::model

@@ -94,6 +94,10 @@ void mlp_unit(const model::Transformer& m, int64_t l, core::Tensor& h, model::Wo
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
+  bool runs_whole_layers(const Plan& plan) const override {
+    auto blocks = blocks_option(plan);
+    return blocks.ok() && !*blocks;
+  }
   ShareKind share_kind() const override { return ShareKind::kLayers; }
   void apply_partition(Plan& plan, const Partition& p) const override {
     if (!p.layer_map.empty()) plan.options["layer_map"] = p.layer_map;
@@ -155,8 +159,8 @@ class Pipeline final : public Strategy {
     d->cache.k.resize(static_cast<size_t>(c.layers));
     d->cache.v.resize(static_cast<size_t>(c.layers));
     for (int64_t l : map.layers_on(sync.rank())) {
-      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
-      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.hidden}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.kv_width()}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.kv_width()}));
     }
     return std::unique_ptr<Decoder>(std::move(d));
   }

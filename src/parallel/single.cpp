@@ -28,6 +28,7 @@ class SingleDecoder final : public Decoder {
 class Single final : public Strategy {
  public:
   std::string name() const override { return kName; }
+  bool runs_whole_layers(const Plan&) const override { return true; }
   std::string summary() const override { return "one device, no communication"; }
   bool runs_decoupled() const override { return true; }
 
@@ -60,8 +61,11 @@ class Single final : public Strategy {
       d.weight_bytes += model_layer_weight_bytes(c, l);
     }
     d.weight_bytes += terminal_weight_bytes(c);
-    // Workspace: QKV, context, two [n, F] buffers, FFN and the scores.
-    d.activation_bytes = (n * (3 * c.hidden + 3 * c.hidden + c.intermediate) + n * n * c.heads) * 4;
+    // Workspace: QKV, context, two [n, F] buffers, FFN (and a Llama-style
+    // gate|up) and the scores.
+    d.activation_bytes =
+        (n * (c.qkv_width() + c.q_width() + 2 * c.hidden + c.intermediate + (c.llama_style() ? 2 * c.intermediate : 0)) +
+         n * n * c.heads) * 4;
     s.devices.push_back(std::move(d));
     return s;
   }

@@ -147,8 +147,23 @@ int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t f
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+// A Llama-style layer as weights.cpp holds it: fused QKV [(H + 2 KV) d, F],
+// o_proj [F, H d], gate|up [2I, F], down [F, I], the biases it has, two
+// RMSNorm weights and Qwen3's q/k norms.
+int64_t llama_layer_weight_bytes(const model::ModelConfig& c) {
+  const int64_t F = c.hidden, I = c.intermediate;
+  int64_t floats = c.qkv_width() * F + F * c.q_width() + 3 * I * F + 2 * F;
+  if (c.attention_bias) floats += c.qkv_width();
+  if (c.o_bias) floats += F;
+  if (c.mlp_bias) floats += 2 * I + F;
+  if (c.qk_norm) floats += 2 * c.head_dim();
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   const int64_t F = c.hidden;
+  if (c.llama_style())  // no position table; the embeddings, the final norm, an untied head
+    return (c.vocab * F * (c.tied_head ? 1 : 2) + F) * static_cast<int64_t>(sizeof(float));
   int64_t floats = c.max_rows() * F;  // positions
   if (c.family == model::Family::kVit) {
     floats += F + F * c.channels * c.patch_size * c.patch_size + F + 2 * F;  // cls, patches, final norm
@@ -170,8 +185,23 @@ void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t ro
   w.push_back(elementwise("norm", rows, F));
 }
 
+// A Llama-style layer as Transformer::layer runs it.
+void add_llama_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows) {
+  const int64_t F = c.hidden, I = c.intermediate;
+  w.push_back(elementwise("norm", rows, F));
+  w.push_back(gemm("qkv", rows, F, c.qkv_width()));
+  w.push_back(elementwise("rope", rows, c.q_width() + c.kv_width()));
+  w.push_back(attention("attention", rows, kv_rows, c.q_width()));
+  w.push_back(gemm("attn_out", rows, c.q_width(), F));
+  w.push_back(elementwise("norm", rows, F));
+  w.push_back(gemm("ffn_in", rows, F, 2 * I));
+  w.push_back(elementwise("swiglu", rows, I));
+  w.push_back(gemm("ffn_out", rows, I, F));
+}
+
 void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows) {
   if (rows <= 0) return;
+  if (c.llama_style()) return add_llama_layer_work(w, c, rows, kv_rows);
   const int64_t F = c.hidden;
   w.push_back(elementwise("norm", rows, F));
   w.push_back(gemm("qkv", rows, F, 3 * F));
@@ -204,6 +234,7 @@ void add_model_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int
 }
 
 int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l) {
+  if (c.llama_style()) return llama_layer_weight_bytes(c);
   return c.decoupled(l) ? c.bp_div * block_weight_bytes(c) : layer_weight_bytes(c, c.hidden, c.intermediate);
 }
 
@@ -243,7 +274,12 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
   if (config.bp_div > 0 && !s->runs_decoupled())
     return core::invalid_argument("strategy '" + plan.strategy + "' cannot run a decoupled model (block_parallel); use bp or single");
-  return s->complete(plan, config);
+  TESSERA_RETURN_IF_ERROR(s->complete(plan, config));
+  if (!config.plain_layers() && !s->runs_whole_layers(plan))
+    return core::unimplemented("strategy '" + plan.strategy +
+                               "' splits a layer's insides and does not handle Llama-style layers (rotary positions, "
+                               "grouped K/V heads, RMSNorm) yet; use single or pipeline (units=layers)");
+  return core::ok_status();
 }
 
 void Strategy::apply_partition(Plan& plan, const Partition& p) const {

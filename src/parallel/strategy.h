@@ -85,6 +85,10 @@ class Strategy {
   // Whether run() handles a decoupled model's sub-blocks (ModelConfig::bp_div);
   // complete_plan refuses decoupled models to the others.
   virtual bool runs_decoupled() const { return false; }
+  // Whether this completed plan runs every layer whole (Transformer::layer),
+  // so any layer form works; complete_plan refuses layers other than plain
+  // multi-head ones (ModelConfig::plain_layers) to the others.
+  virtual bool runs_whole_layers(const Plan&) const { return false; }
   virtual std::vector<OptionFlag> flags() const { return {}; }
   // The planner's search space (default: nothing to choose) and how a chosen
   // partition goes into the plan (default: shares into plan.ratios).

@@ -87,7 +87,7 @@ std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
 
 std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
   std::vector<parallel::Work> w;
-  if (c.family == model::Family::kGpt2) {
+  if (c.causal()) {
     w.push_back(parallel::elementwise("ln_f", n, c.hidden));
     if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.hidden, c.vocab));
     return w;

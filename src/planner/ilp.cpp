@@ -30,7 +30,7 @@ double ms_of(const std::vector<parallel::Work>& work, const DeviceProfile& d) {
 
 int64_t logits_bytes(const model::ModelConfig& c, int64_t n) {
   if (c.head == model::HeadKind::kNone) return n * c.hidden * 4;
-  return (c.family == model::Family::kGpt2 ? n * c.vocab : c.num_labels()) * 4;
+  return (c.causal() ? n * c.vocab : c.num_labels()) * 4;
 }
 
 int64_t input_bytes(const model::ModelConfig& c, int64_t n) {

@@ -179,7 +179,8 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   const int64_t F = c.hidden, I = c.intermediate;
   // The layer's shape classes: QKV, attention-out, FFN in and out; the
   // strategies' shards have the same k or n with fewer columns.
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{F, 3 * F}, {F, F}, {F, I}, {I, F}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {F, c.qkv_width()}, {c.q_width(), F}, {F, c.ffn_in_rows()}, {I, F}};
   const std::vector<int64_t> rows = profile_row_counts(n, max_devices);
   // Resident memory that outlives the GEMM and attention sections' own
   // buffers is the libraries' (libxsmm's JIT code, OpenBLAS's packing
@@ -198,7 +199,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     // With the epilogue the model fuses into each: FFN-in its activation
     // (GELU is a few percent of a layer), the two output projections the
     // residual; the QKV projection none.
-    const kernels::Activation act = k == F && cols == I ? c.act : kernels::Activation::kNone;
+    const kernels::Activation act = k == F && cols == c.ffn_in_rows() ? c.act : kernels::Activation::kNone;
     const bool residual = cols == F;
     for (int64_t m : rows) {
       core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
@@ -211,17 +212,20 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     }
   }
   {
-    core::Tensor qkv = core::Tensor::zeros_f32({n, 3 * F}), out = core::Tensor::zeros_f32({n, F});
+    // The model's own attention: its head size, its K/V heads.
+    const int64_t Q = c.q_width(), KV = c.kv_width();
+    core::Tensor qkv = core::Tensor::zeros_f32({n, c.qkv_width()}), out = core::Tensor::zeros_f32({n, Q});
     const int64_t sf = kernels::attention_scratch_floats(n, n, c.heads);
     core::Tensor scratch = core::Tensor::zeros_f32({sf});
     kernels::AttentionArgs a;
-    a.q = qkv.f32(); a.k = qkv.f32() + F; a.v = qkv.f32() + 2 * F;
-    a.ldq = a.ldk = a.ldv = 3 * F;
-    a.out = out.f32(); a.ldo = F;
+    a.q = qkv.f32(); a.k = qkv.f32() + Q; a.v = qkv.f32() + Q + KV;
+    a.ldq = a.ldk = a.ldv = c.qkv_width();
+    a.out = out.f32(); a.ldo = Q;
     a.n_q = a.n_kv = n; a.heads = c.heads; a.head_dim = c.head_dim();
+    if (KV != Q) a.kv_heads = c.kv_head_count();
     a.scale = 0.125f;
     const double s = time_best(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
-    d.attention_gflops = 4.0 * static_cast<double>(n * n * F) / s / 1e9;
+    d.attention_gflops = 4.0 * static_cast<double>(n * n * Q) / s / 1e9;
   }
   d.runtime_bytes = std::max<int64_t>(0, core::resident_bytes() - resident_before);
   {
@@ -254,7 +258,7 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
   return base + "/tessera/profile5-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
-         std::to_string(c.intermediate) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
+         std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 
 Result<int64_t> parse_bytes(const std::string& text) {

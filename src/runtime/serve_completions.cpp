@@ -118,8 +118,7 @@ json Server::usage(const Generation& g) {
 
 Status Server::check_generates() const {
   const auto& c = engine_.config();
-  if (c.family != model::Family::kGpt2 || c.head != model::HeadKind::kLmHead)
-    return core::invalid_argument("this model does not generate text (completions need a GPT-2 LM head)");
+  if (!c.causal_lm()) return core::invalid_argument("this model does not generate text (completions need a causal LM head)");
   return core::ok_status();
 }
 

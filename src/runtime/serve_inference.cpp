@@ -63,7 +63,7 @@ void Server::embeddings(const httplib::Request& req, httplib::Response& res) {
 
 void Server::classify(const httplib::Request& req, httplib::Response& res) {
   const auto& c = engine_.config();
-  if (c.num_labels() == 0 || c.family == model::Family::kGpt2)
+  if (c.num_labels() == 0 || c.causal())
     return send_error(res, 400, "this model has no classification head");
   auto r = api::parse_classify(req.body, limits_);
   if (!r.ok()) return fail(res, r.status());

@@ -120,7 +120,7 @@ Status write_dump(const std::string& path, const RunResult& r) {
   if (!r.output.logits.empty()) {
     const Tensor& l = r.output.logits;
     // HF shapes: [1, labels] for classifiers, [1, N, vocab] for the LM head.
-    tensors["logits"] = r.config.family == Family::kGpt2 ? l.reshaped({1, l.dim(0), l.dim(1)}) : l;
+    tensors["logits"] = r.config.causal() ? l.reshaped({1, l.dim(0), l.dim(1)}) : l;
   }
   if (!r.output.pooler.empty()) tensors["pooler_output"] = r.output.pooler;
   return model::write_safetensors(path, tensors);
@@ -152,7 +152,7 @@ std::string format_human(const RunResult& r) {
   std::ostringstream os;
   os.setf(std::ios::fixed);
   os.precision(4);
-  if (!r.generated.empty() || r.config.family == Family::kGpt2) {
+  if (!r.generated.empty() || r.config.causal()) {
     if (!r.generated.empty()) {
       os << "generated:";
       for (int64_t id : r.generated) os << ' ' << id;
@@ -194,7 +194,7 @@ nlohmann::json to_json(const RunResult& r) {
     nlohmann::json t = nlohmann::json::array();
     for (auto [id, p] : top) t.push_back({{"id", id}, {"label", label_of(r.config, id)}, {"prob", p}});
     j["top"] = t;
-    if (r.config.family != Family::kGpt2) j["label"] = label_of(r.config, top[0].first);
+    if (!r.config.causal()) j["label"] = label_of(r.config, top[0].first);
   }
   return j;
 }

@@ -1,0 +1,132 @@
+#include "model/arch/llama.h"
+
+#include <cmath>
+
+namespace tessera::model::arch {
+
+using nlohmann::json;
+
+namespace {
+
+core::Result<int64_t> int_field(const json& j, const char* key, int64_t lo, int64_t hi, int64_t fallback = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return core::parse_error(std::string("config.json: missing '") + key + "'");
+  }
+  if (!j[key].is_number_integer()) return core::parse_error(std::string("config.json: '") + key + "' is not an integer");
+  const int64_t v = j[key].get<int64_t>();
+  if (v < lo || v > hi)
+    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " outside [" +
+                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+core::Result<double> number_field(const json& j, const char* key, double lo, double hi, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return core::parse_error(std::string("config.json: '") + key + "' is not a number");
+  const double v = j[key].get<double>();
+  if (!(v >= lo && v <= hi))
+    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " out of range");
+  return v;
+}
+
+core::Result<bool> bool_field(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) return core::parse_error(std::string("config.json: '") + key + "' is not true or false");
+  return j[key].get<bool>();
+}
+
+}  // namespace
+
+bool is_llama_type(const std::string& t) { return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3"; }
+
+core::Result<std::vector<float>> rope_frequencies(const json& j, int64_t d) {
+  if (d % 2 != 0) return core::invalid_argument("config.json: head_dim " + std::to_string(d) + " is odd; RoPE needs pairs");
+  TESSERA_ASSIGN_OR_RETURN(const double theta, number_field(j, "rope_theta", 1.0, 1e12, 10000.0));
+  // As Hugging Face forms them: fp32 exponents 2i/d, then 1 / theta^e.
+  std::vector<float> f(static_cast<size_t>(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(d);
+    f[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(e)));
+  }
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return f;
+  const json& s = j["rope_scaling"];
+  if (!s.is_object()) return core::parse_error("config.json: 'rope_scaling' is not an object");
+  std::string type;
+  for (const char* key : {"rope_type", "type"})
+    if (s.contains(key) && s[key].is_string()) {
+      type = s[key].get<std::string>();
+      break;
+    }
+  if (type.empty() || type == "default") return f;
+  TESSERA_ASSIGN_OR_RETURN(const double factor, number_field(s, "factor", 1e-6, 1e6, -1.0));
+  if (factor <= 0) return core::parse_error("config.json: rope_scaling '" + type + "' needs a 'factor'");
+  if (type == "linear") {  // positions divided by the factor: the same as frequencies
+    for (float& x : f) x = static_cast<float>(x / factor);
+    return f;
+  }
+  if (type != "llama3")
+    return core::unimplemented("config.json: rope_scaling type '" + type + "' is not supported (linear, llama3)");
+  // Llama 3.1: long wavelengths slowed by `factor`, short ones kept, a
+  // smooth blend between (transformers' _compute_llama3_parameters).
+  TESSERA_ASSIGN_OR_RETURN(const double low, number_field(s, "low_freq_factor", 1e-6, 1e6, 1.0));
+  TESSERA_ASSIGN_OR_RETURN(const double high, number_field(s, "high_freq_factor", 1e-6, 1e6, 4.0));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t old_ctx, int_field(s, "original_max_position_embeddings", 1, 1 << 24, 8192));
+  if (!(high > low)) return core::invalid_argument("config.json: rope_scaling high_freq_factor must exceed low_freq_factor");
+  const double low_wavelen = static_cast<double>(old_ctx) / low, high_wavelen = static_cast<double>(old_ctx) / high;
+  for (float& x : f) {
+    const double wavelen = 2 * M_PI / x;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      x = static_cast<float>(x / factor);
+      continue;
+    }
+    const double smooth = (static_cast<double>(old_ctx) / wavelen - low) / (high - low);
+    x = static_cast<float>((1 - smooth) * x / factor + smooth * x);
+  }
+  return f;
+}
+
+core::Status parse_llama_config(const json& j, const std::string& type, ModelConfig& c) {
+  constexpr int64_t kMaxDim = 1 << 16;
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, int_field(j, "hidden_size", 1, kMaxDim));
+  TESSERA_ASSIGN_OR_RETURN(c.heads, int_field(j, "num_attention_heads", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.layers, int_field(j, "num_hidden_layers", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 20));
+  TESSERA_ASSIGN_OR_RETURN(c.vocab, int_field(j, "vocab_size", 1, 1 << 24));
+  TESSERA_ASSIGN_OR_RETURN(c.max_positions, int_field(j, "max_position_embeddings", 1, 1 << 24));
+  TESSERA_ASSIGN_OR_RETURN(c.kv_heads, int_field(j, "num_key_value_heads", 1, 1024, c.heads));
+  if (c.heads % c.kv_heads != 0)
+    return core::invalid_argument("config.json: num_attention_heads " + std::to_string(c.heads) +
+                                  " is not a multiple of num_key_value_heads " + std::to_string(c.kv_heads));
+  TESSERA_ASSIGN_OR_RETURN(c.explicit_head_dim, int_field(j, "head_dim", 1, 4096, 0));
+  if (c.explicit_head_dim == 0 && c.hidden % c.heads != 0)
+    return core::invalid_argument("config.json: hidden_size " + std::to_string(c.hidden) + " is not divisible by " +
+                                  std::to_string(c.heads) + " heads and there is no head_dim");
+  TESSERA_ASSIGN_OR_RETURN(const double eps, number_field(j, "rms_norm_eps", 1e-12, 1.0, 1e-6));
+  c.eps = static_cast<float>(eps);
+  const std::string act = j.contains("hidden_act") && j["hidden_act"].is_string() ? j["hidden_act"].get<std::string>() : "silu";
+  if (act != "silu" && act != "swish") return core::unimplemented("config.json: hidden_act '" + act + "' is not supported (silu)");
+  TESSERA_ASSIGN_OR_RETURN(c.rope_inv_freq, rope_frequencies(j, c.head_dim()));
+  TESSERA_ASSIGN_OR_RETURN(c.tied_head, bool_field(j, "tie_word_embeddings", false));
+  TESSERA_ASSIGN_OR_RETURN(c.mlp_bias, bool_field(j, "mlp_bias", false));
+  TESSERA_ASSIGN_OR_RETURN(const bool attention_bias, bool_field(j, "attention_bias", false));
+  // Qwen2 always has q/k/v biases and none on o_proj; Llama's
+  // attention_bias covers all four; Qwen3's the q/k/v ones.
+  c.attention_bias = type == "qwen2" || attention_bias;
+  c.o_bias = type == "llama" && attention_bias;
+  c.qk_norm = type == "qwen3";
+  // A sliding window is a mask this family does not build: sequences longer
+  // than the window are refused (Transformer::validate_input).
+  bool sliding = type == "mistral";
+  if (type == "qwen2" || type == "qwen3") {
+    TESSERA_ASSIGN_OR_RETURN(sliding, bool_field(j, "use_sliding_window", false));
+  }
+  if (sliding && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    TESSERA_ASSIGN_OR_RETURN(c.sliding_window, int_field(j, "sliding_window", 1, 1 << 24));
+  }
+  c.act = kernels::Activation::kNone;  // the gate's SiLU is swiglu_f32's
+  return core::ok_status();
+}
+
+}  // namespace tessera::model::arch

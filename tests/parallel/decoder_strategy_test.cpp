@@ -1,0 +1,94 @@
+// The Llama-style decoder fixtures under every strategy of the registry, 1..4
+// ranks as threads with uneven partitions: a strategy either reproduces the
+// reference's last hidden state within 1e-4, or refuses the plan with a
+// reason before anything runs. Single and pipeline must accept; pipeline's
+// greedy generation with a grouped KV cache equals the reference's.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "fixtures.h"
+#include "generate_check.h"
+#include "model/safetensors.h"
+#include "parallel/strategy.h"
+#include "runtime/in_process.h"
+
+namespace tessera::parallel {
+namespace {
+
+using testing::kData;
+using testing::make_plan;
+using testing::max_diff;
+using testing::run_threads;
+
+const char* const kFixtures[] = {"llama-tiny", "qwen2-tiny", "qwen3-tiny", "qwen3-mqa-tiny", "llama3rope-tiny"};
+
+class DecoderStrategyTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DecoderStrategyTest, ReproducesTheReferenceOrRefusesBeforeRunning) {
+  const std::vector<std::vector<double>> partitions[] = {{{1}}, {{1, 1}, {3, 1}}, {{1, 1, 1}, {1, 0, 2}}, {{1, 1, 1, 1}, {4, 1, 2, 1}}};
+  int ran = 0;
+  for (const char* fixture : kFixtures) {
+    const std::string dir = kData + "/" + fixture;
+    const auto cfg = model::load_config(dir).value();
+    auto cases = model::SafeTensorsFile::open(dir + "/cases.safetensors").value();
+    const std::string s = "s37";
+    model::ModelInput in;
+    in.ids = testing::ids_of(cases.get(s + ".input_ids").value());
+    const core::Tensor want = cases.get(s + ".hidden." + std::to_string(cfg.layers)).value();
+    const int kmax = GetParam() == "single" ? 1 : 4;
+    for (int k = 1; k <= kmax; ++k)
+      for (const auto& ratios : partitions[k - 1]) {
+        Plan plan = make_plan(GetParam(), k, ratios);
+        const core::Status st = complete_plan(plan, cfg);
+        if (!st.ok()) {
+          EXPECT_NE(GetParam(), "single") << st.to_string();
+          EXPECT_NE(GetParam(), "pipeline") << st.to_string();
+          EXPECT_EQ(st.message().find('\n'), std::string::npos);
+          EXPECT_FALSE(st.message().empty());
+          continue;
+        }
+        const auto got = run_threads(dir, plan, in);
+        EXPECT_LT(max_diff(got.hidden, want), 1e-4f) << GetParam() << " " << fixture << " K=" << k << " ratios[0]=" << ratios[0];
+        ++ran;
+      }
+  }
+  if (GetParam() == "single" || GetParam() == "pipeline") {
+    EXPECT_GT(ran, 0);
+  }
+}
+
+std::vector<std::string> exact_strategies() {
+  std::vector<std::string> out;
+  for (const Strategy* s : strategies())
+    if (s->exact()) out.push_back(s->name());
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, DecoderStrategyTest, ::testing::ValuesIn(exact_strategies()),
+                         [](const auto& info) { return info.param; });
+
+TEST(DecoderStrategyTest, PipelineGreedyGenerationEqualsTheReference) {
+  for (const char* fixture : kFixtures) {
+    const std::string dir = kData + "/" + fixture;
+    auto cases = model::SafeTensorsFile::open(dir + "/cases.safetensors").value();
+    const auto prompt = testing::ids_of(cases.get("generate.prompt").value());
+    const auto want = testing::ids_of(cases.get("generate.output").value());
+    model::GenerateOptions opts;
+    opts.greedy = true;
+    opts.max_new_tokens = static_cast<int64_t>(want.size() - prompt.size());
+    for (int k = 2; k <= 4; ++k) {
+      Plan plan = make_plan("pipeline", k, k == 3 ? std::vector<double>{1, 2, 1} : std::vector<double>{});
+      const auto cfg = model::load_config(dir).value();
+      ASSERT_TRUE(complete_plan(plan, cfg).ok());
+      auto models = runtime::load_rank_models(dir, plan);
+      ASSERT_TRUE(models.ok()) << models.status().to_string();
+      auto got = runtime::generate_in_process(plan, *models, prompt, opts);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      EXPECT_EQ(*got, want) << fixture << " K=" << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
