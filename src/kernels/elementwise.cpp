@@ -18,6 +18,9 @@ void activation_f32(float* x, int64_t n, Activation act) {
     case Activation::kGeluErf: math_ops().gelu_erf(x, n); return;
     case Activation::kGeluTanh: math_ops().gelu_tanh(x, n); return;
     case Activation::kTanh: math_ops().tanh(x, n); return;
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+      return;
   }
 }
 

@@ -7,7 +7,7 @@ namespace tessera::core { class ThreadPool; }
 
 namespace tessera::kernels {
 
-enum class Activation { kNone, kGeluErf, kGeluTanh, kTanh };
+enum class Activation { kNone, kGeluErf, kGeluTanh, kTanh, kRelu };
 
 // x[i] = act(x[i]) for n elements.
 void activation_f32(float* x, int64_t n, Activation act);

@@ -6,6 +6,7 @@
 #include "core/io.h"
 #include "core/json.h"
 #include "model/arch/llama.h"
+#include "model/arch/opt.h"
 
 namespace tessera::model {
 
@@ -18,6 +19,7 @@ const char* family_name(Family f) {
     case Family::kGpt2: return "gpt2";
     case Family::kVit: return "vit";
     case Family::kLlama: return "llama";
+    case Family::kOpt: return "opt";
   }
   return "?";
 }
@@ -52,9 +54,10 @@ Result<int64_t> get_int(const json& j, const char* key, int64_t lo, int64_t hi, 
 
 Result<kernels::Activation> parse_activation(const std::string& name) {
   if (name == "gelu") return kernels::Activation::kGeluErf;
+  if (name == "relu") return kernels::Activation::kRelu;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast")
     return kernels::Activation::kGeluTanh;
-  return core::unimplemented("config.json: activation '" + name + "' is not supported (gelu, gelu_new)");
+  return core::unimplemented("config.json: activation '" + name + "' is not supported (gelu, gelu_new, relu)");
 }
 
 Result<std::vector<std::string>> parse_labels(const json& j) {
@@ -97,6 +100,8 @@ Result<HeadKind> parse_head(const std::string& arch, Family family) {
       {"Qwen2ForCausalLM", Family::kLlama, HeadKind::kLmHead},
       {"Qwen3Model", Family::kLlama, HeadKind::kNone},
       {"Qwen3ForCausalLM", Family::kLlama, HeadKind::kLmHead},
+      {"OPTModel", Family::kOpt, HeadKind::kNone},
+      {"OPTForCausalLM", Family::kOpt, HeadKind::kLmHead},
   };
   for (const auto& a : kArchs)
     if (arch == a.name && family == a.family) return a.head;
@@ -192,11 +197,14 @@ Result<ModelConfig> parse_config(const std::string& text) {
     else if (type == "gpt2") c.family = Family::kGpt2;
     else if (type == "vit") c.family = Family::kVit;
     else if (arch::is_llama_type(type)) c.family = Family::kLlama;
+    else if (type == "opt") c.family = Family::kOpt;
     else
       return core::unimplemented("config.json: model_type '" + type +
-                                 "' is not supported (bert, gpt2, vit, llama, mistral, qwen2, qwen3)");
+                                 "' is not supported (bert, gpt2, vit, llama, mistral, qwen2, qwen3, opt)");
     if (c.family == Family::kLlama) {
       TESSERA_RETURN_IF_ERROR(arch::parse_llama_config(j, type, c));
+    } else if (c.family == Family::kOpt) {
+      TESSERA_RETURN_IF_ERROR(arch::parse_opt_config(j, c));
     } else {
       TESSERA_ASSIGN_OR_RETURN(c, parse_family_fields(j, c));
     }
@@ -206,7 +214,7 @@ Result<ModelConfig> parse_config(const std::string& text) {
     if (!(c.eps > 0.0f) || c.eps > 1.0f) return core::out_of_range("config.json: layer norm epsilon out of range");
     TESSERA_ASSIGN_OR_RETURN(c.labels, parse_labels(j));
     TESSERA_RETURN_IF_ERROR(parse_block_parallel(j, c));
-    if (c.bp_div > 0 && c.llama_style())
+    if (c.bp_div > 0 && (c.llama_style() || c.family == Family::kOpt))
       return core::unimplemented("config.json: block_parallel is for BERT and GPT-2 models, not '" + type + "'");
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
         j["architectures"][0].is_string()) {

@@ -11,7 +11,8 @@
 namespace tessera::model {
 
 // kLlama: the Llama-style decoders (Llama, Mistral, Qwen2, Qwen3; model/arch/llama.h).
-enum class Family { kBert, kGpt2, kVit, kLlama };
+// kOpt: OPTForCausalLM (model/arch/opt.h).
+enum class Family { kBert, kGpt2, kVit, kLlama, kOpt };
 enum class HeadKind { kNone, kSequenceClassification, kLmHead, kImageClassification };
 
 const char* family_name(Family f);
@@ -52,6 +53,13 @@ struct ModelConfig {
   bool mlp_bias = false;
   bool tied_head = false;
   int64_t sliding_window = 0;  // Mistral/Qwen: longer sequences are refused; 0: none
+  // OPT: post-LN layers (do_layer_norm_before false), a final norm, and the
+  // token embedding width (project_in/project_out when it differs from F).
+  bool post_layernorm = false;
+  bool final_norm = false;
+  int64_t embed_dim = 0;  // 0: hidden
+  int64_t token_width() const { return embed_dim > 0 ? embed_dim : hidden; }
+  bool projects_embeddings() const { return token_width() != hidden; }
   bool scale_attn_weights = true;
   bool scale_attn_by_inverse_layer_idx = false;
   // DeTransformer decoupled model ("block_parallel" in config.json): every
@@ -77,10 +85,10 @@ struct ModelConfig {
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
   // Longest input the model accepts, in rows (ViT: patches + CLS).
   int64_t max_rows() const;
-  bool causal() const { return family == Family::kGpt2 || family == Family::kLlama; }
+  bool causal() const { return family == Family::kGpt2 || family == Family::kLlama || family == Family::kOpt; }
   // A causal LM with its head: generation and /v1/completions take it.
   bool causal_lm() const { return causal() && head == HeadKind::kLmHead; }
-  bool pre_layernorm() const { return family != Family::kBert; }
+  bool pre_layernorm() const { return family != Family::kBert && !post_layernorm; }
   bool decoupled(int64_t l) const;          // layer l is sub-blocks
   int64_t block_width() const { return bp_div > 0 ? hidden / bp_div : hidden; }  // h/N
 };

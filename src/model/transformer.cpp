@@ -10,6 +10,7 @@
 #include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "model/arch/opt.h"
 #include "model/layer_blocks.h"
 
 namespace tessera::model {
@@ -115,11 +116,18 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
   for (int64_t id : in.ids)
     if (id < 0 || id >= c.vocab) return core::out_of_range("token id " + std::to_string(id) + " outside the vocabulary");
   Tensor x = Tensor::zeros_f32({n, F});
+  if (c.projects_embeddings()) {  // OPT-350m: narrower token rows, projected to F
+    Tensor tokens = Tensor::zeros_f32({n, c.token_width()});
+    for (int64_t i = 0; i < n; ++i) w.word_row(in.ids[static_cast<size_t>(i)], tokens.f32() + i * c.token_width());
+    kernels::linear_rows_f32(nullptr, tokens.f32(), n, w.project_in_w, Tensor(), Activation::kNone, nullptr, x.f32());
+  }
+  // OPT's position table starts two rows in.
+  const int64_t pos_offset = c.family == Family::kOpt ? arch::kOptPositionOffset : 0;
   for (int64_t i = 0; i < n; ++i) {
     float* row = x.f32() + i * F;
-    w.word_row(in.ids[static_cast<size_t>(i)], row);
+    if (!c.projects_embeddings()) w.word_row(in.ids[static_cast<size_t>(i)], row);
     if (c.llama_style()) continue;  // rotary positions are applied in attention
-    const float* pe = w.pos_emb.f32() + (pos0 + i) * F;
+    const float* pe = w.pos_emb.f32() + (pos0 + i + pos_offset) * F;
     for (int64_t j = 0; j < F; ++j) row[j] += pe[j];
     if (c.family == Family::kBert) {
       const int64_t tt = in.token_types.empty() ? 0 : in.token_types[static_cast<size_t>(i)];
@@ -283,7 +291,13 @@ void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Work
 
 void Transformer::finish_hidden(Tensor& x, core::ThreadPool* pool) const {
   if (!config_.causal()) return;
-  norm_rows(config_, weights_.final_ln_g, weights_.final_ln_b, x.f32(), x.f32(), x.dim(0), config_.hidden, pool);
+  if (config_.family != Family::kOpt || config_.final_norm)  // OPT post-LN has none
+    norm_rows(config_, weights_.final_ln_g, weights_.final_ln_b, x.f32(), x.f32(), x.dim(0), config_.hidden, pool);
+  if (config_.projects_embeddings()) {  // OPT-350m: back to the token width
+    Tensor out = Tensor::zeros_f32({x.dim(0), config_.token_width()});
+    kernels::linear_rows_f32(pool, x.f32(), x.dim(0), weights_.project_out_w, Tensor(), Activation::kNone, nullptr, out.f32());
+    x = std::move(out);
+  }
 }
 
 Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* out, core::ThreadPool* pool) const {
@@ -293,9 +307,10 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
   if (c.causal()) {
     if (c.head != HeadKind::kLmHead) return core::ok_status();
     if (w.lm_head_w.empty()) return core::internal_error("the LM head is not loaded on this device");
-    const int64_t rows = last_row_only ? 1 : n;
+    const int64_t rows = last_row_only ? 1 : n, width = last.dim(1);  // F, or OPT's token width
     out->logits = Tensor::zeros_f32({rows, c.vocab});
-    kernels::linear_rows_f32(pool, last.f32() + (n - rows) * F, rows, w.lm_head_w, Tensor(), Activation::kNone, nullptr, out->logits.f32());
+    kernels::linear_rows_f32(pool, last.f32() + (n - rows) * width, rows, w.lm_head_w, Tensor(), Activation::kNone, nullptr,
+                             out->logits.f32());
     return core::ok_status();
   }
   // BERT pools the raw CLS row; ViT normalises first.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "model/arch/opt.h"
 
 namespace tessera::model {
 
@@ -24,6 +25,7 @@ struct Entry {
 std::string layer_name(const ModelConfig& c, int64_t l, const std::string& leaf) {
   const std::string i = std::to_string(l);
   if (c.llama_style()) return "layers." + i + "." + leaf;
+  if (c.family == Family::kOpt) return "decoder.layers." + i + "." + leaf;
   return (c.family == Family::kGpt2 ? "h." + i + "." : "encoder.layer." + i + ".") + leaf;
 }
 
@@ -72,7 +74,25 @@ const LayerNames& layer_names(Family f) {
   };
   static const LayerNames bert = encoder("attention.self.", "attention.output.LayerNorm", "output.LayerNorm");
   static const LayerNames vit = encoder("attention.attention.", "layernorm_before", "layernorm_after");
-  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : vit;
+  static const LayerNames opt = [] {
+    LayerNames n;
+    for (const char* x : {"q_proj", "k_proj", "v_proj"}) {
+      n.qkv_w.push_back(std::string("self_attn.") + x + ".weight");
+      n.qkv_b.push_back(std::string("self_attn.") + x + ".bias");
+    }
+    n.attn_out_w = "self_attn.out_proj.weight";
+    n.attn_out_b = "self_attn.out_proj.bias";
+    n.ffn_in_w = "fc1.weight";
+    n.ffn_in_b = "fc1.bias";
+    n.ffn_out_w = "fc2.weight";
+    n.ffn_out_b = "fc2.bias";
+    n.ln1_g = "self_attn_layer_norm.weight";  // before attention (pre-LN) or after it (post-LN)
+    n.ln1_b = "self_attn_layer_norm.bias";
+    n.ln2_g = "final_layer_norm.weight";
+    n.ln2_b = "final_layer_norm.bias";
+    return n;
+  }();
+  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kOpt ? opt : vit;
 }
 
 // A Llama-style layer's tensors ([out, in]), by role.
@@ -158,6 +178,7 @@ struct BaseNames {
   std::string word, pos, type, emb_ln_g, emb_ln_b;  // BERT; GPT-2: word, pos
   std::string cls, patch_w, patch_b;                // ViT
   std::string final_ln_g, final_ln_b;               // GPT-2's ln_f, ViT's layernorm
+  std::string project_in, project_out;              // OPT
   std::string pooler_w = "pooler.dense.weight", pooler_b = "pooler.dense.bias";
   std::string lm_head = "lm_head.weight", classifier_w = "classifier.weight", classifier_b = "classifier.bias";
 };
@@ -196,7 +217,17 @@ const BaseNames& base_names(Family f) {
     b.final_ln_g = "norm.weight";
     return b;
   }();
-  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kLlama ? llama : vit;
+  static const BaseNames opt = [] {
+    BaseNames b;
+    b.word = "decoder.embed_tokens.weight";
+    b.pos = "decoder.embed_positions.weight";
+    b.final_ln_g = "decoder.final_layer_norm.weight";
+    b.final_ln_b = "decoder.final_layer_norm.bias";
+    b.project_in = "decoder.project_in.weight";
+    b.project_out = "decoder.project_out.weight";
+    return b;
+  }();
+  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kLlama ? llama : f == Family::kOpt ? opt : vit;
 }
 
 std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
@@ -215,6 +246,10 @@ std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
     e.push_back({p + b.pos, {c.max_positions, F}});
   } else if (c.llama_style()) {
     e.push_back({p + b.word, {c.vocab, F}});
+  } else if (c.family == Family::kOpt) {
+    e.push_back({p + b.word, {c.vocab, c.token_width()}});
+    e.push_back({p + b.pos, {c.max_positions + arch::kOptPositionOffset, F}});
+    if (c.projects_embeddings()) e.push_back({p + b.project_in, {F, c.token_width()}});
   } else {
     const int64_t ps = c.patch_size;
     e.push_back({p + b.cls, {1, 1, F}});
@@ -223,6 +258,15 @@ std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
     e.push_back({p + b.patch_b, {F}});
   }
   for (int64_t l = 0; l < c.layers; ++l) add_layer_entries(c, l, p, &e);
+  if (c.family == Family::kOpt) {
+    if (c.final_norm) {
+      e.push_back({p + b.final_ln_g, {F}});
+      e.push_back({p + b.final_ln_b, {F}});
+    }
+    if (c.projects_embeddings()) e.push_back({p + b.project_out, {c.token_width(), F}});
+    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, c.token_width()}, !c.tied_head});
+    return e;
+  }
   if (c.llama_style()) {
     e.push_back({p + b.final_ln_g, {F}});
     // A tied head reads the embeddings; a checkpoint may still store it.
@@ -267,6 +311,7 @@ std::string hf_wrapper(Family f) {
     case Family::kBert: return "bert.";
     case Family::kVit: return "vit.";
     case Family::kLlama: return "model.";
+    case Family::kOpt: return "model.";
   }
   return "";
 }
@@ -524,7 +569,7 @@ core::Status validate_names(const TensorStore& store, const std::vector<Entry>& 
 // Config files without "architectures": infer the head from the tensors.
 void infer_head(ModelConfig& c, const TensorStore& store, const std::string& prefix) {
   if (!c.architecture.empty()) return;
-  if (c.family == Family::kGpt2 || c.llama_style()) {
+  if (c.causal()) {
     c.head = prefix.empty() ? HeadKind::kNone : HeadKind::kLmHead;
   } else if (store.contains(base_names(c.family).classifier_w)) {
     c.head = c.family == Family::kBert ? HeadKind::kSequenceClassification : HeadKind::kImageClassification;
@@ -566,7 +611,8 @@ size_t ModelWeights::bytes() const {
   for (const Tensor* t : {&word_emb, &pos_emb, &type_emb, &emb_ln_g, &emb_ln_b, &patch_b, &cls_token, &final_ln_g,
                           &final_ln_b, &pooler_b, &classifier_b})
     b += t->empty() ? 0 : t->nbytes();
-  for (const kernels::PackedLinear* m : {&patch_w, &pooler_w, &classifier_w, &lm_head_w}) b += m->nbytes();
+  for (const kernels::PackedLinear* m : {&patch_w, &pooler_w, &classifier_w, &lm_head_w, &project_in_w, &project_out_w})
+    b += m->nbytes();
   for (const auto& l : layers) b += l.bytes();
   return b;
 }
@@ -644,7 +690,7 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
     TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
     TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
-  } else if (c.family == Family::kGpt2 || c.llama_style()) {
+  } else if (c.causal()) {
     if (gpt2_tied) {
       TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
     } else {
@@ -652,6 +698,9 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     }
     if (!c.llama_style()) {
       TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+    }
+    if (c.projects_embeddings()) {
+      TESSERA_ASSIGN_OR_RETURN(w.project_in_w, ld.packed(prefix + b.project_in));
     }
   } else {
     TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
@@ -672,10 +721,15 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
 core::Status load_head(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
                        bool gpt2_tied, ModelWeights& w) {
   const BaseNames& b = base_names(c.family);
-  if (c.family == Family::kGpt2 || c.llama_style()) {
-    TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-    if (!c.llama_style()) {
+  if (c.causal()) {
+    if (c.family != Family::kOpt || c.final_norm) {
+      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+    }
+    if (c.family == Family::kGpt2 || (c.family == Family::kOpt && c.final_norm)) {
       TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
+    }
+    if (c.projects_embeddings()) {
+      TESSERA_ASSIGN_OR_RETURN(w.project_out_w, ld.packed(prefix + b.project_out));
     }
     if (c.head == HeadKind::kLmHead) {
       if (!gpt2_tied) {
@@ -750,7 +804,7 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   // word embeddings last would add their size to the peak.
   // GPT-2 and tied Llama-style heads: one packed matrix serves the lookup
   // and the head (a tied checkpoint that still stores lm_head reads it).
-  const bool gpt2_tied = (c.family == Family::kGpt2 || c.llama_style()) && !store.contains(base_names(c.family).lm_head);
+  const bool gpt2_tied = c.causal() && !store.contains(base_names(c.family).lm_head);
   if (opts.embeddings || opts.head) TESSERA_RETURN_IF_ERROR(load_embeddings(ld, store, c, prefix, gpt2_tied, w));
   if (opts.head) TESSERA_RETURN_IF_ERROR(load_head(ld, store, c, prefix, gpt2_tied, w));
   if (!opts.only_parts.empty() && opts.only_parts.size() != opts.only_layers.size())

@@ -55,6 +55,9 @@ struct ModelWeights {
   kernels::PackedLinear classifier_w;
   core::Tensor classifier_b;
   kernels::PackedLinear lm_head_w;         // GPT-2: wte itself when tied
+  // OPT with word_embed_proj_dim != F: token rows [wdim] -> F, and the last
+  // hidden state F -> wdim before the head.
+  kernels::PackedLinear project_in_w, project_out_w;
   // Token `id`'s embedding row (F floats) into dst, wherever it is held.
   void word_row(int64_t id, float* dst) const;
   size_t bytes() const;  // bytes of every distinct tensor held

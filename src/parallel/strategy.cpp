@@ -164,13 +164,19 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   const int64_t F = c.hidden;
   if (c.llama_style())  // no position table; the embeddings, the final norm, an untied head
     return (c.vocab * F * (c.tied_head ? 1 : 2) + F) * static_cast<int64_t>(sizeof(float));
+  if (c.family == model::Family::kOpt) {  // positions (2 rows in), tokens, projections, final norm, untied head
+    const int64_t W = c.token_width();
+    int64_t floats = (c.max_positions + 2) * F + c.vocab * W * (c.tied_head ? 1 : 2) + (c.final_norm ? 2 * F : 0);
+    if (c.projects_embeddings()) floats += 2 * F * W;
+    return floats * static_cast<int64_t>(sizeof(float));
+  }
   int64_t floats = c.max_rows() * F;  // positions
   if (c.family == model::Family::kVit) {
     floats += F + F * c.channels * c.patch_size * c.patch_size + F + 2 * F;  // cls, patches, final norm
   } else {
     floats += c.vocab * F + (c.family == model::Family::kBert ? c.type_vocab * F + 2 * F : 2 * F);
   }
-  if (c.family != model::Family::kGpt2 && c.head != model::HeadKind::kNone)
+  if (!c.causal() && c.head != model::HeadKind::kNone)
     floats += F * F + F + c.num_labels() * F + c.num_labels();  // pooler, classifier
   return floats * static_cast<int64_t>(sizeof(float));
 }

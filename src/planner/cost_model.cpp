@@ -80,6 +80,7 @@ nlohmann::json Prediction::to_json() const {
 std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
   std::vector<parallel::Work> w;
   w.push_back(parallel::elementwise("embed", n, c.hidden));
+  if (c.projects_embeddings()) w.push_back(parallel::gemm("project_in", n, c.token_width(), c.hidden));
   if (c.family == model::Family::kBert) w.push_back(parallel::elementwise("norm", n, c.hidden));
   if (c.family == model::Family::kVit) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
   return w;
@@ -89,7 +90,8 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
   std::vector<parallel::Work> w;
   if (c.causal()) {
     w.push_back(parallel::elementwise("ln_f", n, c.hidden));
-    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.hidden, c.vocab));
+    if (c.projects_embeddings()) w.push_back(parallel::gemm("project_out", n, c.hidden, c.token_width()));
+    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.token_width(), c.vocab));
     return w;
   }
   if (c.family == model::Family::kVit) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));

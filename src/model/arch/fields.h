@@ -1,0 +1,43 @@
+// Typed, bounded reads of config.json fields for the architecture units: a
+// missing field takes the fallback (or is an error naming it), a wrong type
+// or a value out of range is an error naming it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/status.h"
+
+namespace tessera::model::arch {
+
+using nlohmann::json;
+
+inline core::Result<int64_t> int_field(const json& j, const char* key, int64_t lo, int64_t hi, int64_t fallback = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback >= 0) return fallback;
+    return core::parse_error(std::string("config.json: missing '") + key + "'");
+  }
+  if (!j[key].is_number_integer()) return core::parse_error(std::string("config.json: '") + key + "' is not an integer");
+  const int64_t v = j[key].get<int64_t>();
+  if (v < lo || v > hi)
+    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " outside [" +
+                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+inline core::Result<double> number_field(const json& j, const char* key, double lo, double hi, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number()) return core::parse_error(std::string("config.json: '") + key + "' is not a number");
+  const double v = j[key].get<double>();
+  if (!(v >= lo && v <= hi))
+    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " out of range");
+  return v;
+}
+
+inline core::Result<bool> bool_field(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) return core::parse_error(std::string("config.json: '") + key + "' is not true or false");
+  return j[key].get<bool>();
+}
+
+}  // namespace tessera::model::arch
