@@ -60,6 +60,19 @@ const std::vector<DecoderPreset>& decoder_presets() {
   return p;
 }
 
+// OPT presets (Galaxy's OPT-L and OPT-XL, and the post-LN OPT-350m with
+// projected embeddings).
+struct OptPreset {
+  const char* name;
+  int64_t layers, hidden, heads, ffn, embed_dim;
+  bool pre_ln;
+};
+constexpr OptPreset kOptPresets[] = {
+    {"opt-350m", 24, 1024, 16, 4096, 512, false},
+    {"opt-1.3b", 24, 2048, 32, 8192, 2048, true},
+    {"opt-2.7b", 32, 2560, 32, 10240, 2560, true},
+};
+
 json labels_json(int64_t n) {
   json m = json::object();
   for (int64_t i = 0; i < n; ++i) m[std::to_string(i)] = "LABEL_" + std::to_string(i);
@@ -185,6 +198,7 @@ std::vector<std::string> gen_model_presets() {
   std::vector<std::string> out;
   for (const auto& p : kPresets) out.push_back(p.name);
   for (const auto& p : decoder_presets()) out.push_back(p.name);
+  for (const auto& p : kOptPresets) out.push_back(p.name);
   return out;
 }
 
@@ -225,6 +239,22 @@ Result<json> gen_model_config(const GenModelOptions& o) {
       if (o.bp_div > 0 || !o.bp_original.empty()) return core::invalid_argument("--bp-div is for the BERT and GPT-2 presets");
       if (o.labels) return core::invalid_argument("--labels is for classifier presets");
       json c = decoder_config(p, o);
+      auto parsed = parse_config(c.dump());
+      if (!parsed.ok()) return parsed.status().with_context("preset '" + o.preset + "' with these overrides");
+      return c;
+    }
+  for (const auto& p : kOptPresets)
+    if (o.preset == p.name) {
+      if (o.bp_div > 0 || !o.bp_original.empty() || o.labels || o.kv_heads || o.head_dim)
+        return core::invalid_argument("--bp-div, --labels, --kv-heads and --head-dim do not apply to OPT presets");
+      const int64_t F = o.hidden ? o.hidden : p.hidden, V = o.vocab ? o.vocab : 50272;
+      json c = {{"architectures", {"OPTForCausalLM"}}, {"model_type", "opt"}, {"hidden_size", F},
+                {"num_attention_heads", o.heads ? o.heads : p.heads}, {"num_hidden_layers", o.layers ? o.layers : p.layers},
+                {"ffn_dim", o.intermediate ? o.intermediate : p.ffn}, {"vocab_size", V}, {"max_position_embeddings", 2048},
+                {"word_embed_proj_dim", o.hidden && p.embed_dim == p.hidden ? F : p.embed_dim},
+                {"do_layer_norm_before", p.pre_ln}, {"activation_function", "relu"}, {"enable_bias", true},
+                {"layer_norm_elementwise_affine", true}, {"tie_word_embeddings", true}, {"torch_dtype", "float32"},
+                {"bos_token_id", 2}, {"eos_token_id", 2}, {"pad_token_id", 1}};
       auto parsed = parse_config(c.dump());
       if (!parsed.ok()) return parsed.status().with_context("preset '" + o.preset + "' with these overrides");
       return c;
@@ -298,7 +328,7 @@ Status gen_model(const GenModelOptions& in) {
   // The generated tokenizers need room for their fixed pieces.
   if (c.family == Family::kBert && c.vocab >= 256)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", wordpiece_tokenizer_json(c.vocab).dump()));
-  if ((c.family == Family::kGpt2 || c.llama_style()) && c.vocab >= 257)
+  if (c.causal() && c.vocab >= 257)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", bpe_tokenizer_json(c.vocab).dump()));
   return core::ok_status();
 }

@@ -211,25 +211,34 @@ TEST(DecoderGenModelTest, PresetsHaveTheReleasedShapes) {
   EXPECT_TRUE(q.qk_norm);
   o.preset = "tinyllama-1.1b";
   EXPECT_FALSE(parse_config(gen_model_config(o).value().dump()).value().tied_head);
+  o.preset = "opt-350m";  // post-LN, 512-wide embeddings projected to 1024
+  const ModelConfig small = parse_config(gen_model_config(o).value().dump()).value();
+  EXPECT_FALSE(small.pre_layernorm());
+  EXPECT_EQ(small.token_width(), 512);
+  o.preset = "opt-2.7b";
+  EXPECT_EQ(parse_config(gen_model_config(o).value().dump()).value().hidden, 2560);
+  o.preset = "tinyllama-1.1b";
   o.kv_heads = 3;  // 32 heads are not a multiple of 3
   EXPECT_FALSE(gen_model_config(o).ok());
 }
 
 TEST(DecoderGenModelTest, EveryDecoderPresetWritesAModelThatRunsAndGenerates) {
-  for (const char* preset : {"llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "qwen3-0.6b", "qwen2.5-1.5b"}) {
+  for (const char* preset : {"llama-3.2-1b", "llama-3.2-3b", "tinyllama-1.1b", "qwen3-0.6b", "qwen2.5-1.5b", "opt-350m",
+                             "opt-1.3b", "opt-2.7b"}) {
+    const bool opt = std::string(preset).rfind("opt-", 0) == 0;
     GenModelOptions o;
     o.preset = preset;
     o.layers = 2;
     o.hidden = 64;
     o.heads = 4;
-    o.kv_heads = 2;
+    o.kv_heads = opt ? 0 : 2;
     o.intermediate = 96;
     o.vocab = 300;
     o.out_dir = ::testing::TempDir() + "/gen-" + preset;
     ASSERT_TRUE(gen_model(o).ok()) << preset;
     auto m = Transformer::load(o.out_dir);
     ASSERT_TRUE(m.ok()) << preset << ": " << m.status().to_string();
-    EXPECT_EQ(m->config().kv_head_count(), 2);
+    EXPECT_EQ(m->config().kv_head_count(), opt ? 4 : 2);
     GenerateOptions g;
     g.greedy = true;
     g.max_new_tokens = 3;
