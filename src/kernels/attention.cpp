@@ -49,7 +49,8 @@ namespace {
 // One head end to end: scores, softmax, weighted values.
 void attention_head(const AttentionArgs& a, int64_t head, float* scores) {
   const int64_t col = head * a.head_dim;
-  const int64_t kv_col = (a.kv_heads > 0 ? head / (a.heads / a.kv_heads) : head) * a.head_dim;
+  const int64_t g = std::max<int64_t>(a.kv_group, 1);
+  const int64_t kv_col = ((a.q_head0 + head) / g - a.q_head0 / g) * a.head_dim;
   gemm_f32(false, true, a.n_q, a.n_kv, a.head_dim, a.scale, a.q + col, a.ldq, a.k + kv_col, a.ldk, 0.0f, scores, a.n_kv);
   softmax_block(a, scores, 0, a.n_q);
   gemm_f32(false, false, a.n_q, a.head_dim, a.n_kv, 1.0f, scores, a.n_kv, a.v + kv_col, a.ldv, 0.0f, a.out + col, a.ldo);
@@ -61,8 +62,9 @@ void attention_f32(core::ThreadPool* pool, const AttentionArgs& a, float* scratc
   core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.n_q >= 0 && a.n_kv >= 0 && a.heads > 0 && a.head_dim > 0);
   const int64_t width = a.heads * a.head_dim;
-  TESSERA_CHECK(a.kv_heads >= 0 && (a.kv_heads == 0 || (a.kv_heads <= a.heads && a.heads % a.kv_heads == 0)));
-  const int64_t kv_width = (a.kv_heads > 0 ? a.kv_heads : a.heads) * a.head_dim;
+  TESSERA_CHECK(a.kv_group >= 0 && a.q_head0 >= 0);
+  const int64_t g = std::max<int64_t>(a.kv_group, 1);
+  const int64_t kv_width = ((a.q_head0 + a.heads - 1) / g - a.q_head0 / g + 1) * a.head_dim;
   TESSERA_CHECK(a.ldq >= width && a.ldk >= kv_width && a.ldv >= kv_width && a.ldo >= width);
   if (a.n_q == 0) return;
   if (a.n_kv == 0) {

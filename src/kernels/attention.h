@@ -19,9 +19,12 @@ struct AttentionArgs {
   float* out = nullptr;  // [n_q, heads*head_dim], row stride ldo
   int64_t ldo = 0;
   int64_t n_q = 0, n_kv = 0, heads = 0, head_dim = 0;
-  // Grouped-query attention: query head h reads K/V head h / (heads /
-  // kv_heads). 0 = heads (plain multi-head attention).
-  int64_t kv_heads = 0;
+  // Grouped-query attention: kv_group query heads share one K/V head (0 or
+  // 1: plain multi-head attention). q_head0 is the model's index of the
+  // first query head here (a shard's), so query head h reads K/V column
+  // block (q_head0 + h) / kv_group - q_head0 / kv_group.
+  int64_t kv_group = 0;
+  int64_t q_head0 = 0;
   float scale = 1.0f;
   // Causal: query i (global position q_pos0 + i) sees key j (position
   // kv_pos0 + j) only when kv_pos0 + j <= q_pos0 + i.

@@ -17,6 +17,19 @@ enum class HeadKind { kNone, kSequenceClassification, kLmHead, kImageClassificat
 
 const char* family_name(Family f);
 
+// Query heads [h0, h1) of a layer and the K/V heads [kv0, kv1) they read
+// (the same range without grouped K/V): a tensor-parallel shard's fused
+// QKV rows are [Q (h1-h0)d | K (kv1-kv0)d | V (kv1-kv0)d]. With more shards
+// than K/V heads, neighbouring shards read, and hold, the same K/V head.
+struct HeadShard {
+  int64_t h0 = 0, h1 = 0, kv0 = 0, kv1 = 0, head_dim = 0;
+  int64_t heads() const { return h1 - h0; }
+  int64_t kv_heads() const { return kv1 - kv0; }
+  int64_t q_width() const { return heads() * head_dim; }
+  int64_t kv_width() const { return kv_heads() * head_dim; }
+  int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+};
+
 struct ModelConfig {
   Family family = Family::kBert;
   std::string architecture;  // e.g. "BertForSequenceClassification"
@@ -73,6 +86,11 @@ struct ModelConfig {
   int64_t q_width() const { return heads * head_dim(); }         // attention context width
   int64_t kv_width() const { return kv_head_count() * head_dim(); }  // one of K, V per row
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
+  int64_t kv_group() const { return heads / kv_head_count(); }  // query heads per K/V head
+  HeadShard head_shard(int64_t h0, int64_t h1) const {
+    if (h1 <= h0) return {h0, h0, 0, 0, head_dim()};
+    return {h0, h1, h0 / kv_group(), (h1 - 1) / kv_group() + 1, head_dim()};
+  }
   // RMSNorm, RoPE and a gated SiLU MLP, in place of LayerNorm, learned
   // positions and a two-matrix MLP.
   bool llama_style() const { return family == Family::kLlama; }

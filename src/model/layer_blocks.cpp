@@ -1,10 +1,12 @@
 #include "model/layer_blocks.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
 #include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 
 namespace tessera::model {
 
@@ -26,6 +28,55 @@ void norm_rows(const ModelConfig& c, const core::Tensor& gamma, const core::Tens
   kernels::layernorm_f32_mt(pool, x, out, n, cols, gamma.f32(), beta.f32(), c.eps);
 }
 
+AttentionIo shard_qkv_io(const HeadShard& s, const float* qkv, int64_t rows, float* out) {
+  AttentionIo io;
+  io.q = qkv;
+  io.k = qkv + s.q_width();
+  io.v = qkv + s.q_width() + s.kv_width();
+  io.ldq = io.ldk = io.ldv = s.qkv_width();
+  io.out = out;
+  io.ldo = s.q_width();
+  io.n_q = io.n_kv = rows;
+  io.heads = s.heads();
+  io.q_head0 = s.h0;
+  return io;
+}
+
+void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, int64_t n, int64_t pos0,
+                 core::ThreadPool* pool) {
+  const ModelConfig& c = m.config();
+  if (!c.llama_style() || s.heads() == 0) return;
+  const LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  const int64_t d = c.head_dim(), ld = s.qkv_width(), Q = s.q_width();
+  auto run = [&](int64_t b, int64_t e) {
+    float* rows = qkv + b * ld;
+    if (c.qk_norm)  // Qwen3: RMSNorm of every q and k head, before the rotation
+      for (int64_t i = 0; i < e - b; ++i) {
+        kernels::rmsnorm_f32(rows + i * ld, d, rows + i * ld, d, s.heads(), d, w.q_norm.f32(), c.eps);
+        kernels::rmsnorm_f32(rows + i * ld + Q, d, rows + i * ld + Q, d, s.kv_heads(), d, w.k_norm.f32(), c.eps);
+      }
+    // Q and K heads are adjacent in a row: one rotation covers both.
+    kernels::rope_f32(rows, ld, e - b, s.heads() + s.kv_heads(), d, pos0 + b, c.rope_inv_freq.data());
+  };
+  if (pool == nullptr || n < 2) return run(0, n);
+  pool->parallel_for(n, run);
+}
+
+void mlp_input(const Transformer& m, int64_t l, const float* in, int64_t n, float* out, core::Tensor& scratch,
+               core::ThreadPool* pool) {
+  const ModelConfig& c = m.config();
+  const LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  if (!c.llama_style()) {
+    kernels::linear_rows_f32(pool, in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, out);
+    return;
+  }
+  const int64_t cols = w.ffn_in_w.rows();  // 2 I'
+  if (cols == 0 || n == 0) return;          // a device holding no FFN columns
+  if (scratch.empty() || scratch.numel() < n * cols) scratch = core::Tensor::zeros_f32({std::max<int64_t>(n, 1), cols});
+  kernels::linear_rows_f32(pool, in, n, w.ffn_in_w, w.ffn_in_b, kernels::Activation::kNone, nullptr, scratch.f32());
+  kernels::swiglu_f32(pool, scratch.f32(), n, cols / 2, out);
+}
+
 namespace {
 template <typename Args>
 Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
@@ -35,11 +86,12 @@ Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
   a.out = io.out; a.ldo = io.ldo;
   a.n_q = io.n_q; a.n_kv = io.n_kv; a.q_pos0 = io.q_pos0; a.kv_pos0 = io.kv_pos0;
   a.heads = io.heads < 0 ? c.heads : io.heads;
-  // Grouped K/V heads are read whole; a subset of heads (a shard) is for
-  // plain multi-head layers only.
-  TESSERA_CHECK(io.heads < 0 || c.kv_head_count() == c.heads);
-  if constexpr (requires { a.kv_heads; })
-    if (io.heads < 0 && c.kv_head_count() != c.heads) a.kv_heads = c.kv_head_count();
+  if constexpr (requires { a.kv_group; }) {
+    a.kv_group = c.kv_group();
+    a.q_head0 = io.q_head0;
+  } else {
+    TESSERA_CHECK(c.kv_group() == 1);  // weighted attention (PRISM) is for plain multi-head layers
+  }
   a.head_dim = c.head_dim();
   a.scale = m.attention_scale(l);
   a.causal = c.causal();

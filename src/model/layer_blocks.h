@@ -26,11 +26,25 @@ struct AttentionIo {
   int64_t ldo = 0;
   int64_t n_q = 0, n_kv = 0, q_pos0 = 0, kv_pos0 = 0;
   int64_t heads = -1;
+  int64_t q_head0 = 0;  // the model's index of the first query head (a shard's h0)
 };
 
 // Q|K|V fused in rows of 3 * width floats (width = heads * head_dim), with
 // n_q = n_kv = rows; the context goes to `out` (row stride `width`).
 AttentionIo fused_qkv_io(const float* qkv, int64_t width, int64_t rows, float* out);
+// The same for a head shard's rows [Q | K | V] (HeadShard; grouped K/V).
+AttentionIo shard_qkv_io(const HeadShard& s, const float* qkv, int64_t rows, float* out);
+
+// Llama-style layers: q/k norms and rotary positions on a shard's fused QKV
+// rows (n rows at positions pos0..); nothing for the other families.
+void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, int64_t n, int64_t pos0,
+                 core::ThreadPool* pool);
+
+// The MLP's input projection and activation on n rows into `out` [n, I']
+// (I' the FFN columns this device holds): Llama-style layers project
+// [gate | up] into `scratch` (grown to [n, 2I']) and combine them.
+void mlp_input(const Transformer& m, int64_t l, const float* in, int64_t n, float* out, core::Tensor& scratch,
+               core::ThreadPool* pool);
 
 // The family's norm on n rows of width `cols` (F): LayerNorm with gamma and
 // beta, or RMSNorm with gamma (Llama-style). out may alias x.

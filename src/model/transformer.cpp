@@ -181,19 +181,12 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
 void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
                                   core::ThreadPool* pool) const {
   const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  const ModelConfig& c = config_;
-  const int64_t n = in.dim(0), Q = c.q_width(), KV = c.kv_width(), ld = c.qkv_width();
+  const HeadShard all = config_.head_shard(0, config_.heads);
+  const int64_t n = in.dim(0), Q = all.q_width(), KV = all.kv_width(), ld = all.qkv_width();
   float* qkv = ws.qkv.f32();
   kernels::linear_rows_f32(pool, in.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv);
-  if (c.llama_style()) position_qk(l, qkv, ld, n, pos0, pool);
-  AttentionIo io;
-  io.q = qkv;
-  io.k = qkv + Q;
-  io.v = qkv + Q + KV;
-  io.ldq = io.ldk = io.ldv = ld;
-  io.out = ws.ctx.f32();
-  io.ldo = Q;
-  io.n_q = io.n_kv = n;
+  position_qk(*this, l, all, qkv, n, pos0, pool);
+  AttentionIo io = shard_qkv_io(all, qkv, n, ws.ctx.f32());
   io.q_pos0 = io.kv_pos0 = pos0;
   if (cache != nullptr) {
     TESSERA_CHECK_MSG(pos0 + n <= cache->k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
@@ -211,24 +204,6 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   }
   const kernels::AttentionArgs a = attention_args(*this, l, io);
   kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());
-}
-
-void Transformer::position_qk(int64_t l, float* qkv, int64_t ld, int64_t n, int64_t pos0, core::ThreadPool* pool) const {
-  const ModelConfig& c = config_;
-  const LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-  const int64_t d = c.head_dim(), Q = c.q_width(), heads = c.heads + c.kv_head_count();
-  if (c.qk_norm) {  // Qwen3: RMSNorm of every q and k head, before the rotation
-    for (int64_t i = 0; i < n; ++i) {
-      kernels::rmsnorm_f32(qkv + i * ld, d, qkv + i * ld, d, c.heads, d, w.q_norm.f32(), c.eps);
-      kernels::rmsnorm_f32(qkv + i * ld + Q, d, qkv + i * ld + Q, d, c.kv_head_count(), d, w.k_norm.f32(), c.eps);
-    }
-  }
-  // Q and K heads are adjacent in a row: one rotation covers both.
-  auto rotate = [&](int64_t b, int64_t e) {
-    kernels::rope_f32(qkv + b * ld, ld, e - b, heads, d, pos0 + b, c.rope_inv_freq.data());
-  };
-  if (pool == nullptr || n < 2) return rotate(0, n);
-  pool->parallel_for(n, rotate);
 }
 
 void Transformer::layer_input(int64_t l, const float* x, int64_t n, float* out, core::ThreadPool* pool) const {
@@ -258,12 +233,7 @@ void Transformer::layer_tail(int64_t l, const float* x, const float* ctx, int64_
   float* h = ws.h.f32();
   kernels::linear_rows_f32(pool, ctx, n, w.attn_out_w, w.attn_out_b, Activation::kNone, x, h);
   const float* mlp_in = attention_residual(*this, l, h, x, false, n, ws.a.f32(), pool);
-  if (config_.llama_style()) {  // gate|up in one GEMM, then silu(gate) * up
-    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, Activation::kNone, nullptr, ws.gate_up.f32());
-    kernels::swiglu_f32(pool, ws.gate_up.f32(), n, I, ws.ffn.f32());
-  } else {
-    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, config_.act, nullptr, ws.ffn.f32());
-  }
+  mlp_input(*this, l, mlp_in, n, ws.ffn.f32(), ws.gate_up, pool);
   int64_t r0 = 0;
   for (const int64_t rows : blocks) {
     TESSERA_CHECK(rows >= 0);

@@ -109,9 +109,7 @@ class Transformer {
                        core::ThreadPool* pool) const;
   void attention_block(int64_t l, const core::Tensor& in, int64_t pos0, KvCache* cache, Workspace& ws,
                        core::ThreadPool* pool) const;
-  // Llama-style: q/k norms (Qwen3) and the rotation of the Q and K heads of
-  // n rows of a fused QKV buffer (row stride ld) at positions pos0...
-  void position_qk(int64_t l, float* qkv, int64_t ld, int64_t n, int64_t pos0, core::ThreadPool* pool) const;
+
 
   ModelConfig config_;
   ModelWeights weights_;

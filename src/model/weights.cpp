@@ -390,21 +390,44 @@ struct RawLayer {
   std::vector<std::string> names;
 };
 
-RawLayer shard_raw(const RawLayer& full, int64_t F, int64_t hd, int64_t h0, int64_t h1, int64_t c0, int64_t c1) {
-  RawLayer s = full;
+// The whole layer's widths a shard is cut from: Q and K/V rows of the fused
+// QKV matrix, FFN columns, and whether FFN-in is [gate; up] (Llama-style).
+struct LayerDims {
+  int64_t F = 0, Q = 0, KV = 0, I = 0;
+  bool gated = false;
+};
+
+LayerDims dims_of(const ModelConfig& c) {
+  return {c.hidden, c.q_width(), c.kv_width(), c.intermediate, c.llama_style()};
+}
+
+// Query heads s.h0..s.h1 with the K/V heads they read (HeadShard) and FFN
+// columns [c0, c1) of a whole layer.
+RawLayer shard_raw(const RawLayer& full, const LayerDims& dim, const HeadShard& s, int64_t c0, int64_t c1) {
+  RawLayer out = full;
+  const int64_t d = s.head_dim;
+  const int64_t starts[3] = {s.h0 * d, dim.Q + s.kv0 * d, dim.Q + dim.KV + s.kv0 * d};
+  const int64_t sizes[3] = {s.q_width(), s.kv_width(), s.kv_width()};
   std::vector<RawMatrix> w;
   std::vector<Tensor> b;
-  for (int64_t part = 0; part < 3; ++part) {
-    w.push_back(rows_of(full.qkv, part * F + h0 * hd, part * F + h1 * hd));
-    b.push_back(full.qkv_b.rows(part * F + h0 * hd, part * F + h1 * hd));
+  for (int part = 0; part < 3; ++part) {
+    w.push_back(rows_of(full.qkv, starts[part], starts[part] + sizes[part]));
+    if (!full.qkv_b.empty()) b.push_back(full.qkv_b.rows(starts[part], starts[part] + sizes[part]));
   }
-  s.qkv = stack(w, F);
-  s.qkv_b = (h1 > h0) ? concat_rows(b) : Tensor::zeros_f32({0});
-  s.attn_out = cols_of(full.attn_out, h0 * hd, h1 * hd);
-  s.ffn_in = rows_of(full.ffn_in, c0, c1);
-  s.ffn_in_b = full.ffn_in_b.rows(c0, c1);
-  s.ffn_out = cols_of(full.ffn_out, c0, c1);
-  return s;
+  out.qkv = stack(w, dim.F);
+  out.qkv_b = full.qkv_b.empty() ? Tensor() : s.heads() > 0 ? concat_rows(b) : Tensor::zeros_f32({0});
+  out.attn_out = cols_of(full.attn_out, s.h0 * d, s.h1 * d);
+  if (dim.gated) {  // the same columns of gate and of up
+    out.ffn_in = stack({rows_of(full.ffn_in, c0, c1), rows_of(full.ffn_in, dim.I + c0, dim.I + c1)}, dim.F);
+    if (!full.ffn_in_b.empty())
+      out.ffn_in_b = c1 > c0 ? concat_rows({full.ffn_in_b.rows(c0, c1), full.ffn_in_b.rows(dim.I + c0, dim.I + c1)})
+                             : Tensor::zeros_f32({0});
+  } else {
+    out.ffn_in = rows_of(full.ffn_in, c0, c1);
+    out.ffn_in_b = full.ffn_in_b.rows(c0, c1);
+  }
+  out.ffn_out = cols_of(full.ffn_out, c0, c1);
+  return out;
 }
 
 // Packs the matrices and copies the vectors, so nothing refers to the file;
@@ -594,7 +617,7 @@ LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_
   r.ffn_out = linear_of(full.ffn_out_w.unpack());
   r.qkv_b = full.qkv_b; r.attn_out_b = full.attn_out_b; r.ffn_in_b = full.ffn_in_b; r.ffn_out_b = full.ffn_out_b;
   r.ln1_g = full.ln1_g; r.ln1_b = full.ln1_b; r.ln2_g = full.ln2_g; r.ln2_b = full.ln2_b;
-  return finish_layer(shard_raw(r, F, hd, h0, h1, c0, c1));
+  return finish_layer(shard_raw(r, {F, F, F, r.ffn_out.k, false}, {h0, h1, h0, h1, hd}, c0, c1));
 }
 
 size_t LayerWeights::bytes() const {
@@ -775,12 +798,10 @@ core::Status load_sub_blocks(Loader& ld, const ModelConfig& c, const LoadOptions
 // 2: MLP, 3: both) only the blocks this device runs.
 core::Status load_original_layer(Loader& ld, const ModelConfig& c, const Shard& s, int64_t l, int part,
                                  LayerWeights& dst) {
-  if (s.cut && c.llama_style())
-    return core::unimplemented("tensor-parallel shards of grouped-query (Llama-style) layers are not supported yet");
   auto lw = ld.load_layer(l);
   if (!lw.ok()) return lw.status();
   // TP shards cut the file's tensors first and pack only their slice.
-  dst = finish_layer(s.cut ? shard_raw(*lw, c.hidden, c.head_dim(), s.h0, s.h1, s.f0, s.f1) : *lw, ld.consumed());
+  dst = finish_layer(s.cut ? shard_raw(*lw, dims_of(c), c.head_shard(s.h0, s.h1), s.f0, s.f1) : *lw, ld.consumed());
   ld.release(lw->names);
   // A block alone: the other block's matrices go after packing (the peak
   // holds one extra block of one layer for a moment).

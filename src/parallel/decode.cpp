@@ -82,7 +82,7 @@ Result<model::KvCache> TpLayers::make_cache(int64_t positions) const {
   if (positions < 1 || positions > c.max_positions)
     return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions (the model has " +
                               std::to_string(c.max_positions) + ")");
-  const int64_t width = std::max<int64_t>(heads_.size() * c.head_dim(), 1);
+  const int64_t width = std::max<int64_t>(c.head_shard(heads_.begin, heads_.end).kv_width(), 1);
   model::KvCache cache;
   for (int64_t l = 0; l < c.layers; ++l) {
     TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, width}));
@@ -94,14 +94,15 @@ Result<model::KvCache> TpLayers::make_cache(int64_t positions) const {
 }
 
 void TpLayers::cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, model::KvCache& cache) const {
-  const int64_t fl = heads_.size() * m_.config().head_dim();
-  if (fl == 0) return;
+  const model::HeadShard s = m_.config().head_shard(heads_.begin, heads_.end);
+  const int64_t q = s.q_width(), kv = s.kv_width(), ld = s.qkv_width();
+  if (q == 0) return;
   float* kc = cache.k[static_cast<size_t>(l)].f32();
   float* vc = cache.v[static_cast<size_t>(l)].f32();
   TESSERA_CHECK_MSG(pos0 + n <= cache.k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(kc + (pos0 + i) * fl, qkv + i * 3 * fl + fl, static_cast<size_t>(fl) * sizeof(float));
-    std::memcpy(vc + (pos0 + i) * fl, qkv + i * 3 * fl + 2 * fl, static_cast<size_t>(fl) * sizeof(float));
+    std::memcpy(kc + (pos0 + i) * kv, qkv + i * ld + q, static_cast<size_t>(kv) * sizeof(float));
+    std::memcpy(vc + (pos0 + i) * kv, qkv + i * ld + q + kv, static_cast<size_t>(kv) * sizeof(float));
   }
 }
 
@@ -109,10 +110,11 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
                      core::ThreadPool* pool) {
   const model::Transformer& m = m_;
   const model::ModelConfig& c = m.config();
-  const int64_t F = c.hidden, fl = heads_.size() * c.head_dim(), il = il_;
+  const model::HeadShard shard = c.head_shard(heads_.begin, heads_.end);
+  const int64_t F = c.hidden, fl = shard.q_width(), il = il_;
   const int64_t n_kv = cache ? pos0 + n : n;
   ensure(a_, n, F);
-  ensure(qkv_, n, 3 * fl);
+  ensure(qkv_, n, shard.qkv_width());
   ensure(ctx_, n, fl);
   ensure(part_, n, F);
   ensure(h_, n, F);
@@ -127,15 +129,16 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
     m.layer_input(l, xf, n, a_.f32(), pool);
     if (fl > 0) {
       kernels::linear_rows_f32(pool, a_.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv_.f32());
-      model::AttentionIo io = model::fused_qkv_io(qkv_.f32(), fl, n, ctx_.f32());
-      io.heads = heads_.size();
+      model::position_qk(m, l, shard, qkv_.f32(), n, pos0, pool);
+      model::AttentionIo io = model::shard_qkv_io(shard, qkv_.f32(), n, ctx_.f32());
+      io.q_pos0 = io.kv_pos0 = pos0;
       if (cache != nullptr) {
         cache_kv(l, qkv_.f32(), n, pos0, *cache);
         io.k = cache->k[static_cast<size_t>(l)].f32();
         io.v = cache->v[static_cast<size_t>(l)].f32();
-        io.ldk = io.ldv = fl;
+        io.ldk = io.ldv = shard.kv_width();
         io.n_kv = n_kv;
-        io.q_pos0 = pos0;
+        io.kv_pos0 = 0;
       }
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores_.f32(), scores_.numel());
     }
@@ -144,7 +147,7 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
     TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
     const float* mlp_in = model::attention_residual(m, l, part_.f32(), xf, true, n, a_.f32(), pool);
     std::swap(h_, part_);  // h: the MLP's residual
-    kernels::linear_rows_f32(pool, mlp_in, n, w.ffn_in_w, w.ffn_in_b, c.act, nullptr, f_.f32());
+    model::mlp_input(m, l, mlp_in, n, f_.f32(), gate_up_, pool);
     kernels::linear_rows_f32(pool, f_.f32(), n, w.ffn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());
     TESSERA_RETURN_IF_ERROR(allreduce(part_.f32()));
     model::mlp_residual(m, l, part_.f32(), h_.f32(), true, n, xf, pool);

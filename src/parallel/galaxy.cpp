@@ -55,6 +55,7 @@ struct TpBlock {
 class Galaxy final : public Strategy {
  public:
   std::string name() const override { return "galaxy"; }
+  bool takes_llama_layers(const Plan&) const override { return true; }  // shards by model::HeadShard
   ShareKind share_kind() const override { return ShareKind::kHeads; }
   void apply_partition(Plan& plan, const Partition& p) const override {
     if (!p.shares.empty()) plan.ratios = p.shares;
@@ -106,10 +107,11 @@ class Galaxy final : public Strategy {
 Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x,
                                   int64_t n, core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const {
   const model::ModelConfig& c = m.config();
-  const int64_t F = c.hidden, hd = c.head_dim();
+  const int64_t F = c.hidden;
   const auto me = static_cast<size_t>(sync.rank());
   const Range heads = head_ranges(c, plan.ratios)[me];
-  const int64_t fl = heads.size() * hd, il = ffn_ranges(c, ffn_ratios(plan))[me].size();
+  const model::HeadShard shard = c.head_shard(heads.begin, heads.end);
+  const int64_t fl = shard.q_width(), ql = shard.qkv_width(), il = ffn_ranges(c, ffn_ratios(plan))[me].size();
   const auto counts = seq_counts(n, sync.world());
   const auto at = row_offsets(counts);
   const int64_t s = counts[me];
@@ -120,7 +122,8 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
   Tensor xr = Tensor::zeros_f32({s, F}), ar = Tensor::zeros_f32({s, F}), g = Tensor::zeros_f32({s, F});
   Tensor hr = Tensor::zeros_f32({s, F});
   // Tensor-parallel state over all n rows, for this rank's heads / columns.
-  Tensor qkv = Tensor::zeros_f32({n, 3 * fl}), ctx = Tensor::zeros_f32({n, fl}), f = Tensor::zeros_f32({n, il});
+  Tensor qkv = Tensor::zeros_f32({n, std::max<int64_t>(ql, 1)}), ctx = Tensor::zeros_f32({n, fl}), f = Tensor::zeros_f32({n, il});
+  Tensor gate_up;  // Llama-style MLP input
   const int64_t scratch = std::max<int64_t>(kernels::attention_scratch_floats(n, n, heads.size()), 1);
   Tensor scores = Tensor::zeros_f32({scratch});
   TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? floats(x.f32(), n * F) : std::span<const float>(), counts,
@@ -134,13 +137,13 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
     auto qkv_tile = [&](const Tile& t) {
       if (t.count > 0 && fl > 0)
         kernels::linear_rows_f32(pool, t.rows.data(), t.count, w.qkv_w, w.qkv_b, Activation::kNone, nullptr,
-                                 qkv.f32() + at[static_cast<size_t>(t.owner)] * 3 * fl);
+                                 qkv.f32() + at[static_cast<size_t>(t.owner)] * ql);
     };
     auto attention = [&] {
       if (fl == 0) return;
+      model::position_qk(m, l, shard, qkv.f32(), n, 0, pool);
       if (cache != nullptr) kv->cache_kv(l, qkv.f32(), n, 0, *cache);
-      model::AttentionIo io = model::fused_qkv_io(qkv.f32(), fl, n, ctx.f32());
-      io.heads = heads.size();
+      model::AttentionIo io = model::shard_qkv_io(shard, qkv.f32(), n, ctx.f32());
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
     };
     // GEMM2 (output projection rows of this rank's heads) per destination
@@ -159,8 +162,7 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
     // MLP block: FFN-in columns of this rank tile by tile, FFN-out per part.
     auto ffn_in = [&](const Tile& t) {
       if (t.count > 0 && il > 0)
-        kernels::linear_rows_f32(pool, t.rows.data(), t.count, w.ffn_in_w, w.ffn_in_b, c.act, nullptr,
-                                 f.f32() + at[static_cast<size_t>(t.owner)] * il);
+        model::mlp_input(m, l, t.rows.data(), t.count, f.f32() + at[static_cast<size_t>(t.owner)] * il, gate_up, pool);
     };
     auto ffn_out = [&](const PartialSlot& slot) {
       const auto d = static_cast<size_t>(slot.dest);
@@ -222,7 +224,9 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
   const bool overlap = option(plan, "overlap", true).value_or(true);
   Schedule sched;
   for (int r = 0; r < K; ++r) {
-    const int64_t w = heads[static_cast<size_t>(r)].size() * c.head_dim(), il = ffn[static_cast<size_t>(r)].size();
+    const int64_t il = ffn[static_cast<size_t>(r)].size();
+    const ShardDims sd = shard_dims(c, heads[static_cast<size_t>(r)], il);
+    const int64_t w = sd.q;
     const int64_t s = counts[static_cast<size_t>(r)];
     const auto others = everyone_but(r, K);
     DeviceSchedule d;
@@ -235,7 +239,7 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
       // Each TP block: AllGather overlapping GEMM1, the middle, GEMM2 overlapping the ReduceScatter.
       Phase gather1{"mha allgather", l, {elementwise("norm", s, F)}, {}, overlap}, after1{"mha last part", l, {}, {}, false};
       for (size_t q = 0; q < counts.size(); ++q)
-        if (counts[q] > 0 && w > 0) (overlap && q == last_in ? after1 : gather1).work.push_back(gemm("qkv", counts[q], F, 3 * w));
+        if (counts[q] > 0 && w > 0) (overlap && q == last_in ? after1 : gather1).work.push_back(gemm("qkv", counts[q], F, sd.qkv));
       gather1.transfers.push_back(transfer(CollectiveKind::kAllgather, "x", ring_allgather_sent(counts, F, r), others));
       Phase middle{"attention", l, {}, {}, false};
       if (w > 0) middle.work.push_back(attention("attention", n, n, w));
@@ -245,7 +249,7 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
       scatter1.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "attn_out", ring_reduce_scatter_sent(counts, F, r), others));
       Phase gather2{"mlp allgather", l, {elementwise("residual+norm", s, F)}, {}, overlap}, after2{"mlp last part", l, {}, {}, false};
       for (size_t q = 0; q < counts.size(); ++q)
-        if (counts[q] > 0 && il > 0) (overlap && q == last_in ? after2 : gather2).work.push_back(gemm("ffn_in", counts[q], F, il));
+        if (counts[q] > 0 && il > 0) (overlap && q == last_in ? after2 : gather2).work.push_back(gemm("ffn_in", counts[q], F, sd.ffn_in));
       gather2.transfers.push_back(transfer(CollectiveKind::kAllgather, "h", ring_allgather_sent(counts, F, r), others));
       Phase before2{"mlp first part", l, {}, {}, false}, scatter2{"mlp reduce-scatter", l, {}, {}, overlap};
       for (size_t q = 0; q < counts.size(); ++q)
@@ -256,8 +260,9 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
       d.phases.push_back({"residual", l, {elementwise("residual+norm", s, F)}, {}, false});
     }
     d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : s * F, {0})}, false});
-    d.weight_bytes = c.layers * layer_weight_bytes(c, w, il) + (r == 0 ? terminal_weight_bytes(c) : 0);
-    d.activation_bytes = (4 * s * F + n * (4 * w + il) + kernels::attention_scratch_floats(n, n, heads[static_cast<size_t>(r)].size())) * 4;
+    d.weight_bytes =
+        c.layers * shard_weight_bytes(c, heads[static_cast<size_t>(r)], il) + (r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (4 * s * F + n * (sd.qkv + w + il + (c.llama_style() ? sd.ffn_in : 0)) + kernels::attention_scratch_floats(n, n, heads[static_cast<size_t>(r)].size())) * 4;
     sched.devices.push_back(std::move(d));
   }
   return sched;

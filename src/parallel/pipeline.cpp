@@ -94,7 +94,7 @@ void mlp_unit(const model::Transformer& m, int64_t l, core::Tensor& h, model::Wo
 class Pipeline final : public Strategy {
  public:
   std::string name() const override { return "pipeline"; }
-  bool runs_whole_layers(const Plan& plan) const override {
+  bool takes_llama_layers(const Plan& plan) const override {  // whole layers, not blocks
     auto blocks = blocks_option(plan);
     return blocks.ok() && !*blocks;
   }

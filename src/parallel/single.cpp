@@ -28,7 +28,7 @@ class SingleDecoder final : public Decoder {
 class Single final : public Strategy {
  public:
   std::string name() const override { return kName; }
-  bool runs_whole_layers(const Plan&) const override { return true; }
+  bool takes_llama_layers(const Plan&) const override { return true; }
   std::string summary() const override { return "one device, no communication"; }
   bool runs_decoupled() const override { return true; }
 

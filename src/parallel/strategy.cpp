@@ -160,6 +160,23 @@ int64_t llama_layer_weight_bytes(const model::ModelConfig& c) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+ShardDims shard_dims(const model::ModelConfig& c, Range heads, int64_t ffn_cols) {
+  const model::HeadShard s = c.head_shard(heads.begin, heads.end);
+  return {s.qkv_width(), s.q_width(), c.llama_style() ? 2 * ffn_cols : ffn_cols};
+}
+
+int64_t shard_weight_bytes(const model::ModelConfig& c, Range heads, int64_t ffn_cols) {
+  if (!c.llama_style()) return layer_weight_bytes(c, heads.size() * c.head_dim(), ffn_cols);
+  const ShardDims d = shard_dims(c, heads, ffn_cols);
+  const int64_t F = c.hidden;
+  int64_t floats = d.qkv * F + F * d.q + 3 * ffn_cols * F + 2 * F;  // QKV, o_proj, gate|up and down, two norms
+  if (c.attention_bias) floats += d.qkv;
+  if (c.o_bias) floats += F;
+  if (c.mlp_bias) floats += 2 * ffn_cols + F;
+  if (c.qk_norm) floats += 2 * c.head_dim();
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   const int64_t F = c.hidden;
   if (c.llama_style())  // no position table; the embeddings, the final norm, an untied head
@@ -245,6 +262,16 @@ int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l) {
 }
 
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios) {
+  // Grouped K/V heads: whole groups per device while there are as many K/V
+  // heads as devices, so no K/V head is computed or cached twice; with more
+  // devices the query heads are split and neighbours share (replicate) a
+  // K/V head (model::HeadShard) rather than refusing.
+  const int64_t g = c.kv_group();
+  if (g > 1 && static_cast<int64_t>(ratios.size()) <= c.kv_head_count()) {
+    std::vector<Range> groups = split_by_ratio(c.kv_head_count(), ratios);
+    for (Range& r : groups) r = {r.begin * g, r.end * g};
+    return groups;
+  }
   return split_by_ratio(c.heads, ratios);
 }
 
@@ -281,10 +308,14 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   if (config.bp_div > 0 && !s->runs_decoupled())
     return core::invalid_argument("strategy '" + plan.strategy + "' cannot run a decoupled model (block_parallel); use bp or single");
   TESSERA_RETURN_IF_ERROR(s->complete(plan, config));
-  if (!config.plain_layers() && !s->runs_whole_layers(plan))
+  if (!config.plain_layers() && !s->takes_llama_layers(plan)) {
+    std::string can;
+    for (const Strategy* t : strategies())
+      if (t->takes_llama_layers(plan)) can += (can.empty() ? "" : ", ") + t->name();
     return core::unimplemented("strategy '" + plan.strategy +
-                               "' splits a layer's insides and does not handle Llama-style layers (rotary positions, "
-                               "grouped K/V heads, RMSNorm) yet; use single or pipeline (units=layers)");
+                               "' does not handle Llama-style layers (rotary positions per row, grouped K/V heads, "
+                               "RMSNorm) yet; use " + can + " (pipeline with units=layers)");
+  }
   return core::ok_status();
 }
 

@@ -85,10 +85,10 @@ class Strategy {
   // Whether run() handles a decoupled model's sub-blocks (ModelConfig::bp_div);
   // complete_plan refuses decoupled models to the others.
   virtual bool runs_decoupled() const { return false; }
-  // Whether this completed plan runs every layer whole (Transformer::layer),
-  // so any layer form works; complete_plan refuses layers other than plain
-  // multi-head ones (ModelConfig::plain_layers) to the others.
-  virtual bool runs_whole_layers(const Plan&) const { return false; }
+  // Whether this completed plan runs Llama-style layers (rotary positions,
+  // grouped K/V heads, RMSNorm, gated MLP; ModelConfig::plain_layers false);
+  // complete_plan refuses such models to the others.
+  virtual bool takes_llama_layers(const Plan&) const { return false; }
   virtual std::vector<OptionFlag> flags() const { return {}; }
   // The planner's search space (default: nothing to choose) and how a chosen
   // partition goes into the plan (default: shares into plan.ratios).
@@ -169,6 +169,14 @@ struct RowShare {
 RowShare row_share(const Plan& plan, int64_t n, int rank);
 // One layer's weight-matrix and vector bytes, whole or as a TP shard.
 int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols);
+// A tensor-parallel shard (query heads `heads`, `ffn_cols` FFN columns) as
+// the kernels run it: fused QKV columns (model::HeadShard), attention width,
+// FFN-in columns (gate and up for Llama-style layers); and its weight bytes.
+struct ShardDims {
+  int64_t qkv = 0, q = 0, ffn_in = 0;
+};
+ShardDims shard_dims(const model::ModelConfig& c, Range heads, int64_t ffn_cols);
+int64_t shard_weight_bytes(const model::ModelConfig& c, Range heads, int64_t ffn_cols);
 // Bytes of the embeddings and the head (the terminal's).
 int64_t terminal_weight_bytes(const model::ModelConfig& c);
 // The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
@@ -206,7 +214,7 @@ class TpLayers {
   const model::Transformer& m_;
   Range heads_;
   int64_t il_;
-  core::Tensor a_, qkv_, ctx_, part_, h_, f_, scores_;
+  core::Tensor a_, qkv_, ctx_, part_, h_, f_, scores_, gate_up_;
   std::vector<float> sum_buf_;  // a decode step's one-hop AllReduce
 };
 // The TP decoder on `heads`/`ffn_cols` of sync's rank: the terminal

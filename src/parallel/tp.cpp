@@ -13,6 +13,7 @@ namespace {
 class Tp final : public Strategy {
  public:
   std::string name() const override { return "tp"; }
+  bool takes_llama_layers(const Plan&) const override { return true; }  // shards by model::HeadShard
   ShareKind share_kind() const override { return ShareKind::kHeads; }
   void apply_partition(Plan& plan, const Partition& p) const override {
     if (!p.shares.empty()) plan.ratios = p.shares;
@@ -62,30 +63,33 @@ class Tp final : public Strategy {
     const int64_t F = c.hidden;
     Schedule s;
     for (int r = 0; r < K; ++r) {
-      const int64_t w = heads[static_cast<size_t>(r)].size() * c.head_dim(), il = ffn[static_cast<size_t>(r)].size();
+      const int64_t il = ffn[static_cast<size_t>(r)].size();
+      const ShardDims sd = shard_dims(c, heads[static_cast<size_t>(r)], il);
+      const int64_t w = sd.q;
       DeviceSchedule d;
       d.phases.push_back({"broadcast input", -1, {}, {transfer(CollectiveKind::kBroadcast, "x", tree_broadcast_sent(n * F, K, r, 0), everyone_but(r, K))}, false});
       for (int64_t l = 0; l < c.layers; ++l) {
         Phase attn{"attention", l, {}, {}, false};
         attn.work.push_back(elementwise("norm", n, F));
         if (w > 0) {
-          attn.work.push_back(gemm("qkv", n, F, 3 * w));
+          attn.work.push_back(gemm("qkv", n, F, sd.qkv));
           attn.work.push_back(attention("attention", n, n, w));
         }
         attn.work.push_back(gemm("attn_out", n, w, F));
         attn.transfers.push_back(transfer(CollectiveKind::kAllreduce, "attn_out", ring_allreduce_sent(n * F, K, r), everyone_but(r, K)));
         Phase mlp{"mlp", l, {}, {}, false};
         mlp.work.push_back(elementwise("residual+norm", n, F));
-        mlp.work.push_back(gemm("ffn_in", n, F, il));
+        mlp.work.push_back(gemm("ffn_in", n, F, sd.ffn_in));
         mlp.work.push_back(gemm("ffn_out", n, il, F));
         mlp.transfers.push_back(transfer(CollectiveKind::kAllreduce, "ffn_out", ring_allreduce_sent(n * F, K, r), everyone_but(r, K)));
         d.phases.push_back(std::move(attn));
         d.phases.push_back(std::move(mlp));
         d.phases.push_back({"residual", l, {elementwise("residual+norm", n, F)}, {}, false});
       }
-      d.weight_bytes = c.layers * layer_weight_bytes(c, w, il) + (r == 0 ? terminal_weight_bytes(c) : 0);
+      d.weight_bytes =
+          c.layers * shard_weight_bytes(c, heads[static_cast<size_t>(r)], il) + (r == 0 ? terminal_weight_bytes(c) : 0);
       const auto h = heads[static_cast<size_t>(r)].size();
-      d.activation_bytes = (n * (4 * F + 3 * w + w + il) + n * n * h) * 4;
+      d.activation_bytes = (n * (4 * F + sd.qkv + w + il + (c.llama_style() ? sd.ffn_in : 0)) + n * n * h) * 4;
       s.devices.push_back(std::move(d));
     }
     return s;

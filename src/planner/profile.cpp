@@ -222,7 +222,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     a.ldq = a.ldk = a.ldv = c.qkv_width();
     a.out = out.f32(); a.ldo = Q;
     a.n_q = a.n_kv = n; a.heads = c.heads; a.head_dim = c.head_dim();
-    if (KV != Q) a.kv_heads = c.kv_head_count();
+    a.kv_group = c.kv_group();
     a.scale = 0.125f;
     const double s = time_best(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
     d.attention_gflops = 4.0 * static_cast<double>(n * n * Q) / s / 1e9;
