@@ -2,6 +2,7 @@
 #include "model/jinja.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -1301,7 +1302,10 @@ struct JsonOpts {
 
 class Evaluator {
  public:
-  Evaluator(const RenderOptions& opts) : opts_(opts), lim_(opts.limits) {}
+  Evaluator(const RenderOptions& opts) : opts_(opts), lim_(opts.limits) {
+    char here = 0;
+    stack_top_ = reinterpret_cast<uintptr_t>(&here);
+  }
 
   void run(const Node& root, const nlohmann::ordered_json& context, std::string& out) {
     Scope globals;
@@ -1337,15 +1341,22 @@ class Evaluator {
   }
 
   // Statement and expression recursion together (macro calls inside nested
-  // blocks inside nested expressions): bounded so the native stack is.
+  // blocks inside nested expressions): bounded so the native stack is, by
+  // depth and by the bytes of stack used since the evaluator was made (frames
+  // are several times larger in sanitizer builds; a server thread's stack
+  // may be smaller than the main thread's).
   struct Recursion {
     Recursion(Evaluator* e, int line) : e_(e) {
-      if (++e_->recursion_ > kMaxRecursion) throw_render(line, "template recursion too deep");
+      char here = 0;
+      const uintptr_t at = reinterpret_cast<uintptr_t>(&here);
+      const uintptr_t used = e_->stack_top_ > at ? e_->stack_top_ - at : 0;
+      if (++e_->recursion_ > kMaxRecursion || used > kMaxStackBytes) throw_render(line, "template recursion too deep");
     }
     ~Recursion() { --e_->recursion_; }
     Evaluator* e_;
   };
   static constexpr int kMaxRecursion = 1500;
+  static constexpr uintptr_t kMaxStackBytes = 1u << 20;
 
   Flow exec(const Node& n, Scope& scope, std::string& out) {
     step(n.line);
@@ -2736,6 +2747,7 @@ class Evaluator {
   int64_t steps_ = 0;
   int call_depth_ = 0;
   int recursion_ = 0;
+  uintptr_t stack_top_ = 0;
 };
 
 }  // namespace
