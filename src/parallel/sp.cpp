@@ -17,6 +17,7 @@ namespace {
 class Sp final : public Strategy {
  public:
   std::string name() const override { return "sp"; }
+  bool takes_llama_layers(const Plan&) const override { return true; }  // rows keep their absolute positions
   ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override { return "sequence parallelism: rows split, AllGather of K and V"; }
 
@@ -26,13 +27,17 @@ class Sp final : public Strategy {
                      core::ThreadPool* pool) const override {
     const model::ModelConfig& c = m.config();
     const int64_t F = c.hidden;
+    // Q, K, V widths: K and V are narrower with grouped K/V heads, and only
+    // they travel.
+    const model::HeadShard all = c.head_shard(0, c.heads);
+    const int64_t Q = all.q_width(), KV = all.kv_width(), ld = all.qkv_width();
     const RowShare share = row_share(plan, n, sync.rank());
     const auto& counts = share.counts;
     const Range me = share.mine;
     const int64_t p = me.size();
-    Tensor xp = Tensor::zeros_f32({p, F}), a = Tensor::zeros_f32({p, F}), qkv = Tensor::zeros_f32({p, 3 * F});
-    Tensor kp = Tensor::zeros_f32({p, F}), vp = Tensor::zeros_f32({p, F}), ctx = Tensor::zeros_f32({p, F});
-    Tensor k = Tensor::zeros_f32({n, F}), v = Tensor::zeros_f32({n, F});
+    Tensor xp = Tensor::zeros_f32({p, F}), a = Tensor::zeros_f32({p, F}), qkv = Tensor::zeros_f32({p, ld});
+    Tensor kp = Tensor::zeros_f32({p, KV}), vp = Tensor::zeros_f32({p, KV}), ctx = Tensor::zeros_f32({p, Q});
+    Tensor k = Tensor::zeros_f32({n, KV}), v = Tensor::zeros_f32({n, KV});
     Tensor scores = Tensor::zeros_f32({std::max<int64_t>(p * n, 1)});
     TESSERA_RETURN_IF_ERROR(sync.scatter_rows(sync.rank() == 0 ? floats(x.f32(), n * F) : std::span<const float>(), counts,
                                               F, floats(xp.f32(), p * F), 0));
@@ -41,16 +46,17 @@ class Sp final : public Strategy {
       const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
       m.layer_input(l, xp.f32(), p, a.f32(), pool);
       kernels::linear_rows_f32(pool, a.f32(), p, w.qkv_w, w.qkv_b, kernels::Activation::kNone, nullptr, qkv.f32());
+      model::position_qk(m, l, all, qkv.f32(), p, me.begin, pool);  // RoPE at the rows' own positions
       for (int64_t i = 0; i < p; ++i) {
-        std::memcpy(kp.f32() + i * F, qkv.f32() + i * 3 * F + F, static_cast<size_t>(F) * sizeof(float));
-        std::memcpy(vp.f32() + i * F, qkv.f32() + i * 3 * F + 2 * F, static_cast<size_t>(F) * sizeof(float));
+        std::memcpy(kp.f32() + i * KV, qkv.f32() + i * ld + Q, static_cast<size_t>(KV) * sizeof(float));
+        std::memcpy(vp.f32() + i * KV, qkv.f32() + i * ld + Q + KV, static_cast<size_t>(KV) * sizeof(float));
       }
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(kp.f32(), p * F), counts, F, floats(k.f32(), n * F)));
-      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(vp.f32(), p * F), counts, F, floats(v.f32(), n * F)));
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(kp.f32(), p * KV), counts, KV, floats(k.f32(), n * KV)));
+      TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(vp.f32(), p * KV), counts, KV, floats(v.f32(), n * KV)));
       if (p == 0) continue;
       model::AttentionIo io;
-      io.q = qkv.f32(); io.ldq = 3 * F; io.k = k.f32(); io.ldk = F; io.v = v.f32(); io.ldv = F;
-      io.out = ctx.f32(); io.ldo = F; io.n_q = p; io.n_kv = n; io.q_pos0 = me.begin;
+      io.q = qkv.f32(); io.ldq = ld; io.k = k.f32(); io.ldk = KV; io.v = v.f32(); io.ldv = KV;
+      io.out = ctx.f32(); io.ldo = Q; io.n_q = p; io.n_kv = n; io.q_pos0 = me.begin;
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
       m.layer_tail(l, xp.f32(), ctx.f32(), p, xp.f32(), ws, pool);
     }
@@ -66,23 +72,25 @@ class Sp final : public Strategy {
     const auto counts = range_sizes(row_ranges(plan, n));
     Schedule s;
     for (int r = 0; r < K; ++r) {
-      const int64_t p = counts[static_cast<size_t>(r)];
+      const int64_t p = counts[static_cast<size_t>(r)], KV = c.kv_width();
       DeviceSchedule d;
       d.phases.push_back({"scatter rows", -1, {}, {transfer(CollectiveKind::kScatter, "x", r == 0 ? (n - p) * F : 0, everyone_but(r, K))}, false});
       for (int64_t l = 0; l < c.layers; ++l) {
         Phase kv{"qkv", l, {elementwise("norm", p, F)}, {}, false};
-        if (p > 0) kv.work.push_back(gemm("qkv", p, F, 3 * F));
+        if (p > 0) kv.work.push_back(gemm("qkv", p, F, c.qkv_width()));
         for (const char* what : {"k", "v"})
-          kv.transfers.push_back(transfer(CollectiveKind::kAllgather, what, ring_allgather_sent(counts, F, r), everyone_but(r, K)));
+          kv.transfers.push_back(transfer(CollectiveKind::kAllgather, what, ring_allgather_sent(counts, KV, r), everyone_but(r, K)));
         Phase rest{"attention+mlp", l, {}, {}, false};
-        if (p > 0) rest.work.push_back(attention("attention", p, n, F));
+        if (p > 0) rest.work.push_back(attention("attention", p, n, c.q_width()));
         add_tail_work(rest.work, c, p);
         d.phases.push_back(std::move(kv));
         d.phases.push_back(std::move(rest));
       }
       d.phases.push_back({"gather rows", -1, {}, {transfer(CollectiveKind::kGather, "y", r == 0 ? 0 : p * F, {0})}, false});
-      d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
-      d.activation_bytes = (p * (9 * F + c.intermediate) + 2 * n * F + p * n) * 4;
+      d.weight_bytes = c.layers * model_layer_weight_bytes(c, 0) + (r == 0 ? terminal_weight_bytes(c) : 0);
+      d.activation_bytes =
+          (p * (4 * F + c.qkv_width() + 2 * KV + c.q_width() + c.intermediate + (c.llama_style() ? 2 * c.intermediate : 0)) +
+           2 * n * KV + p * n) * 4;
       s.devices.push_back(std::move(d));
     }
     return s;

@@ -201,6 +201,14 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows) {
   if (rows <= 0) return;
   const int64_t F = c.hidden, I = c.intermediate;
+  if (c.llama_style()) {  // o_proj from the heads' width, gate|up, SiLU, down
+    w.push_back(gemm("attn_out", rows, c.q_width(), F));
+    w.push_back(elementwise("norm", rows, F));
+    w.push_back(gemm("ffn_in", rows, F, 2 * I));
+    w.push_back(elementwise("swiglu", rows, I));
+    w.push_back(gemm("ffn_out", rows, I, F));
+    return;
+  }
   w.push_back(gemm("attn_out", rows, F, F));
   w.push_back(elementwise("norm", rows, F));
   w.push_back(gemm("ffn_in", rows, F, I));
@@ -210,16 +218,12 @@ void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t ro
 
 // A Llama-style layer as Transformer::layer runs it.
 void add_llama_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows) {
-  const int64_t F = c.hidden, I = c.intermediate;
+  const int64_t F = c.hidden;
   w.push_back(elementwise("norm", rows, F));
   w.push_back(gemm("qkv", rows, F, c.qkv_width()));
   w.push_back(elementwise("rope", rows, c.q_width() + c.kv_width()));
   w.push_back(attention("attention", rows, kv_rows, c.q_width()));
-  w.push_back(gemm("attn_out", rows, c.q_width(), F));
-  w.push_back(elementwise("norm", rows, F));
-  w.push_back(gemm("ffn_in", rows, F, 2 * I));
-  w.push_back(elementwise("swiglu", rows, I));
-  w.push_back(gemm("ffn_out", rows, I, F));
+  add_tail_work(w, c, rows);
 }
 
 void add_layer_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows, int64_t kv_rows) {
