@@ -62,6 +62,22 @@ void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv
   pool->parallel_for(n, run);
 }
 
+void position_heads(const Transformer& m, int64_t l, float* x, int64_t ld, int64_t n, int64_t pos0, int64_t heads,
+                    bool keys, core::ThreadPool* pool) {
+  const ModelConfig& c = m.config();
+  if (!c.llama_style() || heads == 0 || n == 0) return;
+  const LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  const int64_t d = c.head_dim();
+  auto run = [&](int64_t b, int64_t e) {
+    if (c.qk_norm)
+      for (int64_t i = b; i < e; ++i)
+        kernels::rmsnorm_f32(x + i * ld, d, x + i * ld, d, heads, d, (keys ? w.k_norm : w.q_norm).f32(), c.eps);
+    kernels::rope_f32(x + b * ld, ld, e - b, heads, d, pos0 + b, c.rope_inv_freq.data());
+  };
+  if (pool == nullptr || n < 2) return run(0, n);
+  pool->parallel_for(n, run);
+}
+
 void mlp_input(const Transformer& m, int64_t l, const float* in, int64_t n, float* out, core::Tensor& scratch,
                core::ThreadPool* pool) {
   const ModelConfig& c = m.config();

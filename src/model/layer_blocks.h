@@ -40,6 +40,11 @@ AttentionIo shard_qkv_io(const HeadShard& s, const float* qkv, int64_t rows, flo
 void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, int64_t n, int64_t pos0,
                  core::ThreadPool* pool);
 
+// The same for `heads` query heads (keys false) or K heads (keys true) at x
+// (row stride ld) alone: for code that projects Q and K at different times.
+void position_heads(const Transformer& m, int64_t l, float* x, int64_t ld, int64_t n, int64_t pos0, int64_t heads,
+                    bool keys, core::ThreadPool* pool);
+
 // The MLP's input projection and activation on n rows into `out` [n, I']
 // (I' the FFN columns this device holds): Llama-style layers project
 // [gate | up] into `scratch` (grown to [n, 2I']) and combine them.

@@ -2,15 +2,17 @@
 // block of rows, by Eq. (3) or by the reordered Eq. (8).
 #include "parallel/partition_attention.h"
 
+#include <algorithm>
+
 #include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 
 namespace tessera::parallel {
 
-int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p) {
-  // qkv [n,3f] (Eq. 8: q, T, U [p,f] each, p <= n), then scores [p,n]
-  return 3 * n * f + p * n;
+int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p, int64_t qkv_width) {
+  // qkv [n, qkv_width] (Eq. 8: q, T, U [p,f] each, p <= n), then scores [p,n]
+  return n * std::max(3 * f, qkv_width) + p * n;
 }
 
 namespace {
@@ -18,7 +20,7 @@ namespace {
 void project_rows(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols, float* y,
                   int64_t ldy) {
   const int64_t f = a.f;
-  TESSERA_CHECK(r0 >= 0 && count >= 0 && r0 + count <= a.n && col0 >= 0 && cols >= 0 && col0 + cols <= 3 * f);
+  TESSERA_CHECK(r0 >= 0 && count >= 0 && r0 + count <= a.n && col0 >= 0 && cols >= 0 && col0 + cols <= a.qkv_width());
   if (count == 0 || cols == 0) return;
   kernels::LinearArgs la;
   la.x = a.x + r0 * f; la.m = count; la.k = f; la.ldx = f;
@@ -27,32 +29,39 @@ void project_rows(const PartitionAttention& a, int64_t r0, int64_t count, int64_
   la.bias = a.b_qkv ? a.b_qkv + col0 : nullptr;
   la.y = y; la.ldy = ldy;
   kernels::linear_f32(nullptr, la);
+  if (!a.position) return;
+  if (col0 == 0 && cols > 0) a.position(y, ldy, r0, count, false);  // the Q block
+  if (col0 <= a.qw() && a.qw() < col0 + cols) a.position(y + (a.qw() - col0), ldy, r0, count, true);  // the K block
 }
 }  // namespace
 
 void partition_project_f32(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols,
                            float* qkv) {
-  project_rows(a, r0, count, col0, cols, qkv + r0 * 3 * a.f + col0, 3 * a.f);
+  project_rows(a, r0, count, col0, cols, qkv + r0 * a.qkv_width() + col0, a.qkv_width());
 }
 
 void partition_attention_f32(const PartitionAttention& a, bool eq8, float* scratch) {
   const int64_t p = a.rows.size(), f = a.f, hd = a.head_dim;
   if (p == 0) return;
   if (!eq8) {
+    const int64_t qw = a.qw(), kvw = a.kvw(), ld = a.qkv_width();
     const float* qkv = a.qkv;
     if (qkv == nullptr) {
-      partition_project_f32(a, a.rows.begin, p, 0, f, scratch);
-      partition_project_f32(a, 0, a.n, f, 2 * f, scratch);
+      partition_project_f32(a, a.rows.begin, p, 0, qw, scratch);
+      partition_project_f32(a, 0, a.n, qw, 2 * kvw, scratch);
       qkv = scratch;
     }
     kernels::AttentionArgs at;
-    at.q = qkv + a.rows.begin * 3 * f; at.ldq = 3 * f; at.k = qkv + f; at.ldk = 3 * f; at.v = qkv + 2 * f;
-    at.ldv = 3 * f; at.out = a.out; at.ldo = f;
+    at.q = qkv + a.rows.begin * ld; at.ldq = ld; at.k = qkv + qw; at.ldk = ld; at.v = qkv + qw + kvw;
+    at.ldv = ld; at.out = a.out; at.ldo = qw;
     at.n_q = p; at.n_kv = a.n; at.heads = a.heads; at.head_dim = hd; at.scale = a.scale;
-    at.causal = a.causal; at.q_pos0 = a.rows.begin;
-    kernels::attention_f32(nullptr, at, scratch + 3 * a.n * f, p * a.n);
+    at.causal = a.causal; at.q_pos0 = a.rows.begin; at.kv_group = a.kv_group;
+    kernels::attention_f32(nullptr, at, scratch + a.n * std::max(3 * f, ld), p * a.n);
     return;
   }
+  // Eq. (8) never forms K, so nothing can rotate or normalise it: plain
+  // multi-head layers only (Voltage chooses Eq. 3 for the others).
+  TESSERA_CHECK(!a.position && a.kv_group <= 1 && a.qw() == f && a.kvw() == f);
   // Eq. (8) needs Q of this device's rows only.
   float* q = scratch;         // [p, f]
   project_rows(a, a.rows.begin, p, 0, f, q, f);

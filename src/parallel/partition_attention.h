@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/packed_linear.h"
 #include "parallel/partition.h"
@@ -19,20 +20,30 @@ struct PartitionAttention {
   const float* b_qkv = nullptr;     // [3f] or null
   float scale = 1.0f;
   bool causal = false;              // positions are the global row indices
-  float* out = nullptr;             // [rows.size(), f]
-  // Eq. (3): Q|K|V precomputed, [n, 3f] (Q only where rows are this
-  // device's); null = computed here.
+  float* out = nullptr;             // [rows.size(), q_width]
+  // Eq. (3): Q|K|V precomputed, [n, qkv_width()] (Q only where rows are
+  // this device's); null = computed here.
   const float* qkv = nullptr;
+  // Llama-style layers (Eq. 3 only): Q and K/V widths (0: f), query heads
+  // per K/V head, and what turns projected rows into positioned ones (q/k
+  // norms and RoPE at the rows' absolute positions r0..): called on the Q
+  // block (`keys` false) or the K block (true) of rows with stride ld.
+  int64_t q_width = 0, kv_width = 0, kv_group = 1;
+  std::function<void(float* rows, int64_t ld, int64_t r0, int64_t count, bool keys)> position;
+  int64_t qw() const { return q_width > 0 ? q_width : f; }
+  int64_t kvw() const { return kv_width > 0 ? kv_width : f; }
+  int64_t qkv_width() const { return qw() + 2 * kvw(); }
 };
 
-// Columns [col0, col0 + cols) of Q|K|V (0..3f) for rows [r0, r0 + count) of
-// a.x, into qkv ([n, 3f]): lets a device project each block of rows as soon as
-// it arrives (the ring overlap), while the next block travels.
+// Columns [col0, col0 + cols) of Q|K|V (0..qkv_width) for rows [r0, r0 +
+// count) of a.x, into qkv ([n, qkv_width]), positioned (a.position) where
+// they hold Q or K: lets a device project each block of rows as soon as it
+// arrives (the ring overlap), while the next block travels.
 void partition_project_f32(const PartitionAttention& a, int64_t r0, int64_t count, int64_t col0, int64_t cols,
                            float* qkv);
 
-// Scratch floats `partition_attention_f32` needs.
-int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p);
+// Scratch floats `partition_attention_f32` needs (qkv_width 0: 3f).
+int64_t partition_attention_scratch(int64_t n, int64_t f, int64_t p, int64_t qkv_width = 0);
 
 // eq8 = false: Q_p K^T with K, V over all rows (Eq. 3); true: per head
 // ((x_p W_Q) W_K^T) x^T and (S x) W_V (Eq. 8). The key bias only shifts each

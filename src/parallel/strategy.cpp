@@ -207,6 +207,7 @@ void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t ro
     w.push_back(gemm("ffn_in", rows, F, 2 * I));
     w.push_back(elementwise("swiglu", rows, I));
     w.push_back(gemm("ffn_out", rows, I, F));
+    w.push_back(elementwise("residual", rows, F));  // last, as the other families' norm (Voltage splits ffn_out off)
     return;
   }
   w.push_back(gemm("attn_out", rows, F, F));

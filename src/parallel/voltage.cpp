@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "model/layer_blocks.h"
 #include "parallel/partition_attention.h"
 #include "parallel/strategy.h"
 
@@ -34,6 +35,9 @@ constexpr int64_t kDefaultChunks = 2;
 class Voltage final : public Strategy {
  public:
   std::string name() const override { return "voltage"; }
+  // Eq. (3) with each row's absolute rotary position; Eq. (8) never forms K,
+  // so it is not chosen for these layers (eq8 below).
+  bool takes_llama_layers(const Plan&) const override { return true; }
   ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override {
     return "Voltage: position-wise rows, one AllGather per layer (attention in Eq. (3); Theorem 2's choice with --no-overlap)";
@@ -63,8 +67,8 @@ class Voltage final : public Strategy {
 
  private:
   static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
-    return option(plan, "adaptive_order", true).value_or(true) && !option(plan, "overlap", true).value_or(true) &&
-           voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
+    return !c.llama_style() && option(plan, "adaptive_order", true).value_or(true) &&
+           !option(plan, "overlap", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
   }
   // Block b of every device's rows: its row count per rank and its first row
   // within the rank's part, the same on every rank. Without overlap: one.
@@ -124,12 +128,12 @@ struct Voltage::Run {
       : m(model), c(model.config()), sync(s), pool(tp), n(rows_n), F(c.hidden),
         share(row_share(plan, rows_n, s.rank())),
         full(s.rank() == 0 ? x : Tensor::zeros_f32({n, F})),
-        a(Tensor::zeros_f32({n, F})), ctx(Tensor::zeros_f32({p, F})), out(Tensor::zeros_f32({p, F})),
-        scratch(Tensor::zeros_f32({partition_attention_scratch(n, F, p)})),
+        a(Tensor::zeros_f32({n, F})), ctx(Tensor::zeros_f32({p, c.q_width()})), out(Tensor::zeros_f32({p, F})),
+        scratch(Tensor::zeros_f32({partition_attention_scratch(n, F, p, c.qkv_width())})),
         use_eq8(eq8(plan, c, p, n)),
         ring(option(plan, "overlap", true).value_or(true)),
         early(ring && !use_eq8 && p > 0),
-        qkv(early ? Tensor::zeros_f32({n, 3 * F}) : Tensor()),
+        qkv(early ? Tensor::zeros_f32({n, c.qkv_width()}) : Tensor()),
         blk(blocks(plan, counts)) {
     const auto rank = static_cast<size_t>(sync.rank());
     for (const auto& bc : blk.counts) my_blocks.push_back(bc[rank]);
@@ -141,6 +145,14 @@ struct Voltage::Run {
     pa.x = a.f32(); pa.n = n; pa.f = F; pa.heads = c.heads; pa.head_dim = c.head_dim(); pa.rows = me;
     pa.packed_qkv = &w.qkv_w; pa.b_qkv = w.qkv_b.f32(); pa.scale = m.attention_scale(l);
     pa.causal = c.causal(); pa.out = ctx.f32(); pa.qkv = early ? qkv.f32() : nullptr;
+    if (c.llama_style()) {
+      pa.q_width = c.q_width();
+      pa.kv_width = c.kv_width();
+      pa.kv_group = c.kv_group();
+      pa.position = [this, l](float* x, int64_t ld, int64_t r0, int64_t count, bool keys) {
+        model::position_heads(m, l, x, ld, count, r0, keys ? c.kv_head_count() : c.heads, keys, pool);
+      };
+    }
     return pa;
   }
   // Layer l's attention input for `count` rows from r0, in `full` already ...
@@ -154,7 +166,8 @@ struct Voltage::Run {
     const Range& part = rows[static_cast<size_t>(owner)];
     if (!early || part.size() == 0) return;
     const bool own = owner == sync.rank();
-    partition_project_f32(attention_args(l), part.begin, part.size(), own ? 0 : F, own ? 3 * F : 2 * F, qkv.f32());
+    const int64_t q = c.q_width(), kv = 2 * c.kv_width();
+    partition_project_f32(attention_args(l), part.begin, part.size(), own ? 0 : q, own ? q + kv : kv, qkv.f32());
   }
 
   // The terminal's input to every device. With the ring: in parts, this
@@ -281,9 +294,10 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
       if (p == 0) return;
       ph.work.push_back(elementwise("norm", n, F));
       if (!early) return;
-      ph.work.push_back(gemm("q", p, F, F));
+      ph.work.push_back(gemm("q", p, F, c.q_width()));
       for (size_t q = 0; q < counts.size(); ++q)
-        if (counts[q] > 0) (static_cast<int>(q) == last_in && q != static_cast<size_t>(r) ? after : ph).work.push_back(gemm("kv", counts[q], F, 2 * F));
+        if (counts[q] > 0)
+          (static_cast<int>(q) == last_in && q != static_cast<size_t>(r) ? after : ph).work.push_back(gemm("kv", counts[q], F, 2 * c.kv_width()));
     };
     Phase first{"distribute input", -1, {}, {}, ring}, first_after{"last part in", -1, {}, {}, false};
     const int64_t first_sent = ring ? (r == 0 ? n * F * (K - 1) : 0) : tree_broadcast_sent(n * F, K, r, 0);
@@ -304,10 +318,10 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
           }
         } else {
           if (!early) {
-            layer.work.push_back(gemm("q", p, F, F));
-            layer.work.push_back(gemm("kv", n, F, 2 * F));
+            layer.work.push_back(gemm("q", p, F, c.q_width()));
+            layer.work.push_back(gemm("kv", n, F, 2 * c.kv_width()));
           }
-          layer.work.push_back(attention("attention", p, n, F));
+          layer.work.push_back(attention("attention", p, n, c.q_width()));
         }
         add_tail_work(layer.work, c, p);
       }
@@ -323,7 +337,7 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
           if (rows_b == 0) continue;
           auto& w = b == 0 ? layer.work : sync_phase.work;
           w.push_back(gemm("ffn_out", rows_b, c.intermediate, F));
-          w.push_back(elementwise("norm", rows_b, F));
+          w.push_back(elementwise(c.llama_style() ? "residual" : "norm", rows_b, F));
         }
       }
       d.phases.push_back(std::move(layer));
@@ -341,9 +355,10 @@ Schedule Voltage::estimate(const Plan& plan, const model::ModelConfig& c, int64_
       d.phases.push_back(std::move(sync_phase));
       if (streamed) d.phases.push_back(std::move(after));
     }
-    d.weight_bytes = c.layers * layer_weight_bytes(c, F, c.intermediate) + (r == 0 ? terminal_weight_bytes(c) : 0);
-    d.activation_bytes = (2 * n * F + 2 * p * F + partition_attention_scratch(n, F, p) + (early ? 3 * n * F : 0) +
-                          p * (3 * F + c.intermediate)) * 4;
+    d.weight_bytes = c.layers * model_layer_weight_bytes(c, 0) + (r == 0 ? terminal_weight_bytes(c) : 0);
+    d.activation_bytes = (2 * n * F + p * (F + c.q_width()) + partition_attention_scratch(n, F, p, c.qkv_width()) +
+                          (early ? n * c.qkv_width() : 0) +
+                          p * (c.qkv_width() + c.intermediate + (c.llama_style() ? 2 * c.intermediate : 0))) * 4;
     s.devices.push_back(std::move(d));
   }
   return s;
