@@ -125,7 +125,9 @@ class Bp final : public Strategy {
     return out;
   }
 
-  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+  core::Status complete(Plan& plan, const model::ModelConfig& c) const override {
+    if (!c.plain_layers())
+      return core::unimplemented("strategy 'bp' runs decoupled models (block_parallel), which exist for BERT and GPT-2 only");
     TESSERA_RETURN_IF_ERROR(only_options(plan, {"plan", "auto_ms"}));
     TESSERA_ASSIGN_OR_RETURN(const std::string p, option<std::string>(plan, "plan", "auto"));
     if (p != "auto" && p != "tp" && p != "sp" && p != "allgather")

@@ -91,7 +91,10 @@ class Prism final : public Strategy {
             {"--segments", "segments", OptionFlag::Kind::kNumber, "segment means per partition"}};
   }
 
-  core::Status complete(Plan& plan, const model::ModelConfig&) const override {
+  core::Status complete(Plan& plan, const model::ModelConfig& c) const override {
+    if (!c.plain_layers())
+      return core::unimplemented(
+          "prism: a segment mean of rows has no single position, so rotary (RoPE) models cannot use it; use an exact strategy");
     TESSERA_RETURN_IF_ERROR(only_options(plan, {"rate", "segments"}));
     TESSERA_ASSIGN_OR_RETURN(const double rate, option(plan, "rate", 0.0));
     TESSERA_ASSIGN_OR_RETURN(const int64_t segments, option(plan, "segments", int64_t{0}));

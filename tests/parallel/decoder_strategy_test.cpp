@@ -112,3 +112,25 @@ TEST(DecoderStrategyTest, GreedyGenerationEqualsTheReference) {
 
 }  // namespace
 }  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+// PRISM's segment means have no single rotary position: RoPE models are
+// refused with that reason; OPT (learned positions) is accepted.
+TEST(DecoderStrategyTest, PrismRefusesRotaryModelsWithTheReason) {
+  for (const char* fixture : kFixtures) {
+    const auto cfg = model::load_config(kData + "/" + fixture).value();
+    Plan plan = make_plan("prism", 2, {}, {{"rate", 2.0}});
+    const core::Status st = complete_plan(plan, cfg);
+    if (cfg.llama_style()) {
+      ASSERT_FALSE(st.ok()) << fixture;
+      EXPECT_NE(st.message().find("position"), std::string::npos) << st.to_string();
+    } else {
+      EXPECT_TRUE(st.ok()) << fixture << ": " << st.to_string();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
