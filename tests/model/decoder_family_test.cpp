@@ -4,6 +4,9 @@
 // errors that name their field.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -267,6 +270,60 @@ TEST(DecoderGenModelTest, ARealTokenizerSizesTheVocabulary) {
             core::read_file(kData + "/gpt2-chat/tokenizer_config.json").value());
   o.vocab = 100;  // two sizes for one vocabulary
   EXPECT_FALSE(gen_model(o).ok());
+}
+
+}  // namespace
+}  // namespace tessera::model
+
+namespace tessera::model {
+namespace {
+
+uint16_t to_bf16(float x) {  // round to nearest even, as torch's .bfloat16()
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// A BF16 copy of qwen3-tiny loads to the outputs of its F32 weights rounded
+// to BF16 (the loader widens exactly), and stays near the F32 reference.
+TEST(DecoderDtypeTest, ABf16CopyLoadsToTheSameOutputsWithinItsRounding) {
+  const std::string src = kData + "/qwen3-tiny", bf = ::testing::TempDir() + "/qwen3-bf16",
+                    rounded = ::testing::TempDir() + "/qwen3-rounded";
+  auto file = SafeTensorsFile::open(src + "/model.safetensors").value();
+  std::map<std::string, core::Tensor> bf16, f32;
+  for (const std::string& name : file.names()) {
+    const core::Tensor t = file.get(name).value();
+    core::Tensor b = core::Tensor::zeros(core::DType::kBF16, t.shape()), r = core::Tensor::zeros_f32(t.shape());
+    auto* bits = static_cast<uint16_t*>(b.raw());
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      bits[i] = to_bf16(t.f32()[i]);
+      r.f32()[i] = from_bf16(bits[i]);
+    }
+    bf16[name] = b;
+    f32[name] = r;
+  }
+  for (const auto& [dir, tensors] : {std::pair{bf, bf16}, std::pair{rounded, f32}}) {
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy_file(src + "/config.json", dir + "/config.json", std::filesystem::copy_options::overwrite_existing);
+    ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", tensors).ok());
+  }
+  auto cases = SafeTensorsFile::open(src + "/cases.safetensors").value();
+  const ModelInput in{ids_of(cases.get("s37.input_ids").value()), {}, {}};
+  const auto a = Transformer::load(bf).value().forward(in, {}, nullptr).value();
+  const auto b = Transformer::load(rounded).value().forward(in, {}, nullptr).value();
+  EXPECT_LT(max_abs_diff(a.logits, b.logits), 1e-5f);  // the same weights, read as BF16 or F32
+  // BF16's 8-bit mantissa moves the logits (up to ~4 here) by a few hundredths, not more.
+  const float drift = max_abs_diff(a.logits, cases.get("s37.logits").value());
+  EXPECT_GT(drift, 0.0f);
+  EXPECT_LT(drift, 0.25f);
 }
 
 }  // namespace
