@@ -329,8 +329,8 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
                         {"weight_bytes_per_token", bytes}, {"gemm", kernels::gemm_path_name(kernels::gemm_path())}};
     std::cout << j.dump() << '\n';
   } else {
-    std::printf("gpt2 decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",
-                static_cast<long long>(b.seq), static_cast<long long>(b.generate), b.threads, median, steps.front(),
+    std::printf("%s decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",
+                model::family_name(m.config().family), static_cast<long long>(b.seq), static_cast<long long>(b.generate), b.threads, median, steps.front(),
                 static_cast<double>(bytes) / 1e6);
   }
   return 0;
@@ -387,7 +387,7 @@ void add_bench_local(CLI::App& app) {
   cmd->add_option("--warmup", b->warmup, "untimed repetitions first")->capture_default_str();
   cmd->add_flag("--json", b->json, "machine-readable output");
   cmd->add_option("--generate", b->generate,
-                  "GPT-2: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
+                  "causal LMs: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 
