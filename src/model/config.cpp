@@ -5,6 +5,7 @@
 
 #include "core/io.h"
 #include "core/json.h"
+#include "model/arch/fields.h"
 #include "model/arch/llama.h"
 #include "model/arch/opt.h"
 
@@ -38,19 +39,8 @@ bool ModelConfig::decoupled(int64_t l) const {
 
 namespace {
 
-// Reads an integer field within [lo, hi]; `fallback` when absent (<0: required).
-Result<int64_t> get_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t fallback = -1) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback >= 0) return fallback;
-    return core::parse_error(std::string("config.json: missing '") + key + "'");
-  }
-  if (!j[key].is_number_integer()) return core::parse_error(std::string("config.json: '") + key + "' is not an integer");
-  const int64_t v = j[key].get<int64_t>();
-  if (v < lo || v > hi)
-    return core::out_of_range(std::string("config.json: '") + key + "' = " + std::to_string(v) + " outside [" +
-                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
-}
+// Integer fields within [lo, hi]; `fallback` when absent (<0: required).
+using arch::int_field;
 
 Result<kernels::Activation> parse_activation(const std::string& name) {
   if (name == "gelu") return kernels::Activation::kGeluErf;
@@ -78,7 +68,7 @@ Result<std::vector<std::string>> parse_labels(const json& j) {
       labels[id] = it.value().get<std::string>();
     }
   } else if (j.contains("num_labels")) {
-    TESSERA_ASSIGN_OR_RETURN(int64_t n, get_int(j, "num_labels", 1, 1000000));
+    TESSERA_ASSIGN_OR_RETURN(int64_t n, int_field(j, "num_labels", 1, 1000000));
     for (int64_t i = 0; i < n; ++i) labels.push_back("LABEL_" + std::to_string(i));
   }
   return labels;
@@ -112,12 +102,12 @@ Result<HeadKind> parse_head(const std::string& arch, Family family) {
 Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
   constexpr int64_t kMaxDim = 1 << 16;
   if (c.family == Family::kGpt2) {
-    TESSERA_ASSIGN_OR_RETURN(c.hidden, get_int(j, "n_embd", 1, kMaxDim));
-    TESSERA_ASSIGN_OR_RETURN(c.heads, get_int(j, "n_head", 1, 1024));
-    TESSERA_ASSIGN_OR_RETURN(c.layers, get_int(j, "n_layer", 1, 1024));
-    TESSERA_ASSIGN_OR_RETURN(c.intermediate, get_int(j, "n_inner", 1, 1 << 18, 4 * c.hidden));
-    TESSERA_ASSIGN_OR_RETURN(c.max_positions, get_int(j, "n_positions", 1, 1 << 20));
-    TESSERA_ASSIGN_OR_RETURN(c.vocab, get_int(j, "vocab_size", 1, 1 << 24));
+    TESSERA_ASSIGN_OR_RETURN(c.hidden, int_field(j, "n_embd", 1, kMaxDim));
+    TESSERA_ASSIGN_OR_RETURN(c.heads, int_field(j, "n_head", 1, 1024));
+    TESSERA_ASSIGN_OR_RETURN(c.layers, int_field(j, "n_layer", 1, 1024));
+    TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "n_inner", 1, 1 << 18, 4 * c.hidden));
+    TESSERA_ASSIGN_OR_RETURN(c.max_positions, int_field(j, "n_positions", 1, 1 << 20));
+    TESSERA_ASSIGN_OR_RETURN(c.vocab, int_field(j, "vocab_size", 1, 1 << 24));
     c.eps = j.value("layer_norm_epsilon", 1e-5f);
     TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(j.value("activation_function", std::string("gelu_new"))));
     if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_id = j["eos_token_id"].get<int64_t>();
@@ -129,23 +119,23 @@ Result<ModelConfig> parse_family_fields(const json& j, ModelConfig c) {
     if (j.value("reorder_and_upcast_attn", false)) return core::unimplemented("config.json: reorder_and_upcast_attn is not supported");
     return c;
   }
-  TESSERA_ASSIGN_OR_RETURN(c.hidden, get_int(j, "hidden_size", 1, kMaxDim));
-  TESSERA_ASSIGN_OR_RETURN(c.heads, get_int(j, "num_attention_heads", 1, 1024));
-  TESSERA_ASSIGN_OR_RETURN(c.layers, get_int(j, "num_hidden_layers", 1, 1024));
-  TESSERA_ASSIGN_OR_RETURN(c.intermediate, get_int(j, "intermediate_size", 1, 1 << 18));
+  TESSERA_ASSIGN_OR_RETURN(c.hidden, int_field(j, "hidden_size", 1, kMaxDim));
+  TESSERA_ASSIGN_OR_RETURN(c.heads, int_field(j, "num_attention_heads", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.layers, int_field(j, "num_hidden_layers", 1, 1024));
+  TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 18));
   c.eps = j.value("layer_norm_eps", 1e-12f);
   TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(j.value("hidden_act", std::string("gelu"))));
   if (c.family == Family::kBert) {
-    TESSERA_ASSIGN_OR_RETURN(c.max_positions, get_int(j, "max_position_embeddings", 1, 1 << 20));
-    TESSERA_ASSIGN_OR_RETURN(c.vocab, get_int(j, "vocab_size", 1, 1 << 24));
-    TESSERA_ASSIGN_OR_RETURN(c.type_vocab, get_int(j, "type_vocab_size", 1, 1 << 16, 2));
+    TESSERA_ASSIGN_OR_RETURN(c.max_positions, int_field(j, "max_position_embeddings", 1, 1 << 20));
+    TESSERA_ASSIGN_OR_RETURN(c.vocab, int_field(j, "vocab_size", 1, 1 << 24));
+    TESSERA_ASSIGN_OR_RETURN(c.type_vocab, int_field(j, "type_vocab_size", 1, 1 << 16, 2));
     const std::string pos = j.value("position_embedding_type", std::string("absolute"));
     if (pos != "absolute") return core::unimplemented("config.json: position_embedding_type '" + pos + "' is not supported");
     return c;
   }
-  TESSERA_ASSIGN_OR_RETURN(c.image_size, get_int(j, "image_size", 1, 1 << 14));
-  TESSERA_ASSIGN_OR_RETURN(c.patch_size, get_int(j, "patch_size", 1, 1 << 14));
-  TESSERA_ASSIGN_OR_RETURN(c.channels, get_int(j, "num_channels", 1, 64, 3));
+  TESSERA_ASSIGN_OR_RETURN(c.image_size, int_field(j, "image_size", 1, 1 << 14));
+  TESSERA_ASSIGN_OR_RETURN(c.patch_size, int_field(j, "patch_size", 1, 1 << 14));
+  TESSERA_ASSIGN_OR_RETURN(c.channels, int_field(j, "num_channels", 1, 64, 3));
   c.qkv_bias = j.value("qkv_bias", true);
   if (c.image_size % c.patch_size != 0) return core::invalid_argument("config.json: image_size is not a multiple of patch_size");
   c.max_positions = c.max_rows();
@@ -157,7 +147,7 @@ core::Status parse_block_parallel(const json& j, ModelConfig& c) {
   if (!j.contains("block_parallel") || j["block_parallel"].is_null()) return core::ok_status();
   const json& bp = j["block_parallel"];
   if (!bp.is_object()) return core::parse_error("config.json: 'block_parallel' is not an object");
-  TESSERA_ASSIGN_OR_RETURN(c.bp_div, get_int(bp, "n_div", 1, 1 << 16));
+  TESSERA_ASSIGN_OR_RETURN(c.bp_div, int_field(bp, "n_div", 1, 1 << 16));
   if (c.hidden % c.bp_div != 0)
     return core::invalid_argument("config.json: block_parallel n_div " + std::to_string(c.bp_div) +
                                   " does not divide the hidden size " + std::to_string(c.hidden));
