@@ -49,7 +49,8 @@ void rope_f32(float* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_di
   core::KernelClock clock;
   TESSERA_CHECK(rows >= 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0 && ld >= heads * head_dim && pos0 >= 0);
   const int64_t half = head_dim / 2;
-  std::vector<float> cs(static_cast<size_t>(2 * half));
+  thread_local std::vector<float> cs;  // cos | sin of one row: no allocation per decode step
+  cs.resize(static_cast<size_t>(2 * half));
   for (int64_t r = 0; r < rows; ++r) {
     // The angle as Hugging Face forms it: an fp32 product of position and
     // frequency, then cos and sin.

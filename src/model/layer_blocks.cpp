@@ -44,22 +44,9 @@ AttentionIo shard_qkv_io(const HeadShard& s, const float* qkv, int64_t rows, flo
 
 void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, int64_t n, int64_t pos0,
                  core::ThreadPool* pool) {
-  const ModelConfig& c = m.config();
-  if (!c.llama_style() || s.heads() == 0) return;
-  const LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
-  const int64_t d = c.head_dim(), ld = s.qkv_width(), Q = s.q_width();
-  auto run = [&](int64_t b, int64_t e) {
-    float* rows = qkv + b * ld;
-    if (c.qk_norm)  // Qwen3: RMSNorm of every q and k head, before the rotation
-      for (int64_t i = 0; i < e - b; ++i) {
-        kernels::rmsnorm_f32(rows + i * ld, d, rows + i * ld, d, s.heads(), d, w.q_norm.f32(), c.eps);
-        kernels::rmsnorm_f32(rows + i * ld + Q, d, rows + i * ld + Q, d, s.kv_heads(), d, w.k_norm.f32(), c.eps);
-      }
-    // Q and K heads are adjacent in a row: one rotation covers both.
-    kernels::rope_f32(rows, ld, e - b, s.heads() + s.kv_heads(), d, pos0 + b, c.rope_inv_freq.data());
-  };
-  if (pool == nullptr || n < 2) return run(0, n);
-  pool->parallel_for(n, run);
+  if (s.heads() == 0) return;
+  position_heads(m, l, qkv, s.qkv_width(), n, pos0, s.heads(), false, pool);
+  position_heads(m, l, qkv + s.q_width(), s.qkv_width(), n, pos0, s.kv_heads(), true, pool);
 }
 
 void position_heads(const Transformer& m, int64_t l, float* x, int64_t ld, int64_t n, int64_t pos0, int64_t heads,
