@@ -28,17 +28,17 @@ planner::ClusterProfile synthetic(int k) {
   return p;
 }
 
+// BERT-large's shape with `layers` layers.
+model::ModelConfig bert_large(int64_t layers) {
+  return model::parse_config(R"({"model_type": "bert", "hidden_size": 1024, "num_attention_heads": 16,
+      "intermediate_size": 4096, "vocab_size": 30522, "max_position_embeddings": 512, "num_hidden_layers": )" +
+                             std::to_string(layers) + "}")
+      .value();
+}
+
 void BM_PlanAll(benchmark::State& state) {
   const int k = static_cast<int>(state.range(0));
-  model::ModelConfig c;
-  c.family = model::Family::kBert;
-  c.hidden = 1024;
-  c.heads = 16;
-  c.layers = state.range(1);
-  c.intermediate = 4096;
-  c.vocab = 30522;
-  c.max_positions = 512;
-  c.type_vocab = 2;
+  const model::ModelConfig c = bert_large(state.range(1));
   const planner::ClusterProfile p = synthetic(k);
   planner::PlannerOptions o;
   o.rows = 128;
@@ -50,18 +50,6 @@ void BM_PlanAll(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanAll)->Args({2, 12})->Args({4, 24})->Args({8, 48})->Unit(benchmark::kMillisecond);
 
-model::ModelConfig bert_large(int64_t layers) {
-  model::ModelConfig c;
-  c.family = model::Family::kBert;
-  c.hidden = 1024;
-  c.heads = 16;
-  c.layers = layers;
-  c.intermediate = 4096;
-  c.vocab = 30522;
-  c.max_positions = 512;
-  c.type_vocab = 2;
-  return c;
-}
 
 // The pipeline ILP alone (issue 13's goals: 8 devices and 48 units to
 // proven optimality within 1 s; 16 devices and 96 units within a 10 s

@@ -511,7 +511,7 @@ int bench(BenchSweepFlags& f) {
   if (f.strategies.empty()) f.strategies = default_strategies(*cfg);
   auto links = checked_links(f);
   if (!links.ok()) return fail(links.status().message());
-  const bool vit = cfg->family == model::Family::kVit;
+  const bool vit = cfg->takes_images();
   if (!vit && (f.seq < 1 || f.seq > cfg->max_positions))
     return fail("--seq must be in [1, " + std::to_string(cfg->max_positions) + "]");
   const int64_t rows = vit ? cfg->max_rows() : f.seq;
@@ -607,7 +607,7 @@ core::Status run_gnuplot(const std::string& script_path) {
 core::Result<BenchInput> bench_input(const model::ModelConfig& cfg, int64_t rows, int threads) {
   BenchInput in;
   in.request.threads = threads;
-  if (cfg.family == model::Family::kVit) {
+  if (cfg.takes_images()) {
     core::Tensor px = core::Tensor::zeros_f32({1, cfg.channels, cfg.image_size, cfg.image_size});
     for (int64_t i = 0; i < px.numel(); ++i) px.f32()[i] = static_cast<float>((i * 37) % 255) / 127.5f - 1.0f;
     auto path = std::make_shared<std::string>("/tmp/tessera-bench-pixels-" + std::to_string(::getpid()) + ".safetensors");

@@ -65,7 +65,7 @@ std::vector<model::ModelInput> random_inputs(const model::ModelConfig& c, int sa
   std::normal_distribution<float> nd;
   std::vector<model::ModelInput> out(static_cast<size_t>(samples));
   for (auto& in : out) {
-    if (c.family == model::Family::kVit) {
+    if (c.takes_images()) {
       in.pixels = core::Tensor::zeros_f32({1, c.channels, c.image_size, c.image_size});
       for (int64_t i = 0; i < in.pixels.numel(); ++i) in.pixels.f32()[i] = nd(rng);
     } else {
@@ -128,7 +128,7 @@ int fidelity(const FidelityFlags& f) {
   if (f.samples < 1) return fail("--samples must be >= 1");
   auto cfg = model::load_config(f.model);
   if (!cfg.ok()) return fail(cfg.status().to_string());
-  if (cfg->family != model::Family::kVit && (f.seq < 1 || f.seq > cfg->max_positions))
+  if (!cfg->takes_images() && (f.seq < 1 || f.seq > cfg->max_positions))
     return fail("--seq must be in [1, max_position_embeddings]");
   auto variants = expand_lists(*f.plan);
   if (!variants.ok()) return fail(variants.status().to_string());
@@ -160,7 +160,7 @@ int fidelity(const FidelityFlags& f) {
     }
     const double cosine = s.cosine_sum / static_cast<double>(std::max<int64_t>(s.rows, 1));
     const int64_t rows = refs[0].hidden.dim(0);
-    nlohmann::json j = {{"model", f.model}, {"model_type", model::family_name(cfg->family)},
+    nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family.c_str()},
                         {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
                         {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
                         {"max_abs_err", s.max_abs_err}};

@@ -330,7 +330,7 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
     std::cout << j.dump() << '\n';
   } else {
     std::printf("%s decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",
-                model::family_name(m.config().family), static_cast<long long>(b.seq), static_cast<long long>(b.generate), b.threads, median, steps.front(),
+                m.config().family.c_str(), static_cast<long long>(b.seq), static_cast<long long>(b.generate), b.threads, median, steps.front(),
                 static_cast<double>(bytes) / 1e6);
   }
   return 0;
@@ -343,7 +343,7 @@ int bench_local(const BenchFlags& b) {
   const auto& c = m->config();
   model::ModelInput in;
   std::mt19937_64 rng(1);
-  if (c.family == model::Family::kVit) {
+  if (c.takes_images()) {
     in.pixels = core::Tensor::zeros_f32({1, c.channels, c.image_size, c.image_size});
     std::normal_distribution<float> nd;
     for (int64_t i = 0; i < in.pixels.numel(); ++i) in.pixels.f32()[i] = nd(rng);
@@ -364,14 +364,14 @@ int bench_local(const BenchFlags& b) {
   }
   const double median = core::median(ms);
   std::sort(ms.begin(), ms.end());
-  const int64_t rows = c.family == model::Family::kVit ? c.max_rows() : b.seq;
+  const int64_t rows = c.takes_images() ? c.max_rows() : b.seq;
   if (b.json) {
-    nlohmann::json j = {{"model", b.model}, {"model_type", model::family_name(c.family)}, {"rows", rows},
+    nlohmann::json j = {{"model", b.model}, {"model_type", c.family.c_str()}, {"rows", rows},
                         {"threads", b.threads}, {"reps", b.reps}, {"median_ms", median}, {"min_ms", ms.front()},
                         {"max_ms", ms.back()}};
     std::cout << j.dump() << '\n';
   } else {
-    std::printf("%s rows=%lld threads=%d reps=%d median=%.2f ms min=%.2f ms max=%.2f ms\n", model::family_name(c.family),
+    std::printf("%s rows=%lld threads=%d reps=%d median=%.2f ms min=%.2f ms max=%.2f ms\n", c.family.c_str(),
                 static_cast<long long>(rows), b.threads, b.reps, median, ms.front(), ms.back());
   }
   return 0;

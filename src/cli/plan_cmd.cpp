@@ -91,7 +91,7 @@ int plan_command(const PlanCmd& f) {
     j["rows_planned"] = o.rows;
     std::cout << j.dump() << '\n';
   } else {
-    std::printf("%s, %lld rows, %d device(s)\n", model::family_name(c.value().family), static_cast<long long>(o.rows),
+    std::printf("%s, %lld rows, %d device(s)\n", c.value().family.c_str(), static_cast<long long>(o.rows),
                 cluster->size());
     print_table(t.value());
   }

@@ -10,12 +10,9 @@
 
 namespace tessera::model {
 
-// kLlama: the Llama-style decoders (Llama, Mistral, Qwen2, Qwen3; model/arch/llama.h).
-// kOpt: OPTForCausalLM (model/arch/opt.h).
-enum class Family { kBert, kGpt2, kVit, kLlama, kOpt };
 enum class HeadKind { kNone, kSequenceClassification, kLmHead, kImageClassification };
 
-const char* family_name(Family f);
+class Architecture;  // model/arch/architecture.h
 
 // Query heads [h0, h1) of a layer and the K/V heads [kv0, kv1) they read
 // (the same range without grouped K/V): a tensor-parallel shard's fused
@@ -30,8 +27,12 @@ struct HeadShard {
   int64_t qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
+// A model's shapes and its recipe: which shared blocks its embedding, layers
+// and head are built from. Its family's unit (model/arch/) fills it from
+// config.json; everything else reads the recipe, never the family.
 struct ModelConfig {
-  Family family = Family::kBert;
+  std::string family;        // the unit's name, for output ("gpt2")
+  const Architecture* arch = nullptr;  // its unit: tensor names (registry-owned, lives forever)
   std::string architecture;  // e.g. "BertForSequenceClassification"
   HeadKind head = HeadKind::kNone;
   int64_t hidden = 0;
@@ -40,7 +41,17 @@ struct ModelConfig {
   int64_t intermediate = 0;
   int64_t vocab = 0;          // text models
   int64_t max_positions = 0;  // text models: longest sequence
-  int64_t type_vocab = 0;     // BERT
+  int64_t type_vocab = 0;     // token types (BERT); 0: none
+  // The recipe. Input: token ids, or an image cut into patches after a
+  // class token (ViT).
+  bool images = false;
+  bool causal_attention = false;   // decoders: each row sees itself and earlier rows
+  bool learned_positions = false;  // a position table added to token rows ...
+  int64_t position_offset = 0;     // ... read this many rows in (OPT: 2)
+  bool embed_norm = false;         // a LayerNorm over the embedded rows (BERT)
+  bool pooled_head = false;        // the classifier reads a tanh pooler of the first row (BERT)
+  bool decouplable = false;        // DeTransformer's block_parallel form is defined (BERT, GPT-2, ViT)
+  bool llama_layers = false;       // RMSNorm, rotary positions and a gated SiLU MLP (model/arch/llama.cpp)
   float eps = 1e-12f;
   kernels::Activation act = kernels::Activation::kGeluErf;
   std::vector<std::string> labels;  // id2label, in id order
@@ -54,7 +65,7 @@ struct ModelConfig {
   // out; sorted (load_config).
   std::vector<int64_t> eos_token_ids;
   bool ends_generation(int64_t id) const;
-  // Llama-style decoders (model/arch/llama.h): grouped-query attention,
+  // Llama-style decoders (model/arch/llama.cpp): grouped-query attention,
   // an explicit head size, rotary positions, per-head q/k RMSNorm (Qwen3),
   // biases, a tied head.
   int64_t kv_heads = 0;       // 0: as many as query heads
@@ -66,8 +77,10 @@ struct ModelConfig {
   bool mlp_bias = false;
   bool tied_head = false;
   int64_t sliding_window = 0;  // Mistral/Qwen: longer sequences are refused; 0: none
-  // OPT: post-LN layers (do_layer_norm_before false), a final norm, and the
-  // token embedding width (project_in/project_out when it differs from F).
+  // Post-LN layers (BERT, OPT with do_layer_norm_before false); a norm after
+  // the last layer (decoders: on every row; image models: on the class row
+  // in the head); the token embedding width (OPT's project_in/project_out
+  // when it differs from F).
   bool post_layernorm = false;
   bool final_norm = false;
   int64_t embed_dim = 0;  // 0: hidden
@@ -93,7 +106,7 @@ struct ModelConfig {
   }
   // RMSNorm, RoPE and a gated SiLU MLP, in place of LayerNorm, learned
   // positions and a two-matrix MLP.
-  bool llama_style() const { return family == Family::kLlama; }
+  bool llama_style() const { return llama_layers; }
   int64_t ffn_in_rows() const { return llama_style() ? 2 * intermediate : intermediate; }  // gate|up fused
   // Every layer is multi-head attention over F-wide Q, K and V with learned
   // or no positions, LayerNorm and a two-matrix MLP: what the strategies
@@ -103,10 +116,12 @@ struct ModelConfig {
   int64_t num_labels() const { return static_cast<int64_t>(labels.size()); }
   // Longest input the model accepts, in rows (ViT: patches + CLS).
   int64_t max_rows() const;
-  bool causal() const { return family == Family::kGpt2 || family == Family::kLlama || family == Family::kOpt; }
+  bool causal() const { return causal_attention; }
   // A causal LM with its head: generation and /v1/completions take it.
   bool causal_lm() const { return causal() && head == HeadKind::kLmHead; }
-  bool pre_layernorm() const { return family != Family::kBert && !post_layernorm; }
+  bool pre_layernorm() const { return !post_layernorm; }
+  bool takes_images() const { return images; }
+  bool has_token_types() const { return type_vocab > 0; }
   bool decoupled(int64_t l) const;          // layer l is sub-blocks
   int64_t block_width() const { return bp_div > 0 ? hidden / bp_div : hidden; }  // h/N
 };

@@ -326,7 +326,7 @@ Status gen_model(const GenModelOptions& in) {
     return core::ok_status();
   }
   // The generated tokenizers need room for their fixed pieces.
-  if (c.family == Family::kBert && c.vocab >= 256)
+  if (!c.causal() && !c.takes_images() && c.vocab >= 256)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", wordpiece_tokenizer_json(c.vocab).dump()));
   if (c.causal() && c.vocab >= 257)
     TESSERA_RETURN_IF_ERROR(core::write_file(o.out_dir + "/tokenizer.json", bpe_tokenizer_json(c.vocab).dump()));

@@ -10,7 +10,6 @@
 #include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "model/arch/opt.h"
 #include "model/layer_blocks.h"
 
 namespace tessera::model {
@@ -50,7 +49,7 @@ Result<Transformer> Transformer::load(const std::string& dir, const LoadOptions&
 
 Status Transformer::validate_input(const ModelInput& in) const {
   const ModelConfig& c = config_;
-  if (c.family == Family::kVit) {
+  if (c.takes_images()) {
     if (in.pixels.empty()) return core::invalid_argument("ViT needs an image (pixel_values)");
     if (in.pixels.dtype() != core::DType::kF32) return core::invalid_argument("pixel_values must be F32");
     const core::Shape want{1, c.channels, c.image_size, c.image_size};
@@ -71,7 +70,7 @@ Status Transformer::validate_input(const ModelInput& in) const {
     if (id < 0 || id >= c.vocab)
       return core::out_of_range("token id " + std::to_string(id) + " outside the vocabulary [0, " + std::to_string(c.vocab) + ")");
   if (!in.token_types.empty()) {
-    if (c.family != Family::kBert) return core::invalid_argument("token types are only for BERT");
+    if (!c.has_token_types()) return core::invalid_argument("token types are only for models with a token-type table (BERT)");
     if (in.token_types.size() != in.ids.size())
       return core::invalid_argument(std::to_string(in.token_types.size()) + " token types for " + std::to_string(n) + " tokens");
     for (int64_t t : in.token_types)
@@ -85,9 +84,9 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
   const ModelConfig& c = config_;
   const ModelWeights& w = weights_;
   const int64_t F = c.hidden;
-  if (c.llama_style() ? w.word_emb.empty() && w.lm_head_w.empty() : w.pos_emb.empty())
+  if (c.learned_positions || c.takes_images() ? w.pos_emb.empty() : w.word_emb.empty() && w.lm_head_w.empty())
     return core::internal_error("embeddings are not loaded on this device");
-  if (c.family == Family::kVit) {
+  if (c.takes_images()) {
     TESSERA_RETURN_IF_ERROR(validate_input(in));
     const int64_t p = c.patch_size, side = c.image_size / p, np = side * side, C = c.channels;
     const int64_t patch_len = C * p * p;
@@ -121,31 +120,28 @@ Result<Tensor> Transformer::embed(const ModelInput& in, int64_t pos0) const {
     for (int64_t i = 0; i < n; ++i) w.word_row(in.ids[static_cast<size_t>(i)], tokens.f32() + i * c.token_width());
     kernels::linear_rows_f32(nullptr, tokens.f32(), n, w.project_in_w, Tensor(), Activation::kNone, nullptr, x.f32());
   }
-  // OPT's position table starts two rows in.
-  const int64_t pos_offset = c.family == Family::kOpt ? arch::kOptPositionOffset : 0;
   for (int64_t i = 0; i < n; ++i) {
     float* row = x.f32() + i * F;
     if (!c.projects_embeddings()) w.word_row(in.ids[static_cast<size_t>(i)], row);
-    if (c.llama_style()) continue;  // rotary positions are applied in attention
-    const float* pe = w.pos_emb.f32() + (pos0 + i + pos_offset) * F;
-    for (int64_t j = 0; j < F; ++j) row[j] += pe[j];
-    if (c.family == Family::kBert) {
+    if (c.learned_positions) {  // (rotary positions are applied in attention)
+      const float* pe = w.pos_emb.f32() + (pos0 + i + c.position_offset) * F;
+      for (int64_t j = 0; j < F; ++j) row[j] += pe[j];
+    }
+    if (c.has_token_types()) {
       const int64_t tt = in.token_types.empty() ? 0 : in.token_types[static_cast<size_t>(i)];
       if (tt < 0 || tt >= c.type_vocab) return core::out_of_range("token type " + std::to_string(tt) + " out of range");
       const float* te = w.type_emb.f32() + tt * F;
       for (int64_t j = 0; j < F; ++j) row[j] += te[j];
     }
   }
-  if (c.family == Family::kBert)
-    kernels::layernorm_f32(x.f32(), x.f32(), n, F, w.emb_ln_g.f32(), w.emb_ln_b.f32(), c.eps);
+  if (c.embed_norm) kernels::layernorm_f32(x.f32(), x.f32(), n, F, w.emb_ln_g.f32(), w.emb_ln_b.f32(), c.eps);
   return x;
 }
 
 float Transformer::attention_scale(int64_t l) const {
   float s = 1.0f;
-  if (config_.family != Family::kGpt2 || config_.scale_attn_weights)
-    s = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
-  if (config_.family == Family::kGpt2 && config_.scale_attn_by_inverse_layer_idx) s /= static_cast<float>(l + 1);
+  if (config_.scale_attn_weights) s = 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
+  if (config_.scale_attn_by_inverse_layer_idx) s /= static_cast<float>(l + 1);
   return s;
 }
 
@@ -261,7 +257,7 @@ void Transformer::layer(int64_t l, Tensor& x, int64_t pos0, KvCache* cache, Work
 
 void Transformer::finish_hidden(Tensor& x, core::ThreadPool* pool) const {
   if (!config_.causal()) return;
-  if (config_.family != Family::kOpt || config_.final_norm)  // OPT post-LN has none
+  if (config_.final_norm)  // (OPT post-LN has none)
     norm_rows(config_, weights_.final_ln_g, weights_.final_ln_b, x.f32(), x.f32(), x.dim(0), config_.hidden, pool);
   if (config_.projects_embeddings()) {  // OPT-350m: back to the token width
     Tensor out = Tensor::zeros_f32({x.dim(0), config_.token_width()});
@@ -286,7 +282,7 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
   // BERT pools the raw CLS row; ViT normalises first.
   Tensor cls = Tensor::zeros_f32({1, F});
   std::memcpy(cls.f32(), last.f32(), static_cast<size_t>(F) * sizeof(float));
-  if (c.family == Family::kVit) {
+  if (c.final_norm) {
     if (w.final_ln_g.empty()) return core::internal_error("the final layer norm is not loaded on this device");
     kernels::layernorm_f32(cls.f32(), cls.f32(), 1, F, w.final_ln_g.f32(), w.final_ln_b.f32(), c.eps);
   }
@@ -296,7 +292,7 @@ Status Transformer::head(const Tensor& last, bool last_row_only, ForwardOutput* 
   }
   if (c.head == HeadKind::kNone) return core::ok_status();
   if (w.classifier_w.empty()) return core::internal_error("the classifier is not loaded on this device");
-  const Tensor& feat = c.family == Family::kBert ? out->pooler : cls;
+  const Tensor& feat = c.pooled_head ? out->pooler : cls;
   out->logits = Tensor::zeros_f32({1, c.num_labels()});
   kernels::linear_rows_f32(nullptr, feat.f32(), 1, w.classifier_w, w.classifier_b, Activation::kNone, nullptr, out->logits.f32());
   return core::ok_status();

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "core/check.h"
-#include "model/arch/opt.h"
+#include "model/arch/architecture.h"
 
 namespace tessera::model {
 
@@ -22,111 +22,40 @@ struct Entry {
   bool required = true;
 };
 
+const TensorNames& names_of(const ModelConfig& c) {
+  TESSERA_CHECK_MSG(c.arch != nullptr, "a config without its family unit (parse_config sets it)");
+  return c.arch->names();
+}
+
 std::string layer_name(const ModelConfig& c, int64_t l, const std::string& leaf) {
-  const std::string i = std::to_string(l);
-  if (c.llama_style()) return "layers." + i + "." + leaf;
-  if (c.family == Family::kOpt) return "decoder.layers." + i + "." + leaf;
-  return (c.family == Family::kGpt2 ? "h." + i + "." : "encoder.layer." + i + ".") + leaf;
+  return names_of(c).layers + std::to_string(l) + "." + leaf;
 }
 
-// One table per architecture: the Hugging Face leaf name of each tensor of a
-// layer, by role. add_layer_entries (what a checkpoint must hold, and what
-// gen-model writes) and Loader::load_layer both read it, so a name is written
-// once.
-struct LayerNames {
-  bool conv1d = false;  // GPT-2: Conv1D matrices [in, out], Q|K|V fused in one
-  std::vector<std::string> qkv_w, qkv_b;  // one fused tensor, or query, key, value
-  std::string attn_out_w, attn_out_b, ffn_in_w, ffn_in_b, ffn_out_w, ffn_out_b;
-  std::string ln1_g, ln1_b, ln2_g, ln2_b;
-};
-
-const LayerNames& layer_names(Family f) {
-  static const LayerNames gpt2{true,
-                               {"attn.c_attn.weight"},
-                               {"attn.c_attn.bias"},
-                               "attn.c_proj.weight",
-                               "attn.c_proj.bias",
-                               "mlp.c_fc.weight",
-                               "mlp.c_fc.bias",
-                               "mlp.c_proj.weight",
-                               "mlp.c_proj.bias",
-                               "ln_1.weight",
-                               "ln_1.bias",
-                               "ln_2.weight",
-                               "ln_2.bias"};
-  auto encoder = [](const std::string& self, const std::string& ln1, const std::string& ln2) {
-    LayerNames n;
-    for (const char* x : {"query", "key", "value"}) {
-      n.qkv_w.push_back(self + x + ".weight");
-      n.qkv_b.push_back(self + x + ".bias");
-    }
-    n.attn_out_w = "attention.output.dense.weight";
-    n.attn_out_b = "attention.output.dense.bias";
-    n.ffn_in_w = "intermediate.dense.weight";
-    n.ffn_in_b = "intermediate.dense.bias";
-    n.ffn_out_w = "output.dense.weight";
-    n.ffn_out_b = "output.dense.bias";
-    n.ln1_g = ln1 + ".weight";
-    n.ln1_b = ln1 + ".bias";
-    n.ln2_g = ln2 + ".weight";
-    n.ln2_b = ln2 + ".bias";
-    return n;
-  };
-  static const LayerNames bert = encoder("attention.self.", "attention.output.LayerNorm", "output.LayerNorm");
-  static const LayerNames vit = encoder("attention.attention.", "layernorm_before", "layernorm_after");
-  static const LayerNames opt = [] {
-    LayerNames n;
-    for (const char* x : {"q_proj", "k_proj", "v_proj"}) {
-      n.qkv_w.push_back(std::string("self_attn.") + x + ".weight");
-      n.qkv_b.push_back(std::string("self_attn.") + x + ".bias");
-    }
-    n.attn_out_w = "self_attn.out_proj.weight";
-    n.attn_out_b = "self_attn.out_proj.bias";
-    n.ffn_in_w = "fc1.weight";
-    n.ffn_in_b = "fc1.bias";
-    n.ffn_out_w = "fc2.weight";
-    n.ffn_out_b = "fc2.bias";
-    n.ln1_g = "self_attn_layer_norm.weight";  // before attention (pre-LN) or after it (post-LN)
-    n.ln1_b = "self_attn_layer_norm.bias";
-    n.ln2_g = "final_layer_norm.weight";
-    n.ln2_b = "final_layer_norm.bias";
-    return n;
-  }();
-  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kOpt ? opt : vit;
-}
-
-// A Llama-style layer's tensors ([out, in]), by role.
-struct LlamaNames {
-  std::vector<std::string> qkv = {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."};
-  std::string o = "self_attn.o_proj.", q_norm = "self_attn.q_norm.weight", k_norm = "self_attn.k_norm.weight";
-  std::string ln1 = "input_layernorm.weight", ln2 = "post_attention_layernorm.weight";
-  std::vector<std::string> gate_up = {"mlp.gate_proj.", "mlp.up_proj."};
-  std::string down = "mlp.down_proj.";
-};
-const LlamaNames kLlama;
-
+// A Llama-style layer's tensors ([out, in]); biases and q/k norms as the
+// config has them.
 void add_llama_entries(const ModelConfig& c, int64_t l, const std::string& p, std::vector<Entry>* out) {
   const int64_t F = c.hidden, I = c.intermediate, d = c.head_dim();
+  const LayerNames& n = names_of(c).layer;
   auto add = [&](const std::string& leaf, Shape s) { out->push_back({p + layer_name(c, l, leaf), s, true}); };
-  add(kLlama.ln1, {F});
+  add(n.ln1_g, {F});
   const int64_t rows[3] = {c.q_width(), c.kv_width(), c.kv_width()};
-  for (int i = 0; i < 3; ++i) {
-    add(kLlama.qkv[static_cast<size_t>(i)] + "weight", {rows[i], F});
-    if (c.attention_bias) add(kLlama.qkv[static_cast<size_t>(i)] + "bias", {rows[i]});
+  for (size_t i = 0; i < 3; ++i) {
+    add(n.qkv_w[i], {rows[i], F});
+    if (c.attention_bias) add(n.qkv_b[i], {rows[i]});
   }
-  add(kLlama.o + "weight", {F, c.q_width()});
-  if (c.o_bias) add(kLlama.o + "bias", {F});
+  add(n.attn_out_w, {F, c.q_width()});
+  if (c.o_bias) add(n.attn_out_b, {F});
   if (c.qk_norm) {
-    add(kLlama.q_norm, {d});
-    add(kLlama.k_norm, {d});
+    add(n.q_norm, {d});
+    add(n.k_norm, {d});
   }
-  add(kLlama.ln2, {F});
-  for (const auto& g : kLlama.gate_up) {
-    add(g + "weight", {I, F});
-    if (c.mlp_bias) add(g + "bias", {I});
+  add(n.ln2_g, {F});
+  for (size_t i = 0; i < n.ffn_in_w.size(); ++i) {
+    add(n.ffn_in_w[i], {I, F});
+    if (c.mlp_bias) add(n.ffn_in_b[i], {I});
   }
-  add(kLlama.down + "weight", {F, I});
-  if (c.mlp_bias) add(kLlama.down + "bias", {F});
+  add(n.ffn_out_w, {F, I});
+  if (c.mlp_bias) add(n.ffn_out_b, {F});
 }
 
 // The tensors of one ordinary layer, or of one sub-block (`sub` =
@@ -134,7 +63,7 @@ void add_llama_entries(const ModelConfig& c, int64_t l, const std::string& p, st
 void add_block_entries(const ModelConfig& c, int64_t l, const std::string& sub, int64_t F, const std::string& p,
                        std::vector<Entry>* out) {
   const int64_t H = c.hidden, I = c.intermediate;  // attention and FFN widths stay whole
-  const LayerNames& n = layer_names(c.family);
+  const LayerNames& n = names_of(c).layer;
   auto add = [&](const std::string& leaf, Shape s, bool req = true) { out->push_back({p + layer_name(c, l, sub + leaf), s, req}); };
   auto norms = [&] {
     for (const std::string* ln : {&n.ln1_g, &n.ln1_b, &n.ln2_g, &n.ln2_b}) add(*ln, {F});
@@ -145,20 +74,20 @@ void add_block_entries(const ModelConfig& c, int64_t l, const std::string& sub, 
     add(n.qkv_b[0], {3 * H});
     add(n.attn_out_w, {H, F});
     add(n.attn_out_b, {F});
-    add(n.ffn_in_w, {F, I});
-    add(n.ffn_in_b, {I});
+    add(n.ffn_in_w[0], {F, I});
+    add(n.ffn_in_b[0], {I});
     add(n.ffn_out_w, {I, F});
     add(n.ffn_out_b, {F});
     return;
   }
   for (size_t i = 0; i < n.qkv_w.size(); ++i) {  // [out, in]
     add(n.qkv_w[i], {H, F});
-    add(n.qkv_b[i], {H}, c.family == Family::kBert || c.qkv_bias);
+    add(n.qkv_b[i], {H}, c.qkv_bias);
   }
   add(n.attn_out_w, {F, H});
   add(n.attn_out_b, {F});
-  add(n.ffn_in_w, {I, F});
-  add(n.ffn_in_b, {I});
+  add(n.ffn_in_w[0], {I, F});
+  add(n.ffn_in_b[0], {I});
   add(n.ffn_out_w, {F, I});
   add(n.ffn_out_b, {F});
   norms();
@@ -172,124 +101,46 @@ void add_layer_entries(const ModelConfig& c, int64_t l, const std::string& p, st
   for (int64_t i = 0; i < c.bp_div; ++i) add_block_entries(c, l, block_prefix(i), c.block_width(), p, out);
 }
 
-// The tensors around the layers, one table per architecture like
-// layer_names: entries_for and load_weights both read it.
-struct BaseNames {
-  std::string word, pos, type, emb_ln_g, emb_ln_b;  // BERT; GPT-2: word, pos
-  std::string cls, patch_w, patch_b;                // ViT
-  std::string final_ln_g, final_ln_b;               // GPT-2's ln_f, ViT's layernorm
-  std::string project_in, project_out;              // OPT
-  std::string pooler_w = "pooler.dense.weight", pooler_b = "pooler.dense.bias";
-  std::string lm_head = "lm_head.weight", classifier_w = "classifier.weight", classifier_b = "classifier.bias";
-};
-
-const BaseNames& base_names(Family f) {
-  static const BaseNames bert = [] {
-    BaseNames b;
-    b.word = "embeddings.word_embeddings.weight";
-    b.pos = "embeddings.position_embeddings.weight";
-    b.type = "embeddings.token_type_embeddings.weight";
-    b.emb_ln_g = "embeddings.LayerNorm.weight";
-    b.emb_ln_b = "embeddings.LayerNorm.bias";
-    return b;
-  }();
-  static const BaseNames gpt2 = [] {
-    BaseNames b;
-    b.word = "wte.weight";
-    b.pos = "wpe.weight";
-    b.final_ln_g = "ln_f.weight";
-    b.final_ln_b = "ln_f.bias";
-    return b;
-  }();
-  static const BaseNames vit = [] {
-    BaseNames b;
-    b.cls = "embeddings.cls_token";
-    b.pos = "embeddings.position_embeddings";
-    b.patch_w = "embeddings.patch_embeddings.projection.weight";
-    b.patch_b = "embeddings.patch_embeddings.projection.bias";
-    b.final_ln_g = "layernorm.weight";
-    b.final_ln_b = "layernorm.bias";
-    return b;
-  }();
-  static const BaseNames llama = [] {
-    BaseNames b;
-    b.word = "embed_tokens.weight";
-    b.final_ln_g = "norm.weight";
-    return b;
-  }();
-  static const BaseNames opt = [] {
-    BaseNames b;
-    b.word = "decoder.embed_tokens.weight";
-    b.pos = "decoder.embed_positions.weight";
-    b.final_ln_g = "decoder.final_layer_norm.weight";
-    b.final_ln_b = "decoder.final_layer_norm.bias";
-    b.project_in = "decoder.project_in.weight";
-    b.project_out = "decoder.project_out.weight";
-    return b;
-  }();
-  return f == Family::kGpt2 ? gpt2 : f == Family::kBert ? bert : f == Family::kLlama ? llama : f == Family::kOpt ? opt : vit;
-}
-
+// The tensors around the layers, as the recipe has them: entries_for and
+// load_weights both follow it.
 std::vector<Entry> entries_for(const ModelConfig& c, const std::string& p) {
-  const int64_t F = c.hidden;
-  const BaseNames& b = base_names(c.family);
+  const int64_t F = c.hidden, W = c.token_width();
+  const BaseNames& b = names_of(c).base;
   std::vector<Entry> e;
-  const bool has_head = c.head != HeadKind::kNone;
-  if (c.family == Family::kBert) {
-    e.push_back({p + b.word, {c.vocab, F}});
-    e.push_back({p + b.pos, {c.max_positions, F}});
-    e.push_back({p + b.type, {c.type_vocab, F}});
-    e.push_back({p + b.emb_ln_g, {F}});
-    e.push_back({p + b.emb_ln_b, {F}});
-  } else if (c.family == Family::kGpt2) {
-    e.push_back({p + b.word, {c.vocab, F}});
-    e.push_back({p + b.pos, {c.max_positions, F}});
-  } else if (c.llama_style()) {
-    e.push_back({p + b.word, {c.vocab, F}});
-  } else if (c.family == Family::kOpt) {
-    e.push_back({p + b.word, {c.vocab, c.token_width()}});
-    e.push_back({p + b.pos, {c.max_positions + arch::kOptPositionOffset, F}});
-    if (c.projects_embeddings()) e.push_back({p + b.project_in, {F, c.token_width()}});
-  } else {
+  if (c.takes_images()) {
     const int64_t ps = c.patch_size;
     e.push_back({p + b.cls, {1, 1, F}});
     e.push_back({p + b.pos, {1, c.max_rows(), F}});
     e.push_back({p + b.patch_w, {F, c.channels, ps, ps}});
     e.push_back({p + b.patch_b, {F}});
+  } else {
+    e.push_back({p + b.word, {c.vocab, W}});
+    if (c.learned_positions) e.push_back({p + b.pos, {c.max_positions + c.position_offset, F}});
+    if (c.has_token_types()) e.push_back({p + b.type, {c.type_vocab, F}});
+    if (c.embed_norm) {
+      e.push_back({p + b.emb_ln_g, {F}});
+      e.push_back({p + b.emb_ln_b, {F}});
+    }
+    if (c.projects_embeddings()) e.push_back({p + b.project_in, {F, W}});
   }
   for (int64_t l = 0; l < c.layers; ++l) add_layer_entries(c, l, p, &e);
-  if (c.family == Family::kOpt) {
-    if (c.final_norm) {
-      e.push_back({p + b.final_ln_g, {F}});
-      e.push_back({p + b.final_ln_b, {F}});
-    }
-    if (c.projects_embeddings()) e.push_back({p + b.project_out, {c.token_width(), F}});
-    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, c.token_width()}, !c.tied_head});
-    return e;
-  }
-  if (c.llama_style()) {
+  if (c.final_norm) {
     e.push_back({p + b.final_ln_g, {F}});
+    if (!c.llama_style()) e.push_back({p + b.final_ln_b, {F}});  // RMSNorm has no bias
+  }
+  if (c.projects_embeddings()) e.push_back({p + b.project_out, {W, F}});
+  if (c.causal()) {
     // A tied head reads the embeddings; a checkpoint may still store it.
-    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, F}, !c.tied_head});
+    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, W}, !c.tied_head});
     return e;
   }
-  if (c.family == Family::kGpt2) {
-    e.push_back({p + b.final_ln_g, {F}});
-    e.push_back({p + b.final_ln_b, {F}});
-    if (c.head == HeadKind::kLmHead) e.push_back({b.lm_head, {c.vocab, F}, false});
-  } else {
-    if (c.family == Family::kVit) {
-      e.push_back({p + b.final_ln_g, {F}});
-      e.push_back({p + b.final_ln_b, {F}});
-    }
-    // BERT's classifier reads the pooler; otherwise the pooler is optional.
-    const bool pooler_required = c.head == HeadKind::kSequenceClassification;
-    e.push_back({p + b.pooler_w, {F, F}, pooler_required});
-    e.push_back({p + b.pooler_b, {F}, pooler_required});
-    if (has_head) {
-      e.push_back({b.classifier_w, {c.num_labels(), F}});
-      e.push_back({b.classifier_b, {c.num_labels()}});
-    }
+  // A classifier that reads the pooler needs it; otherwise it is optional.
+  const bool pooler_required = c.pooled_head && c.head != HeadKind::kNone;
+  e.push_back({p + b.pooler_w, {F, F}, pooler_required});
+  e.push_back({p + b.pooler_b, {F}, pooler_required});
+  if (c.head != HeadKind::kNone) {
+    e.push_back({b.classifier_w, {c.num_labels(), F}});
+    e.push_back({b.classifier_b, {c.num_labels()}});
   }
   return e;
 }
@@ -305,21 +156,10 @@ bool ignorable(const std::string& name) {
          name.rfind("cls.", 0) == 0;
 }
 
-std::string hf_wrapper(Family f) {
-  switch (f) {
-    case Family::kGpt2: return "transformer.";
-    case Family::kBert: return "bert.";
-    case Family::kVit: return "vit.";
-    case Family::kLlama: return "model.";
-    case Family::kOpt: return "model.";
-  }
-  return "";
-}
-
 std::string detect_prefix(const ModelConfig& c, const TensorStore& store) {
-  const BaseNames& b = base_names(c.family);
-  const std::string probe = c.family == Family::kVit ? b.cls : b.word;
-  return store.contains(hf_wrapper(c.family) + probe) ? hf_wrapper(c.family) : "";
+  const TensorNames& n = names_of(c);
+  const std::string probe = c.takes_images() ? n.base.cls : n.base.word;
+  return store.contains(n.wrapper + probe) ? n.wrapper : "";
 }
 
 Tensor concat_rows(const std::vector<Tensor>& parts) {
@@ -505,36 +345,38 @@ class Loader {
 // them); gate and up stacked as the MLP's input matrix.
 Result<RawLayer> Loader::load_llama_layer(int64_t l) {
   RawLayer w;
-  auto matrices = [&](const std::vector<std::string>& leaves, bool biased, Tensor* bias) -> Result<RawMatrix> {
+  const LayerNames& n = names_of(c_).layer;
+  auto matrices = [&](const std::vector<std::string>& ws, const std::vector<std::string>& bs, bool biased,
+                      Tensor* bias) -> Result<RawMatrix> {
     std::vector<RawMatrix> ms;
-    std::vector<Tensor> bs;
-    for (const auto& leaf : leaves) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf + "weight", w));
+    std::vector<Tensor> bt;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, ws[i], w));
       ms.push_back(linear_of(t));
       if (biased) {
-        TESSERA_ASSIGN_OR_RETURN(Tensor b, layer(l, leaf + "bias", w));
-        bs.push_back(b);
+        TESSERA_ASSIGN_OR_RETURN(Tensor b, layer(l, bs[i], w));
+        bt.push_back(b);
       }
     }
-    if (biased) *bias = bs.size() == 1 ? bs[0] : concat_rows(bs);
+    if (biased) *bias = bt.size() == 1 ? bt[0] : concat_rows(bt);
     return ms.size() == 1 ? std::move(ms[0]) : stack(ms, c_.hidden);
   };
-  TESSERA_ASSIGN_OR_RETURN(w.qkv, matrices(kLlama.qkv, c_.attention_bias, &w.qkv_b));
-  TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrices({kLlama.o}, c_.o_bias, &w.attn_out_b));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrices(kLlama.gate_up, c_.mlp_bias, &w.ffn_in_b));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_out, matrices({kLlama.down}, c_.mlp_bias, &w.ffn_out_b));
-  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, kLlama.ln1, w));
-  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, kLlama.ln2, w));
+  TESSERA_ASSIGN_OR_RETURN(w.qkv, matrices(n.qkv_w, n.qkv_b, c_.attention_bias, &w.qkv_b));
+  TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrices({n.attn_out_w}, {n.attn_out_b}, c_.o_bias, &w.attn_out_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrices(n.ffn_in_w, n.ffn_in_b, c_.mlp_bias, &w.ffn_in_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_out, matrices({n.ffn_out_w}, {n.ffn_out_b}, c_.mlp_bias, &w.ffn_out_b));
+  TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, n.ln1_g, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ln2_g, layer(l, n.ln2_g, w));
   if (c_.qk_norm) {
-    TESSERA_ASSIGN_OR_RETURN(w.q_norm, layer(l, kLlama.q_norm, w));
-    TESSERA_ASSIGN_OR_RETURN(w.k_norm, layer(l, kLlama.k_norm, w));
+    TESSERA_ASSIGN_OR_RETURN(w.q_norm, layer(l, n.q_norm, w));
+    TESSERA_ASSIGN_OR_RETURN(w.k_norm, layer(l, n.k_norm, w));
   }
   return w;
 }
 
 Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F) {
   if (c_.llama_style()) return load_llama_layer(l);
-  const LayerNames& n = layer_names(c_.family);
+  const LayerNames& n = names_of(c_).layer;
   RawLayer w;
   auto layer = [&](int64_t li, const std::string& leaf, RawLayer& into) { return this->layer(li, sub + leaf, into); };
   auto matrix = [&](const std::string& leaf) -> Result<RawMatrix> {
@@ -546,7 +388,7 @@ Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F
   for (size_t i = 0; i < n.qkv_w.size(); ++i) {
     TESSERA_ASSIGN_OR_RETURN(RawMatrix m, matrix(n.qkv_w[i]));
     ws.push_back(std::move(m));
-    if (n.conv1d || c_.family == Family::kBert || c_.qkv_bias) {
+    if (n.conv1d || c_.qkv_bias) {
       TESSERA_ASSIGN_OR_RETURN(Tensor bt, layer(l, n.qkv_b[i], w));
       bs.push_back(bt);
     } else {
@@ -557,8 +399,8 @@ Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F
   w.qkv_b = bs.size() == 1 ? bs[0] : concat_rows(bs);
   TESSERA_ASSIGN_OR_RETURN(w.attn_out, matrix(n.attn_out_w));
   TESSERA_ASSIGN_OR_RETURN(w.attn_out_b, layer(l, n.attn_out_b, w));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrix(n.ffn_in_w));
-  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, n.ffn_in_b, w));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in, matrix(n.ffn_in_w[0]));
+  TESSERA_ASSIGN_OR_RETURN(w.ffn_in_b, layer(l, n.ffn_in_b[0], w));
   TESSERA_ASSIGN_OR_RETURN(w.ffn_out, matrix(n.ffn_out_w));
   TESSERA_ASSIGN_OR_RETURN(w.ffn_out_b, layer(l, n.ffn_out_b, w));
   TESSERA_ASSIGN_OR_RETURN(w.ln1_g, layer(l, n.ln1_g, w));
@@ -594,9 +436,9 @@ void infer_head(ModelConfig& c, const TensorStore& store, const std::string& pre
   if (!c.architecture.empty()) return;
   if (c.causal()) {
     c.head = prefix.empty() ? HeadKind::kNone : HeadKind::kLmHead;
-  } else if (store.contains(base_names(c.family).classifier_w)) {
-    c.head = c.family == Family::kBert ? HeadKind::kSequenceClassification : HeadKind::kImageClassification;
-    const TensorInfo* info = store.info(base_names(c.family).classifier_w);
+  } else if (store.contains(names_of(c).base.classifier_w)) {
+    c.head = c.takes_images() ? HeadKind::kImageClassification : HeadKind::kSequenceClassification;
+    const TensorInfo* info = store.info(names_of(c).base.classifier_w);
     if (info->shape.size() == 2 && c.num_labels() != info->shape[0]) {
       c.labels.clear();
       for (int64_t i = 0; i < info->shape[0]; ++i) c.labels.push_back("LABEL_" + std::to_string(i));
@@ -652,7 +494,7 @@ void ModelWeights::word_row(int64_t id, float* dst) const {
 
 std::string hf_prefix(const ModelConfig& c) {
   if (c.head == HeadKind::kNone) return "";
-  return hf_wrapper(c.family);
+  return names_of(c).wrapper;
 }
 
 std::vector<NamedShape> hf_tensor_table(const ModelConfig& c) {
@@ -701,31 +543,14 @@ Result<Shard> shard_of(const ModelConfig& c, const LoadOptions& opts) {
   return s;
 }
 
-// The input side: word, position (and BERT's token type) embeddings, or
-// ViT's class token, positions and patch projection. GPT-2 with tied
-// weights keeps one packed wte, which serves the lookup and the LM head.
+// The input side, as entries_for lists it: token rows (with a tied head,
+// one packed matrix serves the lookup and the head), positions, token types,
+// their norm and projection; or an image's class token, positions and patch
+// projection.
 core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
-                             bool gpt2_tied, ModelWeights& w) {
-  const BaseNames& b = base_names(c.family);
-  if (c.family == Family::kBert) {
-    TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
-    TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
-    TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
-    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
-    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
-  } else if (c.causal()) {
-    if (gpt2_tied) {
-      TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
-    }
-    if (!c.llama_style()) {
-      TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
-    }
-    if (c.projects_embeddings()) {
-      TESSERA_ASSIGN_OR_RETURN(w.project_in_w, ld.packed(prefix + b.project_in));
-    }
-  } else {
+                             bool tied_packed, ModelWeights& w) {
+  const BaseNames& b = names_of(c).base;
+  if (c.takes_images()) {
     TESSERA_ASSIGN_OR_RETURN(Tensor cls, ld.owned_base(b.cls));
     w.cls_token = cls.reshaped({c.hidden});
     TESSERA_ASSIGN_OR_RETURN(Tensor pos, ld.owned_base(b.pos));
@@ -734,38 +559,54 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     w.patch_w = kernels::PackedLinear::pack(pw.reshaped({c.hidden, c.channels * c.patch_size * c.patch_size}));
     store.release(prefix + b.patch_w);
     TESSERA_ASSIGN_OR_RETURN(w.patch_b, ld.owned_base(b.patch_b));
+    return core::ok_status();
+  }
+  if (tied_packed) {
+    TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
+  }
+  if (c.learned_positions) {
+    TESSERA_ASSIGN_OR_RETURN(w.pos_emb, ld.owned_base(b.pos));
+  }
+  if (c.has_token_types()) {
+    TESSERA_ASSIGN_OR_RETURN(w.type_emb, ld.owned_base(b.type));
+  }
+  if (c.embed_norm) {
+    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_g, ld.owned_base(b.emb_ln_g));
+    TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
+  }
+  if (c.projects_embeddings()) {
+    TESSERA_ASSIGN_OR_RETURN(w.project_in_w, ld.packed(prefix + b.project_in));
   }
   return core::ok_status();
 }
 
-// The output side: GPT-2's final norm and LM head (tied: the packed wte,
-// unless the embeddings brought it already); ViT's final norm; the pooler
-// where the checkpoint has one, and the classifier.
+// The output side: the final norm, the projection back to the token width
+// and the LM head (tied: the packed token table, unless the embeddings
+// brought it already); or the pooler where the checkpoint has one, and the
+// classifier.
 core::Status load_head(Loader& ld, const TensorStore& store, const ModelConfig& c, const std::string& prefix,
-                       bool gpt2_tied, ModelWeights& w) {
-  const BaseNames& b = base_names(c.family);
-  if (c.causal()) {
-    if (c.family != Family::kOpt || c.final_norm) {
-      TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-    }
-    if (c.family == Family::kGpt2 || (c.family == Family::kOpt && c.final_norm)) {
+                       bool tied_packed, ModelWeights& w) {
+  const BaseNames& b = names_of(c).base;
+  if (c.final_norm) {
+    TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
+    if (!c.llama_style()) {
       TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
     }
+  }
+  if (c.causal()) {
     if (c.projects_embeddings()) {
       TESSERA_ASSIGN_OR_RETURN(w.project_out_w, ld.packed(prefix + b.project_out));
     }
     if (c.head == HeadKind::kLmHead) {
-      if (!gpt2_tied) {
+      if (!tied_packed) {
         TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
       } else if (w.lm_head_w.empty()) {
         TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));  // tied
       }
     }
     return core::ok_status();
-  }
-  if (c.family == Family::kVit) {
-    TESSERA_ASSIGN_OR_RETURN(w.final_ln_g, ld.owned_base(b.final_ln_g));
-    TESSERA_ASSIGN_OR_RETURN(w.final_ln_b, ld.owned_base(b.final_ln_b));
   }
   if (store.contains(prefix + b.pooler_w)) {
     TESSERA_ASSIGN_OR_RETURN(w.pooler_w, ld.packed(prefix + b.pooler_w));
@@ -825,9 +666,9 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   // word embeddings last would add their size to the peak.
   // GPT-2 and tied Llama-style heads: one packed matrix serves the lookup
   // and the head (a tied checkpoint that still stores lm_head reads it).
-  const bool gpt2_tied = c.causal() && !store.contains(base_names(c.family).lm_head);
-  if (opts.embeddings || opts.head) TESSERA_RETURN_IF_ERROR(load_embeddings(ld, store, c, prefix, gpt2_tied, w));
-  if (opts.head) TESSERA_RETURN_IF_ERROR(load_head(ld, store, c, prefix, gpt2_tied, w));
+  const bool tied_packed = c.causal() && !store.contains(names_of(c).base.lm_head);
+  if (opts.embeddings || opts.head) TESSERA_RETURN_IF_ERROR(load_embeddings(ld, store, c, prefix, tied_packed, w));
+  if (opts.head) TESSERA_RETURN_IF_ERROR(load_head(ld, store, c, prefix, tied_packed, w));
   if (!opts.only_parts.empty() && opts.only_parts.size() != opts.only_layers.size())
     return core::invalid_argument("only_parts needs one entry per layer of only_layers");
   w.layers.resize(static_cast<size_t>(c.layers));

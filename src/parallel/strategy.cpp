@@ -177,22 +177,21 @@ int64_t shard_weight_bytes(const model::ModelConfig& c, Range heads, int64_t ffn
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+// What load_weights gives the terminal (embeddings and head), from the recipe.
 int64_t terminal_weight_bytes(const model::ModelConfig& c) {
-  const int64_t F = c.hidden;
-  if (c.llama_style())  // no position table; the embeddings, the final norm, an untied head
-    return (c.vocab * F * (c.tied_head ? 1 : 2) + F) * static_cast<int64_t>(sizeof(float));
-  if (c.family == model::Family::kOpt) {  // positions (2 rows in), tokens, projections, final norm, untied head
-    const int64_t W = c.token_width();
-    int64_t floats = (c.max_positions + 2) * F + c.vocab * W * (c.tied_head ? 1 : 2) + (c.final_norm ? 2 * F : 0);
-    if (c.projects_embeddings()) floats += 2 * F * W;
-    return floats * static_cast<int64_t>(sizeof(float));
-  }
-  int64_t floats = c.max_rows() * F;  // positions
-  if (c.family == model::Family::kVit) {
-    floats += F + F * c.channels * c.patch_size * c.patch_size + F + 2 * F;  // cls, patches, final norm
+  const int64_t F = c.hidden, W = c.token_width();
+  int64_t floats = 0;
+  if (c.takes_images()) {
+    floats += c.max_rows() * F + F + F * c.channels * c.patch_size * c.patch_size + F;  // positions, cls, patches
   } else {
-    floats += c.vocab * F + (c.family == model::Family::kBert ? c.type_vocab * F + 2 * F : 2 * F);
+    const bool own_head = c.causal() && c.head == model::HeadKind::kLmHead && !c.tied_head;
+    floats += c.vocab * W * (own_head ? 2 : 1);
+    if (c.learned_positions) floats += (c.max_positions + c.position_offset) * F;
+    if (c.has_token_types()) floats += c.type_vocab * F;
+    if (c.embed_norm) floats += 2 * F;
+    if (c.projects_embeddings()) floats += 2 * F * W;  // in and out
   }
+  if (c.final_norm) floats += c.llama_style() ? F : 2 * F;
   if (!c.causal() && c.head != model::HeadKind::kNone)
     floats += F * F + F + c.num_labels() * F + c.num_labels();  // pooler, classifier
   return floats * static_cast<int64_t>(sizeof(float));

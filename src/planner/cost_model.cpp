@@ -81,8 +81,8 @@ std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n) {
   std::vector<parallel::Work> w;
   w.push_back(parallel::elementwise("embed", n, c.hidden));
   if (c.projects_embeddings()) w.push_back(parallel::gemm("project_in", n, c.token_width(), c.hidden));
-  if (c.family == model::Family::kBert) w.push_back(parallel::elementwise("norm", n, c.hidden));
-  if (c.family == model::Family::kVit) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
+  if (c.embed_norm) w.push_back(parallel::elementwise("norm", n, c.hidden));
+  if (c.takes_images()) w.push_back(parallel::gemm("patches", n - 1, c.channels * c.patch_size * c.patch_size, c.hidden));
   return w;
 }
 
@@ -94,8 +94,8 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
     if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.token_width(), c.vocab));
     return w;
   }
-  if (c.family == model::Family::kVit) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));
-  if (c.family == model::Family::kBert) w.push_back(parallel::gemm("pooler", 1, c.hidden, c.hidden));
+  if (c.final_norm) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));
+  if (c.pooled_head) w.push_back(parallel::gemm("pooler", 1, c.hidden, c.hidden));
   if (c.head != model::HeadKind::kNone) w.push_back(parallel::gemm("classifier", 1, c.hidden, c.num_labels()));
   return w;
 }

@@ -34,8 +34,8 @@ int64_t logits_bytes(const model::ModelConfig& c, int64_t n) {
 }
 
 int64_t input_bytes(const model::ModelConfig& c, int64_t n) {
-  if (c.family == model::Family::kVit) return c.channels * c.image_size * c.image_size * 4;
-  return n * 8 * (c.family == model::Family::kBert ? 2 : 1);  // ids (and token types)
+  if (c.takes_images()) return c.channels * c.image_size * c.image_size * 4;
+  return n * 8 * (c.has_token_types() ? 2 : 1);  // ids (and token types)
 }
 
 }  // namespace

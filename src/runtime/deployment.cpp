@@ -66,12 +66,12 @@ Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k)
 }
 
 int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
-  if (c.family == model::Family::kVit) return c.max_rows();
+  if (c.takes_images()) return c.max_rows();
   return seq > 0 ? std::min(seq, c.max_rows()) : std::min<int64_t>(128, c.max_rows());
 }
 
 Result<int64_t> request_rows(const std::string& model_dir, const model::ModelConfig& c, const std::string& text, size_t ids) {
-  if (c.family == model::Family::kVit) return c.max_rows();
+  if (c.takes_images()) return c.max_rows();
   if (ids > 0) return static_cast<int64_t>(ids);
   if (text.empty()) return core::invalid_argument("give --text or --ids");
   TESSERA_ASSIGN_OR_RETURN(auto tok, model::load_tokenizer(model_dir));

@@ -29,7 +29,7 @@ core::Status check_request_memory(const parallel::Plan& plan, const model::Model
 }
 
 int64_t input_rows(const model::ModelConfig& c, const model::ModelInput& in) {
-  return c.family == model::Family::kVit ? c.max_rows() : static_cast<int64_t>(in.ids.size());
+  return c.takes_images() ? c.max_rows() : static_cast<int64_t>(in.ids.size());
 }
 
 Result<model::ForwardOutput> terminal_forward(const model::Transformer& model, const parallel::Plan& plan,

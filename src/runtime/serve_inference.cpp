@@ -23,7 +23,7 @@ Result<RunResult> Server::forward(const model::ModelInput& in) {
 
 void Server::embeddings(const httplib::Request& req, httplib::Response& res) {
   const auto& c = engine_.config();
-  if (c.family == model::Family::kVit) return send_error(res, 400, "embeddings take text; this model takes images");
+  if (c.takes_images()) return send_error(res, 400, "embeddings take text; this model takes images");
   auto r = api::parse_embedding(req.body, limits_);
   if (!r.ok()) return fail(res, r.status());
   std::vector<model::ModelInput> inputs;
@@ -68,7 +68,7 @@ void Server::classify(const httplib::Request& req, httplib::Response& res) {
   auto r = api::parse_classify(req.body, limits_);
   if (!r.ok()) return fail(res, r.status());
   std::vector<model::ModelInput> inputs;
-  const bool vit = c.family == model::Family::kVit;
+  const bool vit = c.takes_images();
   if (vit != r->image.has_value())
     return send_error(res, 400, vit ? "this model classifies images: send \"image\"" : "this model classifies text: send \"input\"");
   if (vit) {

@@ -19,7 +19,6 @@ namespace tessera::runtime {
 using core::Result;
 using core::Status;
 using core::Tensor;
-using model::Family;
 
 Result<std::vector<int64_t>> parse_id_list(const std::string& text) {
   std::vector<int64_t> ids;
@@ -58,7 +57,7 @@ Result<Tensor> load_pixels(const std::string& path) {
 Result<model::ModelInput> build_input(const model::Transformer& m, const RunRequest& req) {
   if (input_kinds(req) != 1) return core::invalid_argument("give exactly one input: --text, --ids, --image or --pixels");
   model::ModelInput in;
-  const bool vit = m.config().family == Family::kVit;
+  const bool vit = m.config().takes_images();
   if (vit && (!req.text.empty() || !req.ids.empty())) return core::invalid_argument("a ViT model takes --image or --pixels");
   if (!vit && (!req.image_path.empty() || !req.pixels_path.empty()))
     return core::invalid_argument("a text model takes --text or --ids");
@@ -165,7 +164,7 @@ std::string format_human(const RunResult& r) {
     }
   } else if (!r.output.logits.empty()) {
     const Tensor& l = r.output.logits;
-    const auto top = top_probs(l.f32(), l.dim(1), r.config.family == Family::kVit ? 5 : l.dim(1));
+    const auto top = top_probs(l.f32(), l.dim(1), r.config.takes_images() ? 5 : l.dim(1));
     os << "label: " << label_of(r.config, top[0].first) << " (" << top[0].second << ")\n";
     for (auto [id, p] : top) os << "  " << label_of(r.config, id) << "  " << p << '\n';
   } else {
@@ -178,7 +177,7 @@ std::string format_human(const RunResult& r) {
 
 nlohmann::json to_json(const RunResult& r) {
   nlohmann::json j;
-  j["model_type"] = model::family_name(r.config.family);
+  j["model_type"] = r.config.family.c_str();
   j["architecture"] = r.config.architecture;
   j["input_ids"] = r.input_ids;
   j["latency_ms"] = r.latency_ms;

@@ -1,4 +1,4 @@
-// The Llama-style decoders (Llama, Qwen2, Qwen3; model/arch/llama.h) against
+// The Llama-style decoders (Llama, Qwen2, Qwen3; model/arch/llama.cpp) against
 // the independent PyTorch reference fixtures: every hidden state and the
 // logits of every case, greedy generation, the GQA KV cache, and config
 // errors that name their field.

@@ -135,16 +135,9 @@ TEST(Ilp, MalformedProblemIsAnError) {
 }
 
 model::ModelConfig gpt2_config(int64_t layers) {
-  model::ModelConfig c;
-  c.family = model::Family::kGpt2;
-  c.hidden = 64;
-  c.heads = 4;
-  c.layers = layers;
-  c.intermediate = 256;
-  c.vocab = 1000;
-  c.max_positions = 128;
-  c.head = model::HeadKind::kLmHead;
-  return c;
+  return model::parse_config(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4,
+      "n_inner": 256, "vocab_size": 1000, "n_positions": 128, "n_layer": )" + std::to_string(layers) + "}")
+      .value();
 }
 
 ClusterProfile two_devices(double speed1, double mbps) {

@@ -16,16 +16,10 @@ namespace {
 using parallel::CollectiveKind;
 
 model::ModelConfig bert_like(int64_t layers = 4) {
-  model::ModelConfig c;
-  c.family = model::Family::kBert;
-  c.hidden = 256;
-  c.heads = 4;
-  c.layers = layers;
-  c.intermediate = 1024;
-  c.vocab = 1000;
-  c.max_positions = 128;
-  c.type_vocab = 2;
-  return c;
+  return model::parse_config(R"({"model_type": "bert", "hidden_size": 256, "num_attention_heads": 4,
+      "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 128, "num_hidden_layers": )" +
+                             std::to_string(layers) + "}")
+      .value();
 }
 
 // A device whose every kernel runs at `gflops` (GEMM and attention) and

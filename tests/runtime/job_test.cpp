@@ -104,14 +104,10 @@ namespace {
 // what is available, before any layer allocates (an allocation failure there
 // would abort). A request that fits passes.
 TEST(RequestMemoryTest, ActivationsBeyondAvailableMemoryAreRefusedUpFront) {
-  model::ModelConfig c;
-  c.family = model::Family::kBert;
-  c.hidden = 4096;
-  c.heads = 32;
-  c.intermediate = 16384;
-  c.layers = 2;
-  c.vocab = 1000;
-  c.max_positions = int64_t{1} << 22;
+  const model::ModelConfig c =
+      model::parse_config(R"({"model_type": "bert", "hidden_size": 4096, "num_attention_heads": 32, "intermediate_size": 16384,
+          "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 1048576})")
+          .value();
   parallel::Plan single;
   single.strategy = "single";
   ASSERT_TRUE(parallel::complete_plan(single, c).ok());

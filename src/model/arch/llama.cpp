@@ -1,16 +1,20 @@
-#include "model/arch/llama.h"
-
+// The Llama-style decoder family: LlamaForCausalLM (Llama 2/3/3.1/3.2,
+// TinyLlama, SmolLM2), MistralForCausalLM, Qwen2ForCausalLM and
+// Qwen3ForCausalLM. One layer: RMSNorm, attention with rotary positions
+// (rotate-half layout) and grouped-query K/V heads (Qwen3: RMSNorm of each
+// q and k head first), RMSNorm, a gated SiLU MLP. The differences are
+// config flags (biases, q/k norms, head size, tied head, RoPE scaling).
 #include <cmath>
 
+#include "model/arch/architecture.h"
 #include "model/arch/fields.h"
 
 namespace tessera::model::arch {
 
-using nlohmann::json;
+namespace {
 
-
-bool is_llama_type(const std::string& t) { return t == "llama" || t == "mistral" || t == "qwen2" || t == "qwen3"; }
-
+// RoPE frequencies for head size d: rope_theta^(-2i/d), then rope_scaling
+// (none/"default", "linear", "llama3"); any other type is an error naming it.
 core::Result<std::vector<float>> rope_frequencies(const json& j, int64_t d) {
   if (d % 2 != 0) return core::invalid_argument("config.json: head_dim " + std::to_string(d) + " is odd; RoPE needs pairs");
   TESSERA_ASSIGN_OR_RETURN(const double theta, number_field(j, "rope_theta", 1.0, 1e12, 10000.0));
@@ -58,11 +62,8 @@ core::Result<std::vector<float>> rope_frequencies(const json& j, int64_t d) {
   return f;
 }
 
-core::Status parse_llama_config(const json& j, const std::string& type, ModelConfig& c) {
-  constexpr int64_t kMaxDim = 1 << 16;
-  TESSERA_ASSIGN_OR_RETURN(c.hidden, int_field(j, "hidden_size", 1, kMaxDim));
-  TESSERA_ASSIGN_OR_RETURN(c.heads, int_field(j, "num_attention_heads", 1, 1024));
-  TESSERA_ASSIGN_OR_RETURN(c.layers, int_field(j, "num_hidden_layers", 1, 1024));
+core::Status parse_llama(const json& j, const std::string& type, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(common_dims(j, c.hidden, c.heads, c.layers));
   TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 20));
   TESSERA_ASSIGN_OR_RETURN(c.vocab, int_field(j, "vocab_size", 1, 1 << 24));
   TESSERA_ASSIGN_OR_RETURN(c.max_positions, int_field(j, "max_position_embeddings", 1, 1 << 24));
@@ -97,7 +98,53 @@ core::Status parse_llama_config(const json& j, const std::string& type, ModelCon
     TESSERA_ASSIGN_OR_RETURN(c.sliding_window, int_field(j, "sliding_window", 1, 1 << 24));
   }
   c.act = kernels::Activation::kNone;  // the gate's SiLU is swiglu_f32's
+  c.causal_attention = c.llama_layers = c.final_norm = true;
   return core::ok_status();
 }
+
+class Llama final : public Architecture {
+ public:
+  std::string name() const override { return "llama"; }
+  std::vector<std::string> model_types() const override { return {"llama", "mistral", "qwen2", "qwen3"}; }
+  std::vector<std::pair<std::string, HeadKind>> classes() const override {
+    std::vector<std::pair<std::string, HeadKind>> out;
+    for (const char* f : {"Llama", "Mistral", "Qwen2", "Qwen3"}) {
+      out.push_back({std::string(f) + "Model", HeadKind::kNone});
+      out.push_back({std::string(f) + "ForCausalLM", HeadKind::kLmHead});
+    }
+    return out;
+  }
+  core::Status parse(const json& j, const std::string& type, ModelConfig& c) const override { return parse_llama(j, type, c); }
+  const TensorNames& names() const override {
+    static const TensorNames n = [] {
+      TensorNames t;
+      t.wrapper = "model.";
+      t.layers = "layers.";
+      LayerNames& l = t.layer;
+      for (const char* x : {"q_proj", "k_proj", "v_proj"}) {
+        l.qkv_w.push_back(std::string("self_attn.") + x + ".weight");
+        l.qkv_b.push_back(std::string("self_attn.") + x + ".bias");
+      }
+      l.attn_out_w = "self_attn.o_proj.weight";
+      l.attn_out_b = "self_attn.o_proj.bias";
+      l.ffn_in_w = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
+      l.ffn_in_b = {"mlp.gate_proj.bias", "mlp.up_proj.bias"};
+      l.ffn_out_w = "mlp.down_proj.weight";
+      l.ffn_out_b = "mlp.down_proj.bias";
+      l.ln1_g = "input_layernorm.weight";
+      l.ln2_g = "post_attention_layernorm.weight";
+      l.q_norm = "self_attn.q_norm.weight";
+      l.k_norm = "self_attn.k_norm.weight";
+      t.base.word = "embed_tokens.weight";
+      t.base.final_ln_g = "norm.weight";
+      return t;
+    }();
+    return n;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Architecture> make_llama_architecture() { return std::make_shared<Llama>(); }
 
 }  // namespace tessera::model::arch
