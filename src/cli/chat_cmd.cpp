@@ -12,6 +12,7 @@
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "model/chat.h"
+#include "model/generate.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "runtime/session.h"
@@ -53,6 +54,7 @@ class Chatter {
       TESSERA_ASSIGN_OR_RETURN(r.plan, build_plan(*f.plan, f.plan->strategy, cluster.size(), true));
     }
     r.rows = 0;  // planned as serve plans (plan_rows' default); budgets at the model's longest input
+    r.ctx_size = model::context_size(c->config_, f.gen);
     TESSERA_ASSIGN_OR_RETURN(runtime::Deployment d, runtime::deploy(cluster, c->config_, r));
     d.session.budget_rows = 0;
     TESSERA_ASSIGN_OR_RETURN(c->session_, runtime::Session::start(d.session));
@@ -65,10 +67,11 @@ class Chatter {
     TESSERA_ASSIGN_OR_RETURN(const std::string prompt, template_->render(messages, true));
     if (show_prompt) std::fprintf(stderr, "[prompt]%s[/prompt]\n", prompt.c_str());
     TESSERA_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, model::chat_prompt_ids(*tok_, prompt, template_->bos_token()));
-    const auto room = config_.max_positions - static_cast<int64_t>(ids.size());
+    const int64_t ctx = model::context_size(config_, base);
+    const auto room = ctx - static_cast<int64_t>(ids.size());
     if (room < 1)
-      return core::out_of_range("the conversation's " + std::to_string(ids.size()) + " tokens fill the model's " +
-                                std::to_string(config_.max_positions) + " positions: /reset to start again");
+      return core::out_of_range("the conversation's " + std::to_string(ids.size()) + " tokens fill the context of " +
+                                std::to_string(ctx) + " positions (--ctx-size): /reset to start again");
     model::GenerateOptions o = base;
     o.max_new_tokens = base.max_new_tokens < 0 ? room : std::min(base.max_new_tokens, room);
     o.eos_token_id = -1;  // the end-of-turn ids below stop it
@@ -167,6 +170,7 @@ void add_chat_flags(CLI::App* cmd, ChatFlags& f) {
   cmd->add_option("--top-p", f.gen.top_p, "nucleus sampling threshold")->capture_default_str();
   cmd->add_option("--seed", f.gen.seed, "sampling seed")->capture_default_str();
   cmd->add_flag("--show-prompt", f.show_prompt, "print each rendered prompt to stderr");
+  cmd->add_option("--ctx-size", f.gen.ctx_size, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
 }
 
 void add_chat_command(CLI::App& app) {

@@ -140,6 +140,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (!rows.ok()) return fail(rows.status().to_string());
   runtime::DeployRequest dr;
   dr.rows = *rows;  // planned for, and budgets checked at, this request's rows
+  if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
   if (f.plan->strategy == "auto") {
     dr.plan.strategy = "auto";
   } else {
@@ -220,6 +221,10 @@ int run_command(RunFlags& f) {
 
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f);
 
+void add_ctx_size(CLI::App* cmd, int64_t& ctx) {
+  cmd->add_option("--ctx-size", ctx, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
+}
+
 void add_run(CLI::App& app) {
   auto f = std::make_shared<RunFlags>();
   CLI::App* cmd = app.add_subcommand("run", "run one inference");
@@ -233,6 +238,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
+  add_ctx_size(cmd, f->req.gen.ctx_size);
   f->req.gen.greedy = false;
   add_distributed_options(cmd, f);
   cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
@@ -256,6 +262,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
+  add_ctx_size(cmd, f->req.gen.ctx_size);
   add_distributed_options(cmd, f);
   cmd->callback([f] {
     int rc = finish_parse(*f);
@@ -288,6 +295,7 @@ struct BenchFlags {
   int warmup = 2;
   bool json = false;
   int64_t generate = 0;  // GPT-2: greedy decode steps after a --seq prompt
+  int64_t ctx_size = 0;
 };
 
 // GPT-2 decode: a --seq-token prompt, then b.generate greedy tokens, reps
@@ -301,6 +309,7 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
   for (int i = 0; i < b.warmup + b.reps; ++i) {
     model::GenerateOptions o;
     o.max_new_tokens = b.generate;
+    o.ctx_size = b.ctx_size;
     o.greedy = true;
     o.eos_token_id = -1;
     core::Timer t;
@@ -388,6 +397,7 @@ void add_bench_local(CLI::App& app) {
   cmd->add_flag("--json", b->json, "machine-readable output");
   cmd->add_option("--generate", b->generate,
                   "causal LMs: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
+  add_ctx_size(cmd, b->ctx_size);
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 

@@ -74,6 +74,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--failover-timeout", f->serve.failover_ms, "ms a device may stay silent during a run before it is dropped")
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds loading and forming the group may take")->capture_default_str();
+  cmd->add_option("--ctx-size", f->serve.ctx_size, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }
 

@@ -80,9 +80,15 @@ uint64_t resume_seed(uint64_t seed, int64_t tokens) {
   return seed;
 }
 
-int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts) {
-  return std::min<int64_t>(c.max_positions, prompt_len + std::clamp<int64_t>(opts.max_new_tokens, 1, c.max_positions));
+int64_t context_size(const ModelConfig& c, const GenerateOptions& opts) { return context_size(c, opts.ctx_size); }
+
+int64_t context_size(const ModelConfig& c, int64_t ctx_size) {
+  int64_t ctx = ctx_size > 0 ? std::min(ctx_size, c.max_positions) : std::min(c.max_positions, kDefaultContext);
+  if (c.sliding_window > 0) ctx = std::min(ctx, c.sliding_window);  // longer is refused (validate_input)
+  return ctx;
 }
+
+int64_t generation_positions(const ModelConfig& c, int64_t, const GenerateOptions& opts) { return context_size(c, opts); }
 
 Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
                                            const GenerateOptions& opts, core::ThreadPool* pool, const ChunkLayers& layers) {
@@ -92,6 +98,13 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
   TESSERA_RETURN_IF_ERROR(validate_generate_options(opts));
   ModelInput in{prompt, {}, {}};
   TESSERA_RETURN_IF_ERROR(model.validate_input(in));
+  if (opts.ctx_size < 0 || opts.ctx_size > c.max_positions)
+    return core::out_of_range("--ctx-size " + std::to_string(opts.ctx_size) + " outside [1, max_position_embeddings = " +
+                              std::to_string(c.max_positions) + "]");
+  const int64_t ctx = context_size(c, opts);
+  if (static_cast<int64_t>(prompt.size()) > ctx)
+    return core::out_of_range("a prompt of " + std::to_string(prompt.size()) + " tokens is longer than the context of " +
+                              std::to_string(ctx) + " positions (--ctx-size)");
   // -2: every end-of-generation id of the model (config.json and generation_config.json).
   const auto ends = [&](int64_t id) {
     if (opts.eos_token_id == -2) return c.ends_generation(id) || id == c.eos_token_id;
@@ -101,7 +114,7 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
   uint64_t rng_state = opts.seed;
   int64_t pos = 0;
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
-    if (static_cast<int64_t>(seq.size()) >= c.max_positions) break;
+    if (static_cast<int64_t>(seq.size()) >= ctx) break;  // the context is full
     ModelInput chunk{{seq.begin() + pos, seq.end()}, {}, {}};
     TESSERA_ASSIGN_OR_RETURN(Tensor x, model.embed(chunk, pos));
     TESSERA_ASSIGN_OR_RETURN(x, layers(std::move(x), pos));

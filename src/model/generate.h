@@ -19,6 +19,10 @@ struct GenerateOptions {
   float top_p = 1.0f;         // 1: no nucleus filter
   float temperature = 1.0f;
   uint64_t seed = 0;
+  // The context (--ctx-size): the positions every KV cache of the generation
+  // holds, prompt and new tokens together, allocated up front. 0: the smaller
+  // of max_position_embeddings and kDefaultContext.
+  int64_t ctx_size = 0;
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
@@ -36,7 +40,12 @@ core::Status validate_generate_options(const GenerateOptions& opts);
 // -1 when every logit is NaN.
 int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& opts, uint64_t* rng_state);
 
-// The cache positions a request needs: sized by it, not by the model's maximum.
+constexpr int64_t kDefaultContext = 4096;
+// The context of a generation (see GenerateOptions::ctx_size).
+int64_t context_size(const ModelConfig& c, const GenerateOptions& opts);
+int64_t context_size(const ModelConfig& c, int64_t ctx_size);  // the same from --ctx-size alone
+// The positions each KV cache of a generation holds: the context. A prompt
+// longer than it is refused; the generation ends when it is full.
 int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts);
 
 // The layers of one chunk: embedded rows x [n, F] at positions pos0..,

@@ -197,6 +197,26 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions) {
+  const Strategy* s = find_strategy(plan.strategy);
+  if (s == nullptr || !s->decodes() || positions <= 0) return 0;
+  const model::LoadOptions o = load_options(plan, c, rank);
+  const int64_t kv_width = c.head_shard(o.head_begin, o.head_end < 0 ? c.heads : o.head_end).kv_width();
+  int64_t layers = 0;
+  if (!o.only_layers.empty()) {
+    for (size_t i = 0; i < o.only_layers.size(); ++i)
+      layers += o.only_parts.empty() || (o.only_parts[i] & 1) ? 1 : 0;  // the attention block's device
+  } else {
+    layers = (o.layer_end < 0 ? c.layers : o.layer_end) - o.layer_begin;
+  }
+  return 2 * layers * positions * kv_width * static_cast<int64_t>(sizeof(float));
+}
+
+void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions) {
+  for (size_t d = 0; d < s.devices.size(); ++d)
+    s.devices[d].kv_bytes = kv_cache_bytes(plan, c, static_cast<int>(d), positions);
+}
+
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows) {
   if (rows <= 0) return;
   const int64_t F = c.hidden, I = c.intermediate;

@@ -179,6 +179,13 @@ ShardDims shard_dims(const model::ModelConfig& c, Range heads, int64_t ffn_cols)
 int64_t shard_weight_bytes(const model::ModelConfig& c, Range heads, int64_t ffn_cols);
 // Bytes of the embeddings and the head (the terminal's).
 int64_t terminal_weight_bytes(const model::ModelConfig& c);
+// Bytes of rank `rank`'s KV caches for a generation of `positions`
+// positions: the K/V heads its head shard reads (replicated ones included)
+// in every layer whose attention it holds, as its decoder allocates them; 0
+// for a strategy that does not decode.
+int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions);
+// Every device's kv_bytes in `s` (positions <= 0: none).
+void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions);
 // The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
 // layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);

@@ -53,7 +53,7 @@ core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector
     return core::invalid_argument("--memory-limit needs " + std::to_string(s.devices.size()) + " values, got " +
                                   std::to_string(budgets.size()));
   for (size_t d = 0; d < budgets.size(); ++d) {
-    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes;
+    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes + s.devices[d].kv_bytes;
     if (budgets[d] > 0 && need > budgets[d])
       return core::resource_exhausted("device " + std::to_string(d) + " needs " + format_bytes(need) +
                                       " for this plan, its budget is " + format_bytes(budgets[d]));
@@ -169,7 +169,8 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     const auto u = static_cast<size_t>(d);
     DevicePrediction& dp = out.devices[u];
     dp.end_ms = t[u];
-    dp.memory_bytes = s.devices[u].weight_bytes + s.devices[u].activation_bytes + p.devices[u].runtime_bytes;
+    dp.memory_bytes =
+        s.devices[u].weight_bytes + s.devices[u].activation_bytes + s.devices[u].kv_bytes + p.devices[u].runtime_bytes;
     dp.budget_bytes = p.devices[u].memory_bytes;
     if (dp.budget_bytes > 0 && dp.memory_bytes > dp.budget_bytes && out.fits) {
       out.fits = false;

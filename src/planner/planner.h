@@ -39,6 +39,9 @@ struct PlanTable {
 
 struct PlannerOptions {
   int64_t rows = 128;          // the request's row count
+  // > 0: plans for a generation; every device also holds its KV caches at
+  // this context (--ctx-size), replicated K/V heads included.
+  int64_t ctx_size = 0;
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
   int refine_steps = 24;       // cost-model refinements of a row partition
   // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the

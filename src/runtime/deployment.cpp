@@ -195,6 +195,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows));
     planner::PlannerOptions o;
     o.rows = rows;
+    o.ctx_size = r.ctx_size;
     TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
     out.chosen = t.rows[static_cast<size_t>(t.chosen)];
     out.plan = out.chosen->plan;
@@ -228,6 +229,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
   s.run_timeout_ms = r.run_timeout_ms;
   s.cpus_per_device = o.cpus_per_device;
   s.budget_rows = rows;
+  s.budget_ctx = r.ctx_size;
   // Local devices are alike: the chosen ones run as the first local
   // processes, with their budgets and speeds. Daemons run where they are,
   // in the plan's order.

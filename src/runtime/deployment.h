@@ -97,6 +97,9 @@ struct DeployRequest {
   parallel::Plan plan;
   int64_t rows = 0;            // the request's rows: planned for and budgets checked at (0: plan_rows' default)
   int64_t run_timeout_ms = 0;  // > 0: a run's waits end after this long (serve's failover)
+  // > 0: a generation with this context (--ctx-size): every device's KV
+  // caches at it count against its budget, in the planner and the session.
+  int64_t ctx_size = 0;
 };
 
 struct Deployment {

@@ -7,6 +7,8 @@
 // pure functions of serve_api.h.
 #include "runtime/serve.h"
 
+#include "model/generate.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -72,7 +74,8 @@ Status Server::run() {
   TESSERA_RETURN_IF_ERROR(engine_.start());
   const auto& c = engine_.config();
   limits_.vocab = c.vocab;
-  limits_.max_positions = c.max_positions;
+  // Text models: prompt plus max_tokens fit the context (causal LMs) or the model.
+  limits_.max_positions = c.causal_lm() ? model::context_size(c, opts_.ctx_size) : c.max_positions;
   routes();
   const int port = opts_.port == 0 ? svr_.bind_to_any_port(opts_.host) : (svr_.bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   if (port < 0) return core::network_error("cannot listen on " + opts_.host + ":" + std::to_string(opts_.port));

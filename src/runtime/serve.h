@@ -31,6 +31,10 @@ struct ServeOptions {
   int64_t deadline_ms = 120000;  // per request, queueing included
   int64_t failover_ms = 1000;    // a device silent this long during a run is dropped
   int64_t readmit_ms = 1000;     // how often dropped cluster devices are asked whether they are back
+  // Causal LMs: the context of every generation (--ctx-size; KV caches hold
+  // it, prompt plus max_tokens must fit it, device budgets count it). 0: the
+  // smaller of max_position_embeddings and 4096.
+  int64_t ctx_size = 0;
   // Once the port is bound, "listening on http://HOST:PORT" is printed to
   // stdout (the port matters with port 0).
 };

@@ -30,7 +30,8 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   o.top_p = static_cast<float>(r.top_p);
   o.top_k = r.top_k;
   const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
-  const int64_t room = engine_.config().max_positions - static_cast<int64_t>(g.prompt.size());
+  o.ctx_size = limits_.max_positions;
+  const int64_t room = limits_.max_positions - static_cast<int64_t>(g.prompt.size());
   const int64_t max_new = std::min(r.max_tokens, room);
   // The text grows by whole characters only (a byte-level token can end
   // inside one): what the stream decoder releases, scanned for stop strings.
@@ -130,10 +131,10 @@ void Server::completions(const httplib::Request& req, httplib::Response& res) {
   auto ids = tokens(r->prompt, false);
   if (!ids.ok()) return fail(res, ids.status());
   g->prompt = *ids;
-  const auto& c = engine_.config();
-  if (static_cast<int64_t>(g->prompt.size()) + r->max_tokens > c.max_positions)
+  const int64_t ctx = limits_.max_positions;
+  if (static_cast<int64_t>(g->prompt.size()) + r->max_tokens > ctx)
     return send_error(res, 400, "the prompt's " + std::to_string(g->prompt.size()) + " tokens plus max_tokens " +
-                                    std::to_string(r->max_tokens) + " exceed the model's " + std::to_string(c.max_positions) +
+                                    std::to_string(r->max_tokens) + " exceed the context of " + std::to_string(ctx) +
                                     " positions");
   answer(Shape{false, "cmpl-" + std::to_string(++next_id_), model_name_}, *r, g, res);
 }
@@ -153,12 +154,12 @@ void Server::chat_completions(const httplib::Request& req, httplib::Response& re
   auto ids = model::chat_prompt_ids(*engine_.tokenizer(), *prompt, tmpl->bos_token());
   if (!ids.ok()) return fail(res, ids.status());
   g->prompt = *ids;
-  const auto& c = engine_.config();
+  const int64_t ctx = limits_.max_positions;
   const auto used = static_cast<int64_t>(g->prompt.size());
-  if (used >= c.max_positions || (r->max_tokens_given && used + r->sampling.max_tokens > c.max_positions))
+  if (used >= ctx || (r->max_tokens_given && used + r->sampling.max_tokens > ctx))
     return send_error(res, 400, "the conversation's " + std::to_string(used) + " tokens" +
                                     (r->max_tokens_given ? " plus max_tokens " + std::to_string(r->sampling.max_tokens) : "") +
-                                    " exceed the model's " + std::to_string(c.max_positions) + " positions");
+                                    " exceed the context of " + std::to_string(ctx) + " positions");
   answer(Shape{true, "chatcmpl-" + std::to_string(++next_id_), model_name_}, r->sampling, g, res);
 }
 

@@ -194,6 +194,7 @@ Status Engine::start_session(bool first) {
     req.plan = world == 1 ? parallel::single_device_plan() : opts_.plan;  // down to the terminal alone
     req.rows = 0;  // planned for plan_rows' default
     req.run_timeout_ms = opts_.failover_ms;
+    if (config_.causal_lm()) req.ctx_size = model::context_size(config_, opts_.ctx_size);
     auto d = deploy(*cluster_, config_, req, std::vector<int>(avail.begin(), avail.begin() + world));
     if (!d.ok()) {
       last = d.status();

@@ -95,7 +95,8 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan_, cfg));
   if (!opts_.memory_limits.empty()) {
     const int64_t rows = opts_.budget_rows > 0 ? std::min(opts_.budget_rows, cfg.max_rows()) : cfg.max_rows();
-    TESSERA_ASSIGN_OR_RETURN(const parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
+    TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
+    parallel::add_kv_cache(sched, plan_, cfg, opts_.budget_ctx);
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
   JobSpec& job = job_;

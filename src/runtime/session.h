@@ -54,6 +54,8 @@ struct SessionOptions {
   // The input rows those budgets are checked at (0: the model's longest
   // input); a longer request is then refused rather than run over budget.
   int64_t budget_rows = 0;
+  // > 0: the KV caches of a generation with this context count too.
+  int64_t budget_ctx = 0;
   // Emulated speed of each device in (0, 1] (--device-speed,
   // core/device_speed.h); empty: all at full speed.
   std::vector<double> device_speeds;

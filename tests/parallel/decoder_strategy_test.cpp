@@ -11,6 +11,7 @@
 #include "generate_check.h"
 #include "model/safetensors.h"
 #include "parallel/strategy.h"
+#include "planner/cost_model.h"
 #include "runtime/in_process.h"
 
 namespace tessera::parallel {
@@ -130,6 +131,74 @@ TEST(DecoderStrategyTest, PrismRefusesRotaryModelsWithTheReason) {
       EXPECT_TRUE(st.ok()) << fixture << ": " << st.to_string();
     }
   }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+// --ctx-size: the KV caches hold the context; a generation ends when it is
+// full, with the tokens it would have had, and a longer prompt is refused.
+TEST(ContextTest, TheContextBoundsTheGenerationOnEveryDecodingStrategy) {
+  const std::string dir = kData + "/qwen3-mqa-tiny";
+  auto cases = model::SafeTensorsFile::open(dir + "/cases.safetensors").value();
+  const auto prompt = testing::ids_of(cases.get("generate.prompt").value());
+  const auto want = testing::ids_of(cases.get("generate.output").value());
+  ASSERT_GE(want.size(), prompt.size() + 3);
+  model::GenerateOptions opts;
+  opts.greedy = true;
+  opts.max_new_tokens = static_cast<int64_t>(want.size() - prompt.size());
+  opts.ctx_size = static_cast<int64_t>(prompt.size()) + 2;  // room for two new tokens
+  const std::vector<int64_t> two(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(prompt.size() + 2));
+  for (const std::string strategy : {"single", "tp", "galaxy", "pipeline"}) {
+    Plan plan = make_plan(strategy, strategy == "single" ? 1 : 3);
+    ASSERT_TRUE(complete_plan(plan, model::load_config(dir).value()).ok());
+    auto models = runtime::load_rank_models(dir, plan);
+    ASSERT_TRUE(models.ok()) << models.status().to_string();
+    auto got = runtime::generate_in_process(plan, *models, prompt, opts);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(*got, two) << strategy;
+    model::GenerateOptions small = opts;
+    small.ctx_size = static_cast<int64_t>(prompt.size()) - 1;
+    const auto refused = runtime::generate_in_process(plan, *models, prompt, small);
+    ASSERT_FALSE(refused.ok()) << strategy;
+    EXPECT_NE(refused.status().message().find("--ctx-size"), std::string::npos) << refused.status().to_string();
+    small.ctx_size = (*models)[0].config().max_positions + 1;
+    EXPECT_EQ(runtime::generate_in_process(plan, *models, prompt, small).status().code(), core::ErrorCode::kOutOfRange);
+  }
+}
+
+// Each device's KV caches at the context, as its decoder allocates them:
+// with one K/V head and three tp ranks, each rank holds the (replicated)
+// head in every layer; a pipeline rank holds its layers' caches; a strategy
+// that does not decode holds none.
+TEST(ContextTest, KvCacheBytesFollowTheShards) {
+  const auto c = model::load_config(kData + "/qwen3-mqa-tiny").value();
+  ASSERT_EQ(c.kv_head_count(), 1);
+  const int64_t ctx = 100, per_layer = 2 * ctx * c.kv_width() * 4;
+  Plan single = make_plan("single", 1);
+  ASSERT_TRUE(complete_plan(single, c).ok());
+  EXPECT_EQ(kv_cache_bytes(single, c, 0, ctx), c.layers * per_layer);
+  Plan tp = make_plan("tp", 3);
+  ASSERT_TRUE(complete_plan(tp, c).ok());
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(kv_cache_bytes(tp, c, r, ctx), c.layers * per_layer) << r;
+  Plan pipe = make_plan("pipeline", 2);
+  ASSERT_TRUE(complete_plan(pipe, c).ok());
+  EXPECT_EQ(kv_cache_bytes(pipe, c, 0, ctx) + kv_cache_bytes(pipe, c, 1, ctx), c.layers * per_layer);
+  EXPECT_GT(kv_cache_bytes(pipe, c, 1, ctx), 0);
+  Plan voltage = make_plan("voltage", 2);
+  ASSERT_TRUE(complete_plan(voltage, c).ok());
+  EXPECT_EQ(kv_cache_bytes(voltage, c, 1, ctx), 0);
+  // The schedule carries them, and a budget between the two needs is refused only with them.
+  auto s = estimate(single, c, 16).value();
+  const int64_t without = s.devices[0].weight_bytes + s.devices[0].activation_bytes;
+  add_kv_cache(s, single, c, ctx);
+  EXPECT_EQ(s.devices[0].kv_bytes, c.layers * per_layer);
+  const std::vector<int64_t> budget{without + c.layers * per_layer / 2};
+  EXPECT_TRUE(planner::check_memory_budgets(estimate(single, c, 16).value(), budget).ok());
+  EXPECT_EQ(planner::check_memory_budgets(s, budget).code(), core::ErrorCode::kResourceExhausted);
 }
 
 }  // namespace
