@@ -55,6 +55,7 @@ class Chatter {
     }
     r.rows = 0;  // planned as serve plans (plan_rows' default); budgets at the model's longest input
     r.ctx_size = model::context_size(c->config_, f.gen);
+    r.kv_dtype = f.gen.kv_dtype;
     TESSERA_ASSIGN_OR_RETURN(runtime::Deployment d, runtime::deploy(cluster, c->config_, r));
     d.session.budget_rows = 0;
     TESSERA_ASSIGN_OR_RETURN(c->session_, runtime::Session::start(d.session));
@@ -170,7 +171,7 @@ void add_chat_flags(CLI::App* cmd, ChatFlags& f) {
   cmd->add_option("--top-p", f.gen.top_p, "nucleus sampling threshold")->capture_default_str();
   cmd->add_option("--seed", f.gen.seed, "sampling seed")->capture_default_str();
   cmd->add_flag("--show-prompt", f.show_prompt, "print each rendered prompt to stderr");
-  cmd->add_option("--ctx-size", f.gen.ctx_size, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
+  add_context_flags(cmd, f.gen.ctx_size, f.gen.kv_dtype);
 }
 
 void add_chat_command(CLI::App& app) {

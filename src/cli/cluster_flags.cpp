@@ -1,5 +1,8 @@
 #include "cli/cluster_flags.h"
 
+#include <map>
+#include <string>
+
 namespace tessera::cli {
 
 void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeout_s) {
@@ -14,6 +17,16 @@ void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeo
   cmd->add_option("--device-speed", o.device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
   cmd->add_option("--profile", o.profile_file, "--strategy auto, --bp-plan auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_option("--timeout", timeout_s, "seconds any network wait may take (1..86400)")->capture_default_str();
+}
+
+void add_context_flags(CLI::App* cmd, int64_t& ctx_size, core::DType& kv_type) {
+  cmd->add_option("--ctx-size", ctx_size,
+                  "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")
+      ->check(CLI::PositiveNumber);
+  const std::map<std::string, core::DType> types{{"f32", core::DType::kF32}, {"f16", core::DType::kF16}};
+  cmd->add_option("--kv-type", kv_type, "KV cache values: f32, or f16 (half the memory)")
+      ->transform(CLI::CheckedTransformer(types, CLI::ignore_case))
+      ->default_str("f32");
 }
 
 }  // namespace tessera::cli

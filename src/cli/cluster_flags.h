@@ -13,4 +13,8 @@ namespace tessera::cli {
 // --insecure, --memory-limit, --device-speed, --profile and --timeout (seconds).
 void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeout_s);
 
+// A generation's KV caches: --ctx-size (positions, prompt included) and
+// --kv-type f32|f16 (generate, run, chat, serve, bench-local).
+void add_context_flags(CLI::App* cmd, int64_t& ctx_size, core::DType& kv_type);
+
 }  // namespace tessera::cli

@@ -141,6 +141,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   runtime::DeployRequest dr;
   dr.rows = *rows;  // planned for, and budgets checked at, this request's rows
   if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
+  dr.kv_dtype = f.req.gen.kv_dtype;
   if (f.plan->strategy == "auto") {
     dr.plan.strategy = "auto";
   } else {
@@ -221,9 +222,6 @@ int run_command(RunFlags& f) {
 
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f);
 
-void add_ctx_size(CLI::App* cmd, int64_t& ctx) {
-  cmd->add_option("--ctx-size", ctx, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
-}
 
 void add_run(CLI::App& app) {
   auto f = std::make_shared<RunFlags>();
@@ -238,7 +236,7 @@ void add_run(CLI::App& app) {
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
-  add_ctx_size(cmd, f->req.gen.ctx_size);
+  add_context_flags(cmd, f->req.gen.ctx_size, f->req.gen.kv_dtype);
   f->req.gen.greedy = false;
   add_distributed_options(cmd, f);
   cmd->callback([f] { throw CLI::RuntimeError(run_command(*f)); });
@@ -262,7 +260,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--top-p", f->req.gen.top_p, "nucleus sampling threshold");
   cmd->add_option("--temperature", f->req.gen.temperature, "sampling temperature");
   cmd->add_option("--seed", f->req.gen.seed, "sampling seed");
-  add_ctx_size(cmd, f->req.gen.ctx_size);
+  add_context_flags(cmd, f->req.gen.ctx_size, f->req.gen.kv_dtype);
   add_distributed_options(cmd, f);
   cmd->callback([f] {
     int rc = finish_parse(*f);
@@ -296,6 +294,7 @@ struct BenchFlags {
   bool json = false;
   int64_t generate = 0;  // GPT-2: greedy decode steps after a --seq prompt
   int64_t ctx_size = 0;
+  core::DType kv_dtype = core::DType::kF32;
 };
 
 // GPT-2 decode: a --seq-token prompt, then b.generate greedy tokens, reps
@@ -310,6 +309,7 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
     model::GenerateOptions o;
     o.max_new_tokens = b.generate;
     o.ctx_size = b.ctx_size;
+    o.kv_dtype = b.kv_dtype;
     o.greedy = true;
     o.eos_token_id = -1;
     core::Timer t;
@@ -397,7 +397,7 @@ void add_bench_local(CLI::App& app) {
   cmd->add_flag("--json", b->json, "machine-readable output");
   cmd->add_option("--generate", b->generate,
                   "causal LMs: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
-  add_ctx_size(cmd, b->ctx_size);
+  add_context_flags(cmd, b->ctx_size, b->kv_dtype);
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 

@@ -1,6 +1,7 @@
 // `tessera serve`: flags -> runtime::ServeOptions; the server is runtime/serve.
 #include <cstdio>
 
+#include "cli/cluster_flags.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "core/io.h"
@@ -74,7 +75,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--failover-timeout", f->serve.failover_ms, "ms a device may stay silent during a run before it is dropped")
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds loading and forming the group may take")->capture_default_str();
-  cmd->add_option("--ctx-size", f->serve.ctx_size, "the context: KV cache positions of a generation, prompt included (default: max_position_embeddings, at most 4096)")->check(CLI::PositiveNumber);
+  add_context_flags(cmd, f->serve.ctx_size, f->serve.kv_dtype);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }
 

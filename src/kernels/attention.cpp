@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include "core/device_speed.h"
 #include "core/check.h"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -12,6 +17,32 @@
 namespace tessera::kernels {
 
 int64_t attention_scratch_floats(int64_t n_q, int64_t n_kv, int64_t heads) { return n_q * n_kv * heads; }
+
+void f16_rows_to_f32(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * ld_src;
+    float* d = dst + r * ld_dst;
+    int64_t j = 0;
+#if defined(__F16C__)
+    for (; j + 8 <= cols; j += 8)
+      _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + j))));
+#endif
+    for (; j < cols; ++j) d[j] = core::f16_to_f32(s[j]);
+  }
+}
+
+void f32_rows_to_f16(const float* src, int64_t ld_src, int64_t rows, int64_t cols, uint16_t* dst, int64_t ld_dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld_src;
+    uint16_t* d = dst + r * ld_dst;
+    int64_t j = 0;
+#if defined(__F16C__)
+    for (; j + 8 <= cols; j += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + j), _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; j < cols; ++j) d[j] = core::f32_to_f16(s[j]);
+  }
+}
 
 void masked_softmax_row_f32(float* row, int64_t n, int64_t visible_end) {
   TESSERA_CHECK(visible_end >= 1 && visible_end <= n);
@@ -51,9 +82,23 @@ void attention_head(const AttentionArgs& a, int64_t head, float* scores) {
   const int64_t col = head * a.head_dim;
   const int64_t g = std::max<int64_t>(a.kv_group, 1);
   const int64_t kv_col = ((a.q_head0 + head) / g - a.q_head0 / g) * a.head_dim;
-  gemm_f32(false, true, a.n_q, a.n_kv, a.head_dim, a.scale, a.q + col, a.ldq, a.k + kv_col, a.ldk, 0.0f, scores, a.n_kv);
+  const float *k = nullptr, *v = nullptr;
+  int64_t ldk = a.ldk, ldv = a.ldv;
+  if (a.k_f16 == nullptr) {
+    k = a.k + kv_col;
+    v = a.v + kv_col;
+  } else {  // this head's K and V blocks widened (per thread: heads run in parallel)
+    thread_local std::vector<float> kv;
+    kv.resize(static_cast<size_t>(2 * a.n_kv * a.head_dim));
+    f16_rows_to_f32(a.k_f16 + kv_col, a.ldk, a.n_kv, a.head_dim, kv.data(), a.head_dim);
+    f16_rows_to_f32(a.v_f16 + kv_col, a.ldv, a.n_kv, a.head_dim, kv.data() + a.n_kv * a.head_dim, a.head_dim);
+    k = kv.data();
+    v = kv.data() + a.n_kv * a.head_dim;
+    ldk = ldv = a.head_dim;
+  }
+  gemm_f32(false, true, a.n_q, a.n_kv, a.head_dim, a.scale, a.q + col, a.ldq, k, ldk, 0.0f, scores, a.n_kv);
   softmax_block(a, scores, 0, a.n_q);
-  gemm_f32(false, false, a.n_q, a.head_dim, a.n_kv, 1.0f, scores, a.n_kv, a.v + kv_col, a.ldv, 0.0f, a.out + col, a.ldo);
+  gemm_f32(false, false, a.n_q, a.head_dim, a.n_kv, 1.0f, scores, a.n_kv, v, ldv, 0.0f, a.out + col, a.ldo);
 }
 
 }  // namespace
@@ -66,6 +111,7 @@ void attention_f32(core::ThreadPool* pool, const AttentionArgs& a, float* scratc
   const int64_t g = std::max<int64_t>(a.kv_group, 1);
   const int64_t kv_width = ((a.q_head0 + a.heads - 1) / g - a.q_head0 / g + 1) * a.head_dim;
   TESSERA_CHECK(a.ldq >= width && a.ldk >= kv_width && a.ldv >= kv_width && a.ldo >= width);
+  TESSERA_CHECK((a.k_f16 == nullptr) == (a.v_f16 == nullptr));
   if (a.n_q == 0) return;
   if (a.n_kv == 0) {
     for (int64_t i = 0; i < a.n_q; ++i) std::fill(a.out + i * a.ldo, a.out + i * a.ldo + width, 0.0f);

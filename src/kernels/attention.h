@@ -25,6 +25,10 @@ struct AttentionArgs {
   // block (q_head0 + h) / kv_group - q_head0 / kv_group.
   int64_t kv_group = 0;
   int64_t q_head0 = 0;
+  // An F16 KV cache: K and V as IEEE half rows (same strides, in elements),
+  // read in place of k and v; each head's block is widened to F32 first.
+  const uint16_t* k_f16 = nullptr;
+  const uint16_t* v_f16 = nullptr;
   float scale = 1.0f;
   // Causal: query i (global position q_pos0 + i) sees key j (position
   // kv_pos0 + j) only when kv_pos0 + j <= q_pos0 + i.
@@ -32,6 +36,11 @@ struct AttentionArgs {
   int64_t q_pos0 = 0;
   int64_t kv_pos0 = 0;
 };
+
+// Half <-> float rows (F16C where the CPU has it; the scalar core/dtype.h
+// conversion is the reference): `rows` rows of `cols` elements, strides in elements.
+void f16_rows_to_f32(const uint16_t* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst);
+void f32_rows_to_f16(const float* src, int64_t ld_src, int64_t rows, int64_t cols, uint16_t* dst, int64_t ld_dst);
 
 // Floats of scratch that let all heads run in one pass; less also works
 // (heads are then processed in groups), down to one head's n_q * n_kv.

@@ -88,7 +88,7 @@ int64_t context_size(const ModelConfig& c, int64_t ctx_size) {
   return ctx;
 }
 
-int64_t generation_positions(const ModelConfig& c, int64_t, const GenerateOptions& opts) { return context_size(c, opts); }
+CacheSpec generation_cache(const ModelConfig& c, const GenerateOptions& opts) { return {context_size(c, opts), opts.kv_dtype}; }
 
 Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
                                            const GenerateOptions& opts, core::ThreadPool* pool, const ChunkLayers& layers) {
@@ -135,10 +135,10 @@ Result<std::vector<int64_t>> generate(const Transformer& model, const std::vecto
                                       const GenerateOptions& opts, core::ThreadPool* pool) {
   std::optional<KvCache> cache;
   Workspace ws;
-  const int64_t positions = generation_positions(model.config(), static_cast<int64_t>(prompt.size()), opts);
+  const CacheSpec spec = generation_cache(model.config(), opts);
   return generate_with(model, prompt, opts, pool, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     if (!cache) {
-      TESSERA_ASSIGN_OR_RETURN(KvCache c, model.make_cache(positions));
+      TESSERA_ASSIGN_OR_RETURN(KvCache c, model.make_cache(spec.positions, spec.dtype));
       cache = std::move(c);
     }
     for (int64_t l = 0; l < model.config().layers; ++l) model.layer(l, x, pos0, &*cache, ws, pool);

@@ -23,6 +23,7 @@ struct GenerateOptions {
   // holds, prompt and new tokens together, allocated up front. 0: the smaller
   // of max_position_embeddings and kDefaultContext.
   int64_t ctx_size = 0;
+  core::DType kv_dtype = core::DType::kF32;  // --kv-type: F32 or F16 caches
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
@@ -44,9 +45,9 @@ constexpr int64_t kDefaultContext = 4096;
 // The context of a generation (see GenerateOptions::ctx_size).
 int64_t context_size(const ModelConfig& c, const GenerateOptions& opts);
 int64_t context_size(const ModelConfig& c, int64_t ctx_size);  // the same from --ctx-size alone
-// The positions each KV cache of a generation holds: the context. A prompt
-// longer than it is refused; the generation ends when it is full.
-int64_t generation_positions(const ModelConfig& c, int64_t prompt_len, const GenerateOptions& opts);
+// What each KV cache of a generation holds: the context, of opts.kv_dtype.
+// A prompt longer than it is refused; the generation ends when it is full.
+CacheSpec generation_cache(const ModelConfig& c, const GenerateOptions& opts);
 
 // The layers of one chunk: embedded rows x [n, F] at positions pos0..,
 // their K/V cached; returns the last layer's output (before ln_f).

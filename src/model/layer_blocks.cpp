@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "kernels/decoder_ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -86,6 +87,12 @@ Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
   const ModelConfig& c = m.config();
   Args a;
   a.q = io.q; a.ldq = io.ldq; a.k = io.k; a.ldk = io.ldk; a.v = io.v; a.ldv = io.ldv;
+  if constexpr (requires { a.k_f16; }) {
+    a.k_f16 = io.k_f16;
+    a.v_f16 = io.v_f16;
+  } else {
+    TESSERA_CHECK(io.k_f16 == nullptr);  // weighted attention (PRISM) never reads a cache
+  }
   a.out = io.out; a.ldo = io.ldo;
   a.n_q = io.n_q; a.n_kv = io.n_kv; a.q_pos0 = io.q_pos0; a.kv_pos0 = io.kv_pos0;
   a.heads = io.heads < 0 ? c.heads : io.heads;
@@ -101,6 +108,49 @@ Args fill_args(const Transformer& m, int64_t l, const AttentionIo& io) {
   return a;
 }
 }  // namespace
+
+core::Status check_kv_dtype(const ModelConfig& c, core::DType dtype) {
+  if (dtype != core::DType::kF32 && dtype != core::DType::kF16)
+    return core::invalid_argument(std::string("a KV cache of ") + core::dtype_name(dtype) + " (f32 or f16)");
+  if (dtype == core::DType::kF16 && c.bp_div > 0)
+    return core::unimplemented("an F16 KV cache is not implemented for decoupled (block_parallel) models: use --kv-type f32");
+  return core::ok_status();
+}
+
+void store_kv(KvCache& cache, int64_t l, const float* qkv, int64_t ld, int64_t k_off, int64_t kv, int64_t n, int64_t pos0) {
+  core::Tensor& k = cache.k[static_cast<size_t>(l)];
+  core::Tensor& v = cache.v[static_cast<size_t>(l)];
+  TESSERA_CHECK_MSG(pos0 + n <= k.dim(0) && k.dim(1) == kv, "KV cache too small for position " << pos0 + n - 1);
+  if (k.dtype() == core::DType::kF16) {
+    auto* kc = static_cast<uint16_t*>(k.raw()) + pos0 * kv;
+    auto* vc = static_cast<uint16_t*>(v.raw()) + pos0 * kv;
+    kernels::f32_rows_to_f16(qkv + k_off, ld, n, kv, kc, kv);
+    kernels::f32_rows_to_f16(qkv + k_off + kv, ld, n, kv, vc, kv);
+    return;
+  }
+  float* kc = k.f32() + pos0 * kv;
+  float* vc = v.f32() + pos0 * kv;
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(kc + i * kv, qkv + i * ld + k_off, static_cast<size_t>(kv) * sizeof(float));
+    std::memcpy(vc + i * kv, qkv + i * ld + k_off + kv, static_cast<size_t>(kv) * sizeof(float));
+  }
+}
+
+void cache_io(const KvCache& cache, int64_t l, int64_t kv, int64_t n_kv, AttentionIo& io) {
+  const core::Tensor& k = cache.k[static_cast<size_t>(l)];
+  const core::Tensor& v = cache.v[static_cast<size_t>(l)];
+  if (k.dtype() == core::DType::kF16) {
+    io.k_f16 = static_cast<const uint16_t*>(k.raw());
+    io.v_f16 = static_cast<const uint16_t*>(v.raw());
+    io.k = io.v = nullptr;
+  } else {
+    io.k = k.f32();
+    io.v = v.f32();
+  }
+  io.ldk = io.ldv = kv;
+  io.n_kv = n_kv;
+  io.kv_pos0 = 0;
+}
 
 kernels::AttentionArgs attention_args(const Transformer& m, int64_t l, const AttentionIo& io) {
   return fill_args<kernels::AttentionArgs>(m, l, io);

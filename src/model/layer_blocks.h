@@ -27,7 +27,18 @@ struct AttentionIo {
   int64_t n_q = 0, n_kv = 0, q_pos0 = 0, kv_pos0 = 0;
   int64_t heads = -1;
   int64_t q_head0 = 0;  // the model's index of the first query head (a shard's h0)
+  const uint16_t* k_f16 = nullptr;  // an F16 cache's K and V, in place of k and v
+  const uint16_t* v_f16 = nullptr;
 };
+
+// The KV cache, F32 or F16 alike. check_kv_dtype: whether the model's
+// caches can hold `dtype` (F32 always; F16 except decoupled layers).
+core::Status check_kv_dtype(const ModelConfig& c, core::DType dtype);
+// Rows pos0..pos0+n-1 of layer l's caches, from K at columns [k_off, k_off + kv)
+// and V at [k_off + kv, k_off + 2 kv) of `n` rows of `ld` floats.
+void store_kv(KvCache& cache, int64_t l, const float* qkv, int64_t ld, int64_t k_off, int64_t kv, int64_t n, int64_t pos0);
+// Attention in `io` over cache rows 0..n_kv-1 of layer l (kv elements a row).
+void cache_io(const KvCache& cache, int64_t l, int64_t kv, int64_t n_kv, AttentionIo& io);
 
 // Q|K|V fused in rows of 3 * width floats (width = heads * head_dim), with
 // n_q = n_kv = rows; the context goes to `out` (row stride `width`).

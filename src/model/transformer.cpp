@@ -145,7 +145,8 @@ float Transformer::attention_scale(int64_t l) const {
   return s;
 }
 
-Result<KvCache> Transformer::make_cache(int64_t positions) const {
+Result<KvCache> Transformer::make_cache(int64_t positions, core::DType dtype) const {
+  TESSERA_RETURN_IF_ERROR(check_kv_dtype(config_, dtype));
   if (positions < 1 || positions > config_.max_positions)
     return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions (the model has " +
                               std::to_string(config_.max_positions) + ")");
@@ -157,7 +158,7 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
   auto width = [&](int64_t l) { return config_.decoupled(l) ? config_.bp_div * config_.hidden : config_.kv_width(); };
   double need = 0;
   for (int64_t l = 0; l < config_.layers; ++l)
-    need += 2.0 * static_cast<double>(positions) * static_cast<double>(width(l)) * sizeof(float);
+    need += 2.0 * static_cast<double>(positions) * static_cast<double>(width(l)) * static_cast<double>(core::dtype_size(dtype));
   const uint64_t avail = core::available_memory_bytes();
   if (avail > 0 && need > static_cast<double>(avail))
     return core::resource_exhausted("the KV cache for " + std::to_string(positions) + " positions needs " +
@@ -165,8 +166,8 @@ Result<KvCache> Transformer::make_cache(int64_t positions) const {
                                     std::to_string(avail >> 20) + " MiB available");
   KvCache cache;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, width(l)}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, width(l)}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(dtype, {positions, width(l)}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(dtype, {positions, width(l)}));
     cache.k.push_back(std::move(k));
     cache.v.push_back(std::move(v));
   }
@@ -185,18 +186,8 @@ void Transformer::attention_block(int64_t l, const Tensor& in, int64_t pos0, KvC
   AttentionIo io = shard_qkv_io(all, qkv, n, ws.ctx.f32());
   io.q_pos0 = io.kv_pos0 = pos0;
   if (cache != nullptr) {
-    TESSERA_CHECK_MSG(pos0 + n <= cache->k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
-    float* kc = cache->k[static_cast<size_t>(l)].f32();
-    float* vc = cache->v[static_cast<size_t>(l)].f32();
-    for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(kc + (pos0 + i) * KV, qkv + i * ld + Q, static_cast<size_t>(KV) * sizeof(float));
-      std::memcpy(vc + (pos0 + i) * KV, qkv + i * ld + Q + KV, static_cast<size_t>(KV) * sizeof(float));
-    }
-    io.k = kc;
-    io.v = vc;
-    io.ldk = io.ldv = KV;
-    io.n_kv = pos0 + n;
-    io.kv_pos0 = 0;
+    store_kv(*cache, l, qkv, ld, Q, KV, n, pos0);
+    cache_io(*cache, l, KV, pos0 + n, io);
   }
   const kernels::AttentionArgs a = attention_args(*this, l, io);
   kernels::attention_f32(pool, a, ws.scores.f32(), ws.scores.numel());

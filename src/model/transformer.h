@@ -34,9 +34,18 @@ struct Workspace {
 
 // Keys and values of past positions, one [positions, KV d] pair per layer
 // ([positions, N*F] for a decoupled layer: sub-block i at columns i*F).
+// F32 rows, or F16 ones (--kv-type f16: half the memory; attention widens
+// the rows it reads).
 struct KvCache {
   std::vector<core::Tensor> k, v;
   int64_t length = 0;
+};
+
+// What a generation's KV caches hold: `positions` rows (the context) of
+// `dtype` (F32 or F16).
+struct CacheSpec {
+  int64_t positions = 0;
+  core::DType dtype = core::DType::kF32;
 };
 
 struct ForwardOptions {
@@ -100,7 +109,7 @@ class Transformer {
 
   // Room for `positions` positions (prompt plus new tokens), checked against
   // the memory available; too much is kResourceExhausted, never an abort.
-  core::Result<KvCache> make_cache(int64_t positions) const;
+  core::Result<KvCache> make_cache(int64_t positions, core::DType dtype = core::DType::kF32) const;
   float attention_scale(int64_t l) const;
 
  private:

@@ -68,7 +68,7 @@ class TpDecoder final : public Decoder {
 }  // namespace
 
 Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer&, const Plan& plan, Synchronizer&,
-                                                        int64_t) const {
+                                                        const model::CacheSpec&) const {
   // The strategies that can, from the registry: the message stays true as strategies come and go.
   std::string can;
   for (const Strategy* s : strategies())
@@ -77,16 +77,18 @@ Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer
                              "; see docs/generation.md)");
 }
 
-Result<model::KvCache> TpLayers::make_cache(int64_t positions) const {
+Result<model::KvCache> TpLayers::make_cache(const model::CacheSpec& spec) const {
   const model::ModelConfig& c = m_.config();
+  const int64_t positions = spec.positions;
+  TESSERA_RETURN_IF_ERROR(model::check_kv_dtype(c, spec.dtype));
   if (positions < 1 || positions > c.max_positions)
     return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions (the model has " +
                               std::to_string(c.max_positions) + ")");
   const int64_t width = std::max<int64_t>(c.head_shard(heads_.begin, heads_.end).kv_width(), 1);
   model::KvCache cache;
   for (int64_t l = 0; l < c.layers; ++l) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(core::DType::kF32, {positions, width}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(core::DType::kF32, {positions, width}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(spec.dtype, {positions, width}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(spec.dtype, {positions, width}));
     cache.k.push_back(std::move(k));
     cache.v.push_back(std::move(v));
   }
@@ -97,13 +99,7 @@ void TpLayers::cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, mo
   const model::HeadShard s = m_.config().head_shard(heads_.begin, heads_.end);
   const int64_t q = s.q_width(), kv = s.kv_width(), ld = s.qkv_width();
   if (q == 0) return;
-  float* kc = cache.k[static_cast<size_t>(l)].f32();
-  float* vc = cache.v[static_cast<size_t>(l)].f32();
-  TESSERA_CHECK_MSG(pos0 + n <= cache.k[static_cast<size_t>(l)].dim(0), "KV cache too small for position " << pos0 + n - 1);
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(kc + (pos0 + i) * kv, qkv + i * ld + q, static_cast<size_t>(kv) * sizeof(float));
-    std::memcpy(vc + (pos0 + i) * kv, qkv + i * ld + q + kv, static_cast<size_t>(kv) * sizeof(float));
-  }
+  model::store_kv(cache, l, qkv, ld, q, kv, n, pos0);
 }
 
 Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, model::KvCache* cache,
@@ -134,11 +130,7 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
       io.q_pos0 = io.kv_pos0 = pos0;
       if (cache != nullptr) {
         cache_kv(l, qkv_.f32(), n, pos0, *cache);
-        io.k = cache->k[static_cast<size_t>(l)].f32();
-        io.v = cache->v[static_cast<size_t>(l)].f32();
-        io.ldk = io.ldv = shard.kv_width();
-        io.n_kv = n_kv;
-        io.kv_pos0 = 0;
+        model::cache_io(*cache, l, shard.kv_width(), n_kv, io);
       }
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores_.f32(), scores_.numel());
     }
@@ -156,8 +148,8 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
 }
 
 Result<std::unique_ptr<Decoder>> make_tp_decoder(const model::Transformer& m, Synchronizer& sync, Range heads,
-                                                 int64_t ffn_cols, int64_t positions) {
-  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, TpLayers(m, heads, ffn_cols).make_cache(positions));
+                                                 int64_t ffn_cols, const model::CacheSpec& spec) {
+  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, TpLayers(m, heads, ffn_cols).make_cache(spec));
   return std::unique_ptr<Decoder>(std::make_unique<TpDecoder>(m, sync, heads, ffn_cols, std::move(cache)));
 }
 

@@ -88,7 +88,7 @@ class Galaxy final : public Strategy {
   }
   bool decodes() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
-                                                int64_t positions) const override;
+                                                const model::CacheSpec& spec) const override;
   // run(), and with `cache` the K/V of this rank's heads kept (positions 0..n-1).
   Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                             core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const;
@@ -208,10 +208,10 @@ class GalaxyDecoder final : public Decoder {
 };
 
 Result<std::unique_ptr<Decoder>> Galaxy::make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
-                                                      int64_t positions) const {
+                                                      const model::CacheSpec& spec) const {
   const auto r = static_cast<size_t>(sync.rank());
   TpLayers layers(m, head_ranges(m.config(), plan.ratios)[r], ffn_ranges(m.config(), ffn_ratios(plan))[r].size());
-  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, layers.make_cache(positions));
+  TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, layers.make_cache(spec));
   return std::unique_ptr<Decoder>(std::make_unique<GalaxyDecoder>(*this, m, plan, sync, std::move(layers), std::move(cache)));
 }
 

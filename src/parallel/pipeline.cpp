@@ -148,8 +148,10 @@ class Pipeline final : public Strategy {
   bool decodes() const override { return true; }
   // Each device keeps the cache of its own layers; a step passes one row through the stages.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
-                                                int64_t positions) const override {
+                                                const model::CacheSpec& spec) const override {
     const model::ModelConfig& c = m.config();
+    const int64_t positions = spec.positions;
+    TESSERA_RETURN_IF_ERROR(model::check_kv_dtype(c, spec.dtype));
     if (positions < 1 || positions > c.max_positions)
       return core::out_of_range("a KV cache of " + std::to_string(positions) + " positions");
     TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
@@ -159,8 +161,8 @@ class Pipeline final : public Strategy {
     d->cache.k.resize(static_cast<size_t>(c.layers));
     d->cache.v.resize(static_cast<size_t>(c.layers));
     for (int64_t l : map.layers_on(sync.rank())) {
-      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.kv_width()}));
-      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(core::DType::kF32, {positions, c.kv_width()}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(spec.dtype, {positions, c.kv_width()}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(spec.dtype, {positions, c.kv_width()}));
     }
     return std::unique_ptr<Decoder>(std::move(d));
   }

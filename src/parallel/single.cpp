@@ -46,8 +46,8 @@ class Single final : public Strategy {
 
   bool decodes() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan&, Synchronizer&,
-                                                int64_t positions) const override {
-    TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, m.make_cache(positions));
+                                                const model::CacheSpec& spec) const override {
+    TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, m.make_cache(spec.positions, spec.dtype));
     return std::unique_ptr<Decoder>(std::make_unique<SingleDecoder>(m, std::move(cache)));
   }
 

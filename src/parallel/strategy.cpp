@@ -197,7 +197,7 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
-int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions) {
+int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions, core::DType dtype) {
   const Strategy* s = find_strategy(plan.strategy);
   if (s == nullptr || !s->decodes() || positions <= 0) return 0;
   const model::LoadOptions o = load_options(plan, c, rank);
@@ -209,12 +209,12 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
   } else {
     layers = (o.layer_end < 0 ? c.layers : o.layer_end) - o.layer_begin;
   }
-  return 2 * layers * positions * kv_width * static_cast<int64_t>(sizeof(float));
+  return 2 * layers * positions * kv_width * static_cast<int64_t>(core::dtype_size(dtype));
 }
 
-void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions) {
+void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions, core::DType dtype) {
   for (size_t d = 0; d < s.devices.size(); ++d)
-    s.devices[d].kv_bytes = kv_cache_bytes(plan, c, static_cast<int>(d), positions);
+    s.devices[d].kv_bytes = kv_cache_bytes(plan, c, static_cast<int>(d), positions, dtype);
 }
 
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows) {

@@ -110,10 +110,11 @@ class Strategy {
   // Decoder): true exactly when it overrides make_decoder. Whoever needs the
   // strategies that generate asks this rather than lists names.
   virtual bool decodes() const { return false; }
-  // A decoder for one generation of up to `positions` positions on this
-  // rank (sync.rank()); the default: generation is not supported.
+  // A decoder for one generation on this rank (sync.rank()), its caches as
+  // `cache` says (positions, F32 or F16); the default: generation is not supported.
   [[nodiscard]] virtual core::Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan,
-                                                                            Synchronizer& sync, int64_t positions) const;
+                                                                            Synchronizer& sync,
+                                                                            const model::CacheSpec& cache) const;
   // The schedule run() follows for n rows: a pure function, no weights, no
   // network. Weight bytes come from load_options.
   virtual Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const = 0;
@@ -183,9 +184,11 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c);
 // positions: the K/V heads its head shard reads (replicated ones included)
 // in every layer whose attention it holds, as its decoder allocates them; 0
 // for a strategy that does not decode.
-int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions);
+int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions,
+                       core::DType dtype = core::DType::kF32);
 // Every device's kv_bytes in `s` (positions <= 0: none).
-void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions);
+void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions,
+                  core::DType dtype = core::DType::kF32);
 // The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
 // layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);
@@ -213,7 +216,7 @@ class TpLayers {
   [[nodiscard]] core::Status run(Synchronizer& sync, float* full, int64_t n, int64_t pos0, model::KvCache* cache,
                                  core::ThreadPool* pool);
   // A cache of `positions` rows of this rank's heads for every loaded layer.
-  [[nodiscard]] core::Result<model::KvCache> make_cache(int64_t positions) const;
+  [[nodiscard]] core::Result<model::KvCache> make_cache(const model::CacheSpec& spec) const;
   // Appends K/V of rows qkv [n, 3 * width] (this rank's heads) at pos0.
   void cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, model::KvCache& cache) const;
 
@@ -227,6 +230,7 @@ class TpLayers {
 // The TP decoder on `heads`/`ffn_cols` of sync's rank: the terminal
 // broadcasts the rows, then TpLayers with the cache.
 [[nodiscard]] core::Result<std::unique_ptr<Decoder>> make_tp_decoder(const model::Transformer& m, Synchronizer& sync,
-                                                                     Range heads, int64_t ffn_cols, int64_t positions);
+                                                                     Range heads, int64_t ffn_cols,
+                                                                     const model::CacheSpec& cache);
 
 }  // namespace tessera::parallel

@@ -50,10 +50,10 @@ class Tp final : public Strategy {
   bool decodes() const override { return true; }
   // Each device caches the K/V of its heads; a step is one row through the same layers.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
-                                                int64_t positions) const override {
+                                                const model::CacheSpec& spec) const override {
     const auto r = static_cast<size_t>(sync.rank());
     return make_tp_decoder(m, sync, head_ranges(m.config(), plan.ratios)[r],
-                           ffn_ranges(m.config(), ffn_ratios(plan))[r].size(), positions);
+                           ffn_ranges(m.config(), ffn_ratios(plan))[r].size(), spec);
   }
 
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {

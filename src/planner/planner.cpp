@@ -25,14 +25,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // kv_positions > 0: a generation plan, whose devices also hold their KV
 // caches at that context.
 Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
-                            int64_t kv_positions) {
+                            int64_t kv_positions, core::DType kv_dtype = core::DType::kF32) {
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
   {  // open choices (bp's --bp-plan auto) decided on the same profile
     TESSERA_ASSIGN_OR_RETURN(VariantChoice v, choose_variant(plan, c, p, n));
     plan = std::move(v.plan);
   }
   TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, n));
-  parallel::add_kv_cache(s, plan, c, kv_positions);
+  parallel::add_kv_cache(s, plan, c, kv_positions, kv_dtype);
   TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
   add_terminal_work(pred, c, p, n);
   return pred;
@@ -112,7 +112,7 @@ void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterPr
   std::vector<int64_t> counts = proportional_counts(n, capacities(s, c, p, n));
   auto eval_counts = [&](const std::vector<int64_t>& cnt) -> Result<std::pair<Plan, Prediction>> {
     Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}});
-    TESSERA_ASSIGN_OR_RETURN(const Prediction pr, evaluate(plan, c, p, n, o.ctx_size));
+    TESSERA_ASSIGN_OR_RETURN(const Prediction pr, evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype));
     return std::make_pair(plan, pr);
   };
   auto cur = eval_counts(counts);
@@ -211,11 +211,11 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
     why = balanced_cols.status().message();
   }
   Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}});
-  const auto pred = evaluate(plan, c, p, n, o.ctx_size);
+  const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   // The equal split, for comparison: taken only when it fits and is faster.
   Plan equal = base_plan(s, K);
-  const auto eq = evaluate(equal, c, p, n, o.ctx_size);
+  const auto eq = evaluate(equal, c, p, n, o.ctx_size, o.kv_dtype);
   const bool equal_won = eq.ok() && best.offer(equal, eq.value());
   notes.push_back(equal_won ? "equal heads and columns (faster than Algorithm 1's)"
                             : "Algorithm 1: heads " + join_counts(heads) + ", FFN columns " + join_counts(cols) +
@@ -255,7 +255,7 @@ void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const Clu
   if (r.value().device_of_unit.empty()) return;
   const std::vector<int> map = model_unit_map(pr.value(), r.value().device_of_unit);
   Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks});
-  const auto pred = evaluate(plan, c, p, o.rows, o.ctx_size);
+  const auto pred = evaluate(plan, c, p, o.rows, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   std::vector<int64_t> per(static_cast<size_t>(K), 0);
   int64_t switches = 0;
@@ -279,7 +279,7 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
   };
   if (K == 1 || L < 1) {
     Plan plan = map_plan(std::vector<int>(static_cast<size_t>(std::max<int64_t>(L, 0)), 0));
-    const auto pred = evaluate(plan, c, p, n, o.ctx_size);
+    const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
     if (pred.ok()) best.offer(plan, pred.value());
     return;
   }
@@ -357,7 +357,7 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
     return;
   }
   Plan plan = map_plan(map);
-  const auto pred = evaluate(plan, c, p, n, o.ctx_size);
+  const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   std::vector<int64_t> per(static_cast<size_t>(K), 0);
   for (int d : map) ++per[static_cast<size_t>(d)];
@@ -447,7 +447,7 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
   }
   if (!best.have) {
     Plan plan = base_plan(s, K);
-    auto pred = evaluate(plan, c, sub, o.rows, o.ctx_size);
+    auto pred = evaluate(plan, c, sub, o.rows, o.ctx_size, o.kv_dtype);
     if (!pred.ok()) {
       cand.plan = plan;
       cand.why_not = pred.status().message();
@@ -502,7 +502,7 @@ Result<Candidate> plan_strategy_any_subset(const Strategy& s, const model::Model
     plan.world = static_cast<int>(used.size());
     plan.ratios.clear();
     plan.options["layer_map"] = sub_map;
-    TESSERA_ASSIGN_OR_RETURN(const Prediction pred, evaluate(plan, c, p.subset(used), o.rows, o.ctx_size));
+    TESSERA_ASSIGN_OR_RETURN(const Prediction pred, evaluate(plan, c, p.subset(used), o.rows, o.ctx_size, o.kv_dtype));
     cand.plan = plan;
     cand.members = used;
     cand.prediction = pred;

@@ -42,6 +42,7 @@ struct PlannerOptions {
   // > 0: plans for a generation; every device also holds its KV caches at
   // this context (--ctx-size), replicated K/V heads included.
   int64_t ctx_size = 0;
+  core::DType kv_dtype = core::DType::kF32;  // --kv-type
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
   int refine_steps = 24;       // cost-model refinements of a row partition
   // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the

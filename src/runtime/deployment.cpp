@@ -196,6 +196,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     planner::PlannerOptions o;
     o.rows = rows;
     o.ctx_size = r.ctx_size;
+    o.kv_dtype = r.kv_dtype;
     TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
     out.chosen = t.rows[static_cast<size_t>(t.chosen)];
     out.plan = out.chosen->plan;
@@ -230,6 +231,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
   s.cpus_per_device = o.cpus_per_device;
   s.budget_rows = rows;
   s.budget_ctx = r.ctx_size;
+  s.budget_kv_dtype = r.kv_dtype;
   // Local devices are alike: the chosen ones run as the first local
   // processes, with their budgets and speeds. Daemons run where they are,
   // in the plan's order.

@@ -100,6 +100,7 @@ struct DeployRequest {
   // > 0: a generation with this context (--ctx-size): every device's KV
   // caches at it count against its budget, in the planner and the session.
   int64_t ctx_size = 0;
+  core::DType kv_dtype = core::DType::kF32;  // --kv-type
 };
 
 struct Deployment {

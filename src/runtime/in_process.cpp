@@ -91,7 +91,7 @@ Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, con
                                                 const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
   if (static_cast<int>(models.size()) != plan.world) return core::invalid_argument("one model per rank is required");
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
-  const int64_t positions = model::generation_positions(models[0].config(), static_cast<int64_t>(prompt.size()), opts);
+  const model::CacheSpec spec = model::generation_cache(models[0].config(), opts);
   parallel::LocalGroup group(plan.world);
   // The terminal's chunks (n, pos0) for the other ranks, as a worker hears them.
   std::mutex mu;
@@ -113,7 +113,7 @@ Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, con
         chunks[i].pop_front();
         lock.unlock();
         if (!dec) {
-          auto d = strategy->make_decoder(models[i], plan, *sync, positions);
+          auto d = strategy->make_decoder(models[i], plan, *sync, spec);
           if (!d.ok()) { status[i] = d.status(); return; }
           dec = std::move(d).value();
         }
@@ -125,7 +125,7 @@ Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, con
   std::unique_ptr<parallel::Decoder> dec0;
   auto seq = model::generate_with(models[0], prompt, opts, nullptr, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     if (!dec0) {
-      TESSERA_ASSIGN_OR_RETURN(dec0, strategy->make_decoder(models[0], plan, *sync0, positions));
+      TESSERA_ASSIGN_OR_RETURN(dec0, strategy->make_decoder(models[0], plan, *sync0, spec));
     }
     const int64_t n = x.dim(0);
     {

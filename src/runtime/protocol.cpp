@@ -89,7 +89,7 @@ Op op_of(const ToTerminal& m) {
 
 json to_json(const ToWorker& m) {
   json j = std::visit(Overloaded{[](const msg::Run& r) { return json{{"n", r.n}}; },
-                                 [](const msg::Generate& g) { return json{{"positions", g.positions}}; },
+                                 [](const msg::Generate& g) { return json{{"positions", g.positions}, {"kv_f16", g.kv_f16}}; },
                                  [](const msg::Decode& d) { return json{{"n", d.n}, {"pos", d.pos}}; },
                                  [](const auto&) { return json::object(); }},
                       m);
@@ -118,7 +118,10 @@ Result<ToWorker> to_worker_from_json(const json& j) {
     case Op::kPing: return ToWorker{msg::Ping{}};
     case Op::kGenerate: {
       TESSERA_ASSIGN_OR_RETURN(const int64_t positions, core::json_field_int(j, "positions", 1, kMaxRows));
-      return ToWorker{msg::Generate{positions}};
+      // Absent: F32 (a terminal that predates --kv-type).
+      const auto f16 = j.find("kv_f16");
+      if (f16 != j.end() && !f16->is_boolean()) return core::parse_error("'kv_f16' is not true or false");
+      return ToWorker{msg::Generate{positions, f16 != j.end() && f16->get<bool>()}};
     }
     case Op::kDecode: {
       TESSERA_ASSIGN_OR_RETURN(const int64_t n, core::json_field_int(j, "n", 1, kMaxRows));

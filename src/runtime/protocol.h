@@ -53,7 +53,10 @@ namespace msg {
 struct Run { int64_t n = 0; };
 struct Stop {};
 struct Ping {};
-struct Generate { int64_t positions = 0; };
+struct Generate {
+  int64_t positions = 0;
+  bool kv_f16 = false;  // F16 KV caches (--kv-type f16)
+};
 struct Decode { int64_t n = 0, pos = 0; };
 struct End {};
 // Worker -> terminal.

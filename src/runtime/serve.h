@@ -35,6 +35,7 @@ struct ServeOptions {
   // it, prompt plus max_tokens must fit it, device budgets count it). 0: the
   // smaller of max_position_embeddings and 4096.
   int64_t ctx_size = 0;
+  core::DType kv_dtype = core::DType::kF32;  // --kv-type
   // Once the port is bound, "listening on http://HOST:PORT" is printed to
   // stdout (the port matters with port 0).
 };

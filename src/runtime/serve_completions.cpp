@@ -31,6 +31,7 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   o.top_k = r.top_k;
   const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
   o.ctx_size = limits_.max_positions;
+  o.kv_dtype = opts_.kv_dtype;
   const int64_t room = limits_.max_positions - static_cast<int64_t>(g.prompt.size());
   const int64_t max_new = std::min(r.max_tokens, room);
   // The text grows by whole characters only (a byte-level token can end

@@ -96,7 +96,7 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
   if (!opts_.memory_limits.empty()) {
     const int64_t rows = opts_.budget_rows > 0 ? std::min(opts_.budget_rows, cfg.max_rows()) : cfg.max_rows();
     TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
-    parallel::add_kv_cache(sched, plan_, cfg, opts_.budget_ctx);
+    parallel::add_kv_cache(sched, plan_, cfg, opts_.budget_ctx, opts_.budget_kv_dtype);
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
   JobSpec& job = job_;
@@ -338,7 +338,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
   const comm::Millis timeout(run_timeout_ms());  // serve's failover timeout notices a silent device
-  const int64_t positions = model::generation_positions(model_->config(), static_cast<int64_t>(prompt.size()), opts);
+  const model::CacheSpec spec = model::generation_cache(model_->config(), opts);
   auto tell_workers = [&](const ToWorker& m) {
     for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
     return core::ok_status();
@@ -351,8 +351,8 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
     if (!dec) {
-      TESSERA_ASSIGN_OR_RETURN(dec, strategy->make_decoder(*model_, plan_, *sync_, positions));
-      TESSERA_RETURN_IF_ERROR(tell_workers(msg::Generate{positions}));
+      TESSERA_ASSIGN_OR_RETURN(dec, strategy->make_decoder(*model_, plan_, *sync_, spec));
+      TESSERA_RETURN_IF_ERROR(tell_workers(msg::Generate{spec.positions, spec.dtype == core::DType::kF16}));
     }
     const int64_t n = x.dim(0);
     TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}));

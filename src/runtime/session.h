@@ -56,6 +56,7 @@ struct SessionOptions {
   int64_t budget_rows = 0;
   // > 0: the KV caches of a generation with this context count too.
   int64_t budget_ctx = 0;
+  core::DType budget_kv_dtype = core::DType::kF32;
   // Emulated speed of each device in (0, 1] (--device-speed,
   // core/device_speed.h); empty: all at full speed.
   std::vector<double> device_speeds;

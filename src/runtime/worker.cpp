@@ -81,7 +81,8 @@ class WorkerLoop {
       return core::out_of_range("a generation of " + std::to_string(g.positions) + " positions");
     dec_.reset();
     positions_ = g.positions;
-    TESSERA_ASSIGN_OR_RETURN(dec_, strategy_.make_decoder(model_, plan_, sync_, positions_));
+    const model::CacheSpec spec{positions_, g.kv_f16 ? core::DType::kF16 : core::DType::kF32};
+    TESSERA_ASSIGN_OR_RETURN(dec_, strategy_.make_decoder(model_, plan_, sync_, spec));
     core::settle_device_speed();
     return core::ok_status();
   }

@@ -164,6 +164,17 @@ TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
       ASSERT_EQ(r.code, 0) << r.err;
       EXPECT_EQ(prompt + "," + r.out, want + "\n") << fixture << " " << strategy;
     }
+    // F16 caches in worker processes (the protocol carries the type) give the
+    // single device's F16 tokens; a context too short for the prompt is refused.
+    const auto one = run("generate --model " + dir + " --ids " + prompt + " --max-new-tokens 8 --greedy --kv-type f16");
+    ASSERT_EQ(one.code, 0) << one.err;
+    const auto tp = run("generate --model " + dir + " --ids " + prompt +
+                        " --max-new-tokens 8 --greedy --kv-type f16 --strategy tp --devices 3");
+    ASSERT_EQ(tp.code, 0) << tp.err;
+    EXPECT_EQ(tp.out, one.out) << fixture;
+    const auto short_ctx = run("generate --model " + dir + " --ids " + prompt + " --max-new-tokens 8 --ctx-size 2");
+    EXPECT_NE(short_ctx.code, 0);
+    EXPECT_NE(short_ctx.err.find("--ctx-size"), std::string::npos) << short_ctx.err;
   }
 }
 

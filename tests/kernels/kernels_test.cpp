@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
@@ -268,6 +269,54 @@ TEST(AttentionTest, MatchesReferenceForStridedInputs) {
     const auto want = attention_ref(a);
     for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5) << i;
   }
+}
+
+// F16 rows, both ways, against the scalar conversion of core/dtype.h (the
+// reference), at widths that exercise the vector body and the tail.
+TEST(HalfRowsTest, MatchTheScalarConversion) {
+  for (const int64_t cols : {1, 7, 8, 19, 64}) {
+    const int64_t rows = 3, ld = cols + 5;
+    auto x = random_vec(static_cast<size_t>(rows * ld), 21, 3.0f);
+    x[0] = 65504.0f;  // the largest half
+    x[1 % x.size()] = -1e-7f;  // a subnormal
+    std::vector<uint16_t> h(static_cast<size_t>(rows * ld), 0xFFFF);
+    f32_rows_to_f16(x.data(), ld, rows, cols, h.data(), ld);
+    std::vector<float> back(static_cast<size_t>(rows * cols));
+    f16_rows_to_f32(h.data(), ld, rows, cols, back.data(), cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = static_cast<size_t>(r * ld + c);
+        EXPECT_EQ(h[i], core::f32_to_f16(x[i])) << cols << " " << r << "," << c;
+        EXPECT_EQ(back[static_cast<size_t>(r * cols + c)], core::f16_to_f32(h[i]));
+      }
+    for (int64_t r = 0; r < rows; ++r)  // the padding between rows is untouched
+      for (int64_t c = cols; c < ld; ++c) EXPECT_EQ(h[static_cast<size_t>(r * ld + c)], 0xFFFF);
+  }
+}
+
+// Attention over an F16 cache is attention over its values widened: the
+// same as the F32 path given the F32 rows the halves hold (grouped heads too).
+TEST(AttentionTest, HalfKeysAndValuesEqualTheirWidenedCopy) {
+  const int64_t n_q = 1, n_kv = 37, heads = 4, kv_heads = 2, d = 16, W = heads * d, KW = kv_heads * d;
+  const auto q = random_vec(static_cast<size_t>(n_q * W), 31);
+  const auto kv = random_vec(static_cast<size_t>(n_kv * 2 * KW), 32);
+  std::vector<uint16_t> h(kv.size());
+  f32_rows_to_f16(kv.data(), 2 * KW, n_kv, 2 * KW, h.data(), 2 * KW);
+  std::vector<float> widened(kv.size());
+  f16_rows_to_f32(h.data(), 2 * KW, n_kv, 2 * KW, widened.data(), 2 * KW);
+  core::ThreadPool pool(2);
+  std::vector<float> out32(static_cast<size_t>(n_q * W)), out16(out32.size());
+  std::vector<float> scratch(static_cast<size_t>(n_q * n_kv * heads));
+  AttentionArgs a;
+  a.q = q.data(); a.ldq = W; a.ldk = a.ldv = 2 * KW; a.ldo = W;
+  a.n_q = n_q; a.n_kv = n_kv; a.heads = heads; a.head_dim = d; a.kv_group = heads / kv_heads;
+  a.scale = 0.25f; a.causal = true; a.q_pos0 = n_kv - 1;
+  a.k = widened.data(); a.v = widened.data() + KW; a.out = out32.data();
+  attention_f32(&pool, a, scratch.data(), static_cast<int64_t>(scratch.size()));
+  a.k = a.v = nullptr;
+  a.k_f16 = h.data(); a.v_f16 = h.data() + KW; a.out = out16.data();
+  attention_f32(&pool, a, scratch.data(), static_cast<int64_t>(scratch.size()));
+  for (size_t i = 0; i < out32.size(); ++i) EXPECT_NEAR(out16[i], out32[i], 1e-6) << i;
 }
 
 TEST(ThreadPoolTest, CoversEveryIndexOnce) {

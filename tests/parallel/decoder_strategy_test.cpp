@@ -203,3 +203,42 @@ TEST(ContextTest, KvCacheBytesFollowTheShards) {
 
 }  // namespace
 }  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+// --kv-type f16: every decoding strategy keeps F16 caches and gives the
+// single device's F16 tokens (the strategies stay exact; the cache type is
+// the one lossy step), and on the fixtures those are the reference's F32
+// greedy tokens (checked up to a near-tie of the F32 reference).
+TEST(ContextTest, HalfCachesGenerateTheSameTokensOnEveryDecodingStrategy) {
+  int compared = 0;
+  for (const char* fixture : kFixtures) {
+    const std::string dir = kData + "/" + fixture;
+    auto cases = model::SafeTensorsFile::open(dir + "/cases.safetensors").value();
+    const auto prompt = testing::ids_of(cases.get("generate.prompt").value());
+    const auto want = testing::ids_of(cases.get("generate.output").value());
+    model::GenerateOptions opts;
+    opts.greedy = true;
+    opts.max_new_tokens = static_cast<int64_t>(want.size() - prompt.size());
+    opts.kv_dtype = core::DType::kF16;
+    auto m = model::Transformer::load(dir).value();
+    auto one = model::generate(m, prompt, opts, nullptr);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    testing::compare(want, *one, testing::margins(m, want, prompt.size()), prompt.size(), std::string(fixture) + " f16");
+    for (const std::string strategy : {"tp", "galaxy", "pipeline"}) {
+      Plan plan = make_plan(strategy, 3, {1, 2, 1});
+      ASSERT_TRUE(complete_plan(plan, m.config()).ok());
+      auto models = runtime::load_rank_models(dir, plan);
+      ASSERT_TRUE(models.ok()) << models.status().to_string();
+      auto got = runtime::generate_in_process(plan, *models, prompt, opts);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      EXPECT_EQ(*got, *one) << strategy << " " << fixture;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 3 * 7);
+}
+
+}  // namespace
+}  // namespace tessera::parallel
