@@ -157,11 +157,17 @@ void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterPr
 
 // Heads and FFN columns: Galaxy's Algorithm 1. Memory is linear in a
 // device's heads and columns; the coefficients come from the strategy's own
-// estimate() of extreme plans (everything on one device).
+// estimate() of extreme plans (everything on one device), KV caches included
+// when the plan is for a generation. With grouped K/V heads and no more
+// devices than K/V heads, the units are whole K/V groups, as head_ranges
+// places them (so no K/V head is held twice and the counts planned are the
+// counts run).
 void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
                   Best& best, std::vector<std::string>& notes) {
   const int K = p.size();
   const int64_t n = o.rows, H = c.heads, I = c.intermediate;
+  const int64_t group = c.kv_group() > 1 && K <= c.kv_head_count() ? c.kv_group() : 1;
+  const int64_t units = H / group;  // attention units: heads, or K/V groups
   const std::vector<double> cap = capacities(s, c, p, n);
   auto one_hot = [&](int d) {
     std::vector<double> v(static_cast<size_t>(K), 0.0);
@@ -174,7 +180,9 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
     auto sched = [&](int heads_on, int cols_on) -> Result<parallel::Schedule> {
       Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}});
       TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
-      return parallel::estimate(plan, c, n);
+      TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sc, parallel::estimate(plan, c, n));
+      parallel::add_kv_cache(sc, plan, c, o.ctx_size, o.kv_dtype);
+      return sc;
     };
     const auto w00 = sched(0, 0), w11 = sched(1, 1), w01 = sched(0, 1), w10 = sched(1, 0);
     if (!w00.ok() || !w11.ok() || !w01.ok() || !w10.ok()) return;
@@ -184,12 +192,12 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
     for (int d = 0; d < K; ++d) {
       const auto u = static_cast<size_t>(d);
       fixed[u] = d == 0 ? a0 : a1;
-      per_head[u] = std::max(d == 0 ? b0 : b1, 0.0);
+      per_head[u] = std::max(d == 0 ? b0 : b1, 0.0) * static_cast<double>(group);  // a unit's bytes
       per_col[u] = std::max(d == 0 ? c0 : c1, 0.0);
     }
   }
   // Step 1: both blocks in proportion to capacity.
-  std::vector<int64_t> heads = proportional_counts(H, cap), cols = proportional_counts(I, cap);
+  std::vector<int64_t> heads = proportional_counts(units, cap), cols = proportional_counts(I, cap);
   // Step 2: the MLP block, then the MHA block, within the budgets.
   std::vector<double> f(static_cast<size_t>(K));
   for (int d = 0; d < K; ++d) {
@@ -204,12 +212,13 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
       const auto u = static_cast<size_t>(d);
       f[u] = fixed[u] + per_col[u] * static_cast<double>(cols[u]);
     }
-    auto balanced_heads = balance_units(H, cap, f, per_head, budget);
+    auto balanced_heads = balance_units(units, cap, f, per_head, budget);
     if (balanced_heads.ok()) heads = balanced_heads.value();
     else why = balanced_heads.status().message();
   } else {
     why = balanced_cols.status().message();
   }
+  for (int64_t& h : heads) h *= group;  // back to query heads
   Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}});
   const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());

@@ -269,6 +269,49 @@ TEST(Planner, TightBudgetMovesHeadsAndColumnsOffTheSmallDevice) {
   }
 }
 
+// Grouped K/V heads: Algorithm 1 moves whole K/V groups (the counts planned
+// are the counts run, no K/V head held twice), and a generation plan counts
+// every device's KV caches at the context in its memory.
+TEST(Planner, GalaxyPlansWholeKvGroupsAndCountsTheirCaches) {
+  const model::ModelConfig c =
+      model::parse_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+          "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512,
+          "vocab_size": 1000, "max_position_embeddings": 4096})")
+          .value();
+  ASSERT_EQ(c.kv_group(), 4);
+  const ClusterProfile p = cluster({device(10), device(30)}, 0.2, 1000);
+  PlannerOptions o;
+  o.rows = 64;
+  const parallel::Strategy& galaxy = *parallel::find_strategy("galaxy");
+  const auto plain = plan_strategy(galaxy, c, p, {0, 1}, o);
+  o.ctx_size = 4096;
+  const auto gen = plan_strategy(galaxy, c, p, {0, 1}, o);
+  ASSERT_TRUE(plain.ok() && gen.ok());
+  ASSERT_TRUE(gen->feasible) << gen->why_not;
+  double sum = 0;
+  for (const double h : gen->plan.ratios) {
+    EXPECT_EQ(std::fmod(h, 4.0), 0.0) << "whole K/V groups";
+    sum += h;
+  }
+  EXPECT_EQ(sum, 8.0);
+  for (int d = 0; d < 2; ++d) {
+    const int64_t kv = parallel::kv_cache_bytes(gen->plan, c, d, 4096);
+    EXPECT_GT(kv, 0);
+    if (gen->plan.ratios == plain->plan.ratios)
+      EXPECT_EQ(gen->prediction.devices[static_cast<size_t>(d)].memory_bytes -
+                    plain->prediction.devices[static_cast<size_t>(d)].memory_bytes,
+                kv);
+  }
+  // A budget that holds the weights but not the caches: the generation plan does not fit.
+  ClusterProfile tight = p;
+  for (int d = 0; d < 2; ++d)
+    tight.devices[static_cast<size_t>(d)].memory_bytes = plain->prediction.devices[static_cast<size_t>(d)].memory_bytes + 1024;
+  o.ctx_size = 0;
+  EXPECT_TRUE(plan_strategy(galaxy, c, tight, {0, 1}, o)->feasible);
+  o.ctx_size = 4096;
+  EXPECT_FALSE(plan_strategy(galaxy, c, tight, {0, 1}, o)->feasible);
+}
+
 TEST(Planner, ReasonsNameDevicesAsTheProfileNumbersThem) {
   // Device 1 cannot hold any layer; device 2 can: a row strategy runs on
   // {0, 2}, and the note on device 1 names device 1, not the subset's index.
