@@ -112,6 +112,14 @@ int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only) 
     if (auto text = (*tok)->decode(r.generated, true); text.ok()) r.generated_text = *text;
   if (f.stats) {
     nlohmann::json j = figures.empty() ? nlohmann::json::object() : figures[core::median_index(per_token)];
+    // The planner's count of each rank's memory (weights, the prompt's
+    // activations, KV caches at the context) beside the measured ranks[].memory_bytes.
+    const auto& c = s.model().config();
+    if (auto p = runtime::predicted_memory(s.plan(), c, static_cast<int64_t>(in->ids.size()), model::context_size(c, g),
+                                           g.kv_dtype);
+        p.ok())
+      j["predicted_memory_bytes"] = *p;
+    j["ctx_size"] = model::context_size(c, g);
     j["reps"] = f.reps;
     j["ms_per_token_median"] = core::median(per_token);
     j["generated_ids"] = r.generated;

@@ -41,7 +41,8 @@ int64_t input_bytes(const model::ModelConfig& c, int64_t n) {
 }  // namespace
 
 Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
-                                    int64_t rows, UnitGranularity g, bool with_load_time) {
+                                    int64_t rows, UnitGranularity g, bool with_load_time, int64_t ctx,
+                                    core::DType kv_dtype) {
   if (s.share_kind() != parallel::ShareKind::kLayers)
     return core::invalid_argument("strategy '" + s.name() + "' does not place layers on devices");
   const int K = p.size();
@@ -58,7 +59,9 @@ Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::Mo
     part.blocks = blocks;
     s.apply_partition(plan, part);
     TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
-    return parallel::estimate(plan, c, rows);
+    TESSERA_ASSIGN_OR_RETURN(Schedule sc, parallel::estimate(plan, c, rows));
+    parallel::add_kv_cache(sc, plan, c, ctx, kv_dtype);
+    return sc;
   };
   auto work_of = [](const parallel::DeviceSchedule& d) {
     std::vector<parallel::Work> w;
@@ -70,12 +73,12 @@ Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::Mo
   IlpProblem pr;
   pr.devices = K;
   auto add_unit = [&](std::string name, int pinned, int64_t model_unit, const std::vector<parallel::Work>& work,
-                      int64_t weights, int64_t out) {
+                      int64_t weights, int64_t out, int64_t kv = 0) {
     IlpUnit u;
     u.name = std::move(name);
     u.pinned = pinned;
     u.model_unit = model_unit;
-    u.weight_bytes = weights;
+    u.weight_bytes = weights + kv;
     u.out_bytes = out;
     for (const auto& d : p.devices) {
       u.compute_ms.push_back(ms_of(work, d));
@@ -101,7 +104,7 @@ Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::Mo
     if (u == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, sent(su.devices[0]));
     act_other = std::max(act_other, static_cast<double>(d1.activation_bytes));
     const std::string name = blocks ? (u % 2 == 0 ? "attention " : "mlp ") + std::to_string(u / 2) : "layer " + std::to_string(u);
-    add_unit(name, -1, u, work_of(d1), d1.weight_bytes, sent(d1));
+    add_unit(name, -1, u, work_of(d1), d1.weight_bytes, sent(d1), d1.kv_bytes);
   }
   if (U == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, rows * c.hidden * 4);
   add_unit("head", 0, -1, head_work(c, rows), 0, logits_bytes(c, rows));

@@ -24,7 +24,7 @@ struct IlpUnit {
   int64_t model_unit = -1;          // the strategy's unit index (layer or block); -1: pseudo
   std::vector<double> compute_ms;   // t^c_{l,d} (Eq. 1), per device
   std::vector<double> load_ms;      // t^w_{l,d} (Eq. 2), per device
-  int64_t weight_bytes = 0;         // w_l·α (Eq. 5)
+  int64_t weight_bytes = 0;         // w_l·α (Eq. 5), plus the unit's KV caches in a generation plan
   int64_t out_bytes = 0;            // what goes to the next unit's device (Eq. 3)
 };
 
@@ -46,9 +46,12 @@ enum class UnitGranularity { kLayers, kBlocks };
 // priced on `p`: each unit's kernels, weight bytes, output bytes and the
 // devices' activation bytes come from s.estimate() of plans that put that
 // unit alone on a second device. with_load_time = false sets Tw to 0.
+// ctx > 0: a generation; each unit's memory also holds its KV caches at
+// that context (Tw still streams the weights only).
 [[nodiscard]] core::Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::ModelConfig& c,
                                                         const ClusterProfile& p, int64_t rows, UnitGranularity g,
-                                                        bool with_load_time = true);
+                                                        bool with_load_time = true, int64_t ctx = 0,
+                                                        core::DType kv_dtype = core::DType::kF32);
 
 // T = Tc + Tx + Tw of an assignment (device of each unit), and whether it
 // is feasible (pins, links and budgets).

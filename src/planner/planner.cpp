@@ -239,7 +239,7 @@ void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const Clu
                        const std::vector<int>& dp_map, Best& best, std::vector<std::string>& notes) {
   const int K = p.size();
   const bool blocks = o.units == UnitGranularity::kBlocks;
-  const auto pr = build_unit_chain(s, c, p, o.rows, o.units, o.ilp_load_time);
+  const auto pr = build_unit_chain(s, c, p, o.rows, o.units, o.ilp_load_time, o.ctx_size, o.kv_dtype);
   if (!pr.ok()) {
     notes.push_back("ILP: " + pr.status().message());
     return;
@@ -311,7 +311,9 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
   };
   const double term = mem_of(s1.value(), 0);
   const auto& d1 = s1.value().devices[1];
-  const double per_layer = static_cast<double>(d1.weight_bytes) / static_cast<double>(L);
+  // A layer's weights and, in a generation plan, its KV caches.
+  const double per_layer =
+      static_cast<double>(d1.weight_bytes + parallel::kv_cache_bytes(on1, c, 1, o.ctx_size, o.kv_dtype)) / static_cast<double>(L);
   const double act = static_cast<double>(d1.activation_bytes);
   auto fits = [&](int d, int64_t layers) {
     const double need = d == 0 ? term + per_layer * static_cast<double>(layers) : (layers > 0 ? per_layer * layers + act : 0);

@@ -169,6 +169,15 @@ nlohmann::json Deployment::planner_json() const {
           {"notes", chosen->notes}};
 }
 
+Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const model::ModelConfig& c, int64_t rows,
+                                             int64_t ctx, core::DType kv_dtype) {
+  TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, rows));
+  parallel::add_kv_cache(s, plan, c, ctx, kv_dtype);
+  std::vector<int64_t> out;
+  for (const auto& d : s.devices) out.push_back(d.weight_bytes + d.activation_bytes + d.kv_bytes);
+  return out;
+}
+
 Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c, const planner::PlannerOptions& o) {
   TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster.profile(c, o.rows));
   return planner::plan_all(c, p, o);

@@ -117,6 +117,12 @@ struct Deployment {
 [[nodiscard]] core::Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const DeployRequest& r,
                                               std::vector<int> devices = {});
 
+// Each rank's memory as the planner counts it: weights, activations at
+// `rows` and, for a generation (ctx > 0), its KV caches at that context.
+// `--stats` prints it beside the measured figures.
+[[nodiscard]] core::Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const model::ModelConfig& c,
+                                                                  int64_t rows, int64_t ctx, core::DType kv_dtype);
+
 // The plan table over the whole cluster (`tessera plan`).
 [[nodiscard]] core::Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c,
                                                           const planner::PlannerOptions& o);

@@ -312,6 +312,34 @@ TEST(Planner, GalaxyPlansWholeKvGroupsAndCountsTheirCaches) {
   EXPECT_FALSE(plan_strategy(galaxy, c, tight, {0, 1}, o)->feasible);
 }
 
+// The layer placement of a generation plan counts each layer's KV caches:
+// a terminal whose budget holds every layer's weights but not their caches
+// hands layers on, and every device's predicted memory fits its budget.
+TEST(Planner, PipelineLayersMakeRoomForTheirCaches) {
+  const model::ModelConfig c =
+      model::parse_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+          "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 512,
+          "vocab_size": 1000, "max_position_embeddings": 8192})")
+          .value();
+  const parallel::Strategy& pipe = *parallel::find_strategy("pipeline");
+  for (const auto solver : {PlannerOptions::LayerSolver::kIlp, PlannerOptions::LayerSolver::kDp}) {
+    PlannerOptions o;
+    o.rows = 64;
+    o.layer_solver = solver;
+    const auto alone = plan_strategy(*parallel::find_strategy("single"), c, cluster({device(10)}, 0, 0), {0}, o);
+    ASSERT_TRUE(alone.ok() && alone->feasible);
+    ClusterProfile p = cluster({device(10), device(10)}, 0.2, 1000);
+    const int64_t budget = alone->prediction.devices[0].memory_bytes + 1024;
+    for (auto& d : p.devices) d.memory_bytes = budget;
+    o.ctx_size = 1024;
+    const auto gen = plan_strategy(pipe, c, p, {0, 1}, o);
+    ASSERT_TRUE(gen.ok());
+    ASSERT_TRUE(gen->feasible) << gen->why_not;
+    for (const auto& d : gen->prediction.devices) EXPECT_LE(d.memory_bytes, budget);
+    EXPECT_GT(parallel::kv_cache_bytes(gen->plan, c, 1, 1024), 0) << "layers (and their caches) moved to device 1";
+  }
+}
+
 TEST(Planner, ReasonsNameDevicesAsTheProfileNumbersThem) {
   // Device 1 cannot hold any layer; device 2 can: a row strategy runs on
   // {0, 2}, and the note on device 1 names device 1, not the subset's index.
