@@ -269,15 +269,19 @@ TEST(Planner, TightBudgetMovesHeadsAndColumnsOffTheSmallDevice) {
   }
 }
 
+// A small Llama-style decoder: 8 query heads over 2 K/V heads, 8192 positions.
+model::ModelConfig llama_like(int64_t layers) {
+  return model::parse_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+      "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 1000,
+      "max_position_embeddings": 8192, "num_hidden_layers": )" + std::to_string(layers) + "}")
+      .value();
+}
+
 // Grouped K/V heads: Algorithm 1 moves whole K/V groups (the counts planned
 // are the counts run, no K/V head held twice), and a generation plan counts
 // every device's KV caches at the context in its memory.
 TEST(Planner, GalaxyPlansWholeKvGroupsAndCountsTheirCaches) {
-  const model::ModelConfig c =
-      model::parse_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-          "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512,
-          "vocab_size": 1000, "max_position_embeddings": 4096})")
-          .value();
+  const model::ModelConfig c = llama_like(2);
   ASSERT_EQ(c.kv_group(), 4);
   const ClusterProfile p = cluster({device(10), device(30)}, 0.2, 1000);
   PlannerOptions o;
@@ -316,11 +320,7 @@ TEST(Planner, GalaxyPlansWholeKvGroupsAndCountsTheirCaches) {
 // a terminal whose budget holds every layer's weights but not their caches
 // hands layers on, and every device's predicted memory fits its budget.
 TEST(Planner, PipelineLayersMakeRoomForTheirCaches) {
-  const model::ModelConfig c =
-      model::parse_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
-          "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4, "intermediate_size": 512,
-          "vocab_size": 1000, "max_position_embeddings": 8192})")
-          .value();
+  const model::ModelConfig c = llama_like(4);
   const parallel::Strategy& pipe = *parallel::find_strategy("pipeline");
   for (const auto solver : {PlannerOptions::LayerSolver::kIlp, PlannerOptions::LayerSolver::kDp}) {
     PlannerOptions o;

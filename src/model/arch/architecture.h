@@ -72,6 +72,9 @@ namespace arch {
 // BERT's and ViT's layer: query/key/value under `self`, two post-attention
 // dense layers, norms named `ln1` and `ln2`.
 LayerNames encoder_layer_names(const std::string& self, const std::string& ln1, const std::string& ln2);
+// BERT's and ViT's shared fields: the three dimensions, intermediate_size,
+// layer_norm_eps and hidden_act.
+core::Status parse_encoder_fields(const nlohmann::json& j, ModelConfig& c);
 }  // namespace arch
 
 }  // namespace tessera::model

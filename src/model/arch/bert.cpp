@@ -15,11 +15,7 @@ class Bert final : public Architecture {
     return {{"BertModel", HeadKind::kNone}, {"BertForSequenceClassification", HeadKind::kSequenceClassification}};
   }
   core::Status parse(const json& j, const std::string&, ModelConfig& c) const override {
-    TESSERA_RETURN_IF_ERROR(common_dims(j, c.hidden, c.heads, c.layers));
-    TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 18));
-    c.eps = j.value("layer_norm_eps", 1e-12f);
-    TESSERA_ASSIGN_OR_RETURN(const std::string act, string_field(j, "hidden_act", "gelu"));
-    TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(act));
+    TESSERA_RETURN_IF_ERROR(parse_encoder_fields(j, c));
     TESSERA_ASSIGN_OR_RETURN(c.max_positions, int_field(j, "max_position_embeddings", 1, 1 << 20));
     TESSERA_ASSIGN_OR_RETURN(c.vocab, int_field(j, "vocab_size", 1, 1 << 24));
     TESSERA_ASSIGN_OR_RETURN(c.type_vocab, int_field(j, "type_vocab_size", 1, 1 << 16, 2));

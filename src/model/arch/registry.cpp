@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "model/arch/architecture.h"
+#include "model/arch/fields.h"
 
 #define TESSERA_FAMILIES(X) X(bert) X(gpt2) X(vit) X(llama) X(opt)
 
@@ -31,6 +32,14 @@ LayerNames encoder_layer_names(const std::string& self, const std::string& ln1, 
   n.ln2_g = ln2 + ".weight";
   n.ln2_b = ln2 + ".bias";
   return n;
+}
+core::Status parse_encoder_fields(const nlohmann::json& j, ModelConfig& c) {
+  TESSERA_RETURN_IF_ERROR(common_dims(j, c.hidden, c.heads, c.layers));
+  TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 18));
+  c.eps = j.value("layer_norm_eps", 1e-12f);
+  TESSERA_ASSIGN_OR_RETURN(const std::string act, string_field(j, "hidden_act", "gelu"));
+  TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(act));
+  return core::ok_status();
 }
 }  // namespace arch
 

@@ -15,11 +15,7 @@ class Vit final : public Architecture {
     return {{"ViTModel", HeadKind::kNone}, {"ViTForImageClassification", HeadKind::kImageClassification}};
   }
   core::Status parse(const json& j, const std::string&, ModelConfig& c) const override {
-    TESSERA_RETURN_IF_ERROR(common_dims(j, c.hidden, c.heads, c.layers));
-    TESSERA_ASSIGN_OR_RETURN(c.intermediate, int_field(j, "intermediate_size", 1, 1 << 18));
-    c.eps = j.value("layer_norm_eps", 1e-12f);
-    TESSERA_ASSIGN_OR_RETURN(const std::string act, string_field(j, "hidden_act", "gelu"));
-    TESSERA_ASSIGN_OR_RETURN(c.act, parse_activation(act));
+    TESSERA_RETURN_IF_ERROR(parse_encoder_fields(j, c));
     TESSERA_ASSIGN_OR_RETURN(c.image_size, int_field(j, "image_size", 1, 1 << 14));
     TESSERA_ASSIGN_OR_RETURN(c.patch_size, int_field(j, "patch_size", 1, 1 << 14));
     TESSERA_ASSIGN_OR_RETURN(c.channels, int_field(j, "num_channels", 1, 64, 3));
