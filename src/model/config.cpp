@@ -60,6 +60,18 @@ Result<HeadKind> parse_head(const std::string& cls, const Architecture& a, const
   return core::unimplemented("config.json: architecture '" + cls + "' is not supported for model_type '" + type + "'");
 }
 
+// A unit's names must fit the layer its recipe builds: the loader indexes
+// them by role. A mismatch is the unit author's mistake, said at parse time.
+core::Status check_unit(const Architecture& a, const ModelConfig& c) {
+  const LayerNames& n = a.names().layer;
+  const size_t qkv = n.conv1d ? 1 : 3, ffn_in = c.llama_style() ? 2 : 1;
+  if (n.qkv_w.size() != qkv || n.qkv_b.size() != qkv || n.ffn_in_w.size() != ffn_in || n.ffn_in_b.size() != ffn_in ||
+      (n.conv1d && c.llama_style()) || a.names().layers.empty())
+    return core::internal_error("model family '" + a.name() + "': its tensor names do not fit its layers (" +
+                                std::to_string(qkv) + " Q/K/V and " + std::to_string(ffn_in) + " FFN-input tensors expected)");
+  return core::ok_status();
+}
+
 // "block_parallel": {"n_div": N, "original_layers": [...]}.
 core::Status parse_block_parallel(const json& j, ModelConfig& c) {
   if (!j.contains("block_parallel") || j["block_parallel"].is_null()) return core::ok_status();
@@ -107,6 +119,7 @@ Result<ModelConfig> parse_config(const std::string& text) {
     c.family = a->name();
     c.arch = a;
     TESSERA_RETURN_IF_ERROR(a->parse(j, type, c));
+    TESSERA_RETURN_IF_ERROR(check_unit(*a, c));
     if (c.explicit_head_dim == 0 && c.hidden % c.heads != 0)
       return core::invalid_argument("config.json: hidden size " + std::to_string(c.hidden) + " is not divisible by " +
                                     std::to_string(c.heads) + " heads");

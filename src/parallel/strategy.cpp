@@ -202,14 +202,16 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
   if (s == nullptr || !s->decodes() || positions <= 0) return 0;
   const model::LoadOptions o = load_options(plan, c, rank);
   const int64_t kv_width = c.head_shard(o.head_begin, o.head_end < 0 ? c.heads : o.head_end).kv_width();
-  int64_t layers = 0;
+  // A decoupled layer caches its N sub-blocks' whole K and V (Transformer::make_cache).
+  auto width = [&](int64_t l) { return c.decoupled(l) ? c.bp_div * c.hidden : kv_width; };
+  int64_t values = 0;
   if (!o.only_layers.empty()) {
     for (size_t i = 0; i < o.only_layers.size(); ++i)
-      layers += o.only_parts.empty() || (o.only_parts[i] & 1) ? 1 : 0;  // the attention block's device
+      if (o.only_parts.empty() || (o.only_parts[i] & 1)) values += width(o.only_layers[i]);  // the attention block's device
   } else {
-    layers = (o.layer_end < 0 ? c.layers : o.layer_end) - o.layer_begin;
+    for (int64_t l = o.layer_begin; l < (o.layer_end < 0 ? c.layers : o.layer_end); ++l) values += width(l);
   }
-  return 2 * layers * positions * kv_width * static_cast<int64_t>(core::dtype_size(dtype));
+  return 2 * values * positions * static_cast<int64_t>(core::dtype_size(dtype));
 }
 
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions, core::DType dtype) {

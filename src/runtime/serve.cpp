@@ -121,6 +121,19 @@ void Server::routes() {
   svr_.set_write_timeout(std::chrono::seconds(30));
   svr_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     t_request_start = Clock::now();
+    // The declared body size is judged from the header, before any of the
+    // body is read: an oversize one would otherwise be read (and dropped)
+    // until the read timeout.
+    if (req.has_header("Content-Length")) {
+      const std::string v = req.get_header_value("Content-Length");
+      const bool digits = !v.empty() && v.size() <= 18 && v.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits || std::stoll(v) > opts_.max_body_bytes) {
+        res.set_header("Connection", "close");
+        if (!digits) send_error(res, 400, "Content-Length is not a byte count");
+        else send_error(res, 413, "the request body is over the server's limit");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     if (!opts_.api_key.empty() && req.path != "/health" &&
         req.get_header_value("Authorization") != "Bearer " + opts_.api_key) {
       res.set_header("WWW-Authenticate", "Bearer");

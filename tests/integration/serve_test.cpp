@@ -4,8 +4,11 @@
 // a streamed completion costs the client nothing.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,6 +112,23 @@ class Server {
     return r ? json::parse(r->body, nullptr, false) : json();
   }
   Proc& proc() { return *proc_; }
+  // Sends `head` (a request line and headers) and nothing more; returns what
+  // the server answers before it closes the connection.
+  std::string raw_head(const std::string& head) const {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string out;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size())) {
+      char buf[512];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
 
  private:
   static inline int count_ = 0;
@@ -424,6 +444,11 @@ TEST(ServeTest, BodyOverTheLimitGets413) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413) << r->body;
   EXPECT_TRUE(json::parse(r->body, nullptr, false)["error"]["message"].is_string()) << r->body;
+  // Judged from the header alone, before any body: an oversize declaration
+  // gets its 413 and a malformed one a 400 (the body is never sent here).
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ";
+  EXPECT_EQ(s.raw_head(head + "1000000000\r\n\r\n").rfind("HTTP/1.1 413", 0), 0u);
+  EXPECT_EQ(s.raw_head(head + "-5\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
   r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);

@@ -184,5 +184,32 @@ TEST(CustomFamilyTest, ARegisteredFamilyRunsSingleTpPipelineAndThePlannersChoice
   std::filesystem::remove_all(dir);
 }
 
+// A unit whose names do not fit the layer its recipe builds (a gated MLP
+// named with one input tensor) is refused when a config is read, not
+// indexed out of range when the weights are.
+class MisnamedDecoder final : public model::Architecture {
+ public:
+  std::string name() const override { return "misnamed"; }
+  std::vector<std::string> model_types() const override { return {"misnamed-decoder"}; }
+  std::vector<std::pair<std::string, model::HeadKind>> classes() const override { return {}; }
+  core::Status parse(const nlohmann::json& j, const std::string& t, model::ModelConfig& c) const override {
+    TESSERA_RETURN_IF_ERROR(toy_.parse(j, t, c));
+    c.llama_layers = true;
+    return core::ok_status();
+  }
+  const model::TensorNames& names() const override { return toy_.names(); }
+
+ private:
+  ToyDecoder toy_;
+};
+
+TEST(CustomFamilyTest, AUnitWhoseNamesDoNotFitItsLayersIsRefused) {
+  model::register_architecture(std::make_shared<MisnamedDecoder>());
+  const auto c = model::parse_config(
+      R"({"model_type": "misnamed-decoder", "width": 64, "n_heads": 4, "depth": 1, "mlp_width": 128, "vocab": 100, "context": 32})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("tensor names do not fit"), std::string::npos) << c.status().to_string();
+}
+
 }  // namespace
 }  // namespace tessera::parallel

@@ -199,6 +199,16 @@ TEST(ContextTest, KvCacheBytesFollowTheShards) {
   const std::vector<int64_t> budget{without + c.layers * per_layer / 2};
   EXPECT_TRUE(planner::check_memory_budgets(estimate(single, c, 16).value(), budget).ok());
   EXPECT_EQ(planner::check_memory_budgets(s, budget).code(), core::ErrorCode::kResourceExhausted);
+  // What the single device's cache really allocates, decoupled layers (whole K and V of N sub-blocks) included.
+  for (const char* fixture : {"qwen3-mqa-tiny", "gpt2-bp-tiny"}) {
+    const auto m = model::Transformer::load(kData + "/" + fixture).value();
+    const auto cache = m.make_cache(64).value();
+    int64_t bytes = 0;
+    for (size_t l = 0; l < cache.k.size(); ++l) bytes += static_cast<int64_t>(cache.k[l].nbytes() + cache.v[l].nbytes());
+    Plan one = make_plan("single", 1);
+    ASSERT_TRUE(complete_plan(one, m.config()).ok());
+    EXPECT_EQ(kv_cache_bytes(one, m.config(), 0, 64), bytes) << fixture;
+  }
 }
 
 }  // namespace
