@@ -160,7 +160,7 @@ int fidelity(const FidelityFlags& f) {
     }
     const double cosine = s.cosine_sum / static_cast<double>(std::max<int64_t>(s.rows, 1));
     const int64_t rows = refs[0].hidden.dim(0);
-    nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family.c_str()},
+    nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family},
                         {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
                         {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
                         {"max_abs_err", s.max_abs_err}};

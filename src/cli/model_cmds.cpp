@@ -311,7 +311,10 @@ struct BenchFlags {
 int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::ModelInput& in, core::ThreadPool* pool) {
   const auto& c = m.config();
   if (!c.causal_lm()) return fail("--generate needs a causal LM with its head");
-  if (b.seq + b.generate > c.max_positions) return fail("--seq + --generate exceeds max_position_embeddings");
+  // The context ends a generation early; the figures would then cover fewer tokens than asked.
+  if (b.seq + b.generate > model::context_size(c, b.ctx_size))
+    return fail("--seq + --generate exceeds the context of " + std::to_string(model::context_size(c, b.ctx_size)) +
+                " positions (--ctx-size; at most max_position_embeddings)");
   std::vector<double> steps;
   for (int i = 0; i < b.warmup + b.reps; ++i) {
     model::GenerateOptions o;
@@ -383,7 +386,7 @@ int bench_local(const BenchFlags& b) {
   std::sort(ms.begin(), ms.end());
   const int64_t rows = c.takes_images() ? c.max_rows() : b.seq;
   if (b.json) {
-    nlohmann::json j = {{"model", b.model}, {"model_type", c.family.c_str()}, {"rows", rows},
+    nlohmann::json j = {{"model", b.model}, {"model_type", c.family}, {"rows", rows},
                         {"threads", b.threads}, {"reps", b.reps}, {"median_ms", median}, {"min_ms", ms.front()},
                         {"max_ms", ms.back()}};
     std::cout << j.dump() << '\n';

@@ -177,7 +177,7 @@ std::string format_human(const RunResult& r) {
 
 nlohmann::json to_json(const RunResult& r) {
   nlohmann::json j;
-  j["model_type"] = r.config.family.c_str();
+  j["model_type"] = r.config.family;
   j["architecture"] = r.config.architecture;
   j["input_ids"] = r.input_ids;
   j["latency_ms"] = r.latency_ms;
