@@ -65,12 +65,74 @@ GemmPath gemm_path() {
 
 const char* gemm_path_name(GemmPath path) { return path == GemmPath::kLibxsmm ? "libxsmm" : "openblas"; }
 
-PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, GemmPath path, const Consumed& consumed) {
+namespace {
+
+std::shared_ptr<uint8_t[]> alloc_blocks(size_t bytes) {
+  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64));
+  TESSERA_CHECK(buf != nullptr);
+  return std::shared_ptr<uint8_t[]>(buf, [](uint8_t* p) { std::free(p); });
+}
+
+// Rows [0, rows) of a quantized view widened to F32, row-major [rows, k1 - k0]
+// from column k0 (both on block boundaries).
+void widen_rows(const PackedLinear& w, int64_t r0, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ld) {
+  const QuantOps& ops = quant_ops();
+  const auto fn = w.type() == WeightType::kQ8_0 ? ops.dequant_q8_0 : ops.dequant_q4_0;
+  const size_t skip = static_cast<size_t>(k0 / kQuantBlock) * block_bytes(w.type());
+  for (int64_t r = 0; r < rows; ++r) fn(w.row_blocks(r0 + r) + skip, (k1 - k0) / kQuantBlock, out + r * ld);
+}
+
+}  // namespace
+
+PackedLinear PackedLinear::from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path) {
+  TESSERA_CHECK(type != WeightType::kF32 && holds(type, k) && n >= 0 && (rows != nullptr || n == 0));
+  PackedLinear w;
+  w.n_ = n;
+  w.k_ = k;
+  w.path_ = path;
+  w.type_ = type;
+  w.qrow_ = row_bytes(type, k);
+  w.q_ = alloc_blocks(static_cast<size_t>(n) * w.qrow_);
+  w.qbase_ = w.q_.get();
+  if (n > 0) std::memcpy(w.q_.get(), rows, static_cast<size_t>(n) * w.qrow_);
+  return w;
+}
+
+PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, GemmPath path, const Consumed& consumed,
+                                WeightType type) {
   TESSERA_CHECK(k >= 0);
   int64_t n = 0;
   for (const auto& s : parts) {
     TESSERA_CHECK(s.rows >= 0 && (s.data != nullptr || s.rows == 0 || k == 0));
     n += s.rows;
+  }
+  if (type != WeightType::kF32 && holds(type, k) && n > 0) {
+    PackedLinear w;
+    w.n_ = n;
+    w.k_ = k;
+    w.path_ = path;
+    w.type_ = type;
+    w.qrow_ = row_bytes(type, k);
+    w.q_ = alloc_blocks(static_cast<size_t>(n) * w.qrow_);
+    w.qbase_ = w.q_.get();
+    std::vector<float> row(static_cast<size_t>(k));
+    int64_t r = 0;
+    for (const auto& s : parts) {
+      for (int64_t i = 0; i < s.rows; ++i, ++r) {
+        const float* src = s.data + i * s.row_stride;
+        if (s.col_stride == 1) {
+          quantize_row_ref(type, src, k, w.q_.get() + static_cast<size_t>(r) * w.qrow_);
+          continue;
+        }
+        for (int64_t c = 0; c < k; ++c) row[static_cast<size_t>(c)] = src[c * s.col_stride];
+        quantize_row_ref(type, row.data(), k, w.q_.get() + static_cast<size_t>(r) * w.qrow_);
+      }
+      if (consumed && s.rows > 0) {
+        const int64_t extent = s.col_stride == 1 ? s.rows * s.row_stride : k * s.col_stride;
+        consumed(s.data, static_cast<size_t>(extent) * sizeof(float));
+      }
+    }
+    return w;
   }
   PackedLinear w;
   w.n_ = n;
@@ -137,12 +199,19 @@ int64_t PackedLinear::dim(size_t i) const {
 
 size_t PackedLinear::nbytes() const {
   if (empty()) return 0;
+  if (quantized()) return static_cast<size_t>(n_) * qrow_;
   const int64_t stored = path_ == GemmPath::kLibxsmm ? (off_ + n_ + P - 1) / P * P : n_;
   return static_cast<size_t>(stored * k_) * sizeof(float);
 }
 
 float PackedLinear::at(int64_t r, int64_t c) const {
   TESSERA_CHECK(!empty() && r >= 0 && r < n_ && c >= 0 && c < k_);
+  if (quantized()) {
+    float block[kQuantBlock];
+    const int64_t b0 = c / kQuantBlock * kQuantBlock;
+    widen_rows(*this, r, 1, b0, b0 + kQuantBlock, block, kQuantBlock);
+    return block[c - b0];
+  }
   if (path_ == GemmPath::kOpenBlas) return base_[r * ldw_ + c];
   const int64_t g = off_ + r;
   return base_[(g / P) * P * k_ + c * P + g % P];
@@ -150,6 +219,10 @@ float PackedLinear::at(int64_t r, int64_t c) const {
 
 void PackedLinear::copy_row(int64_t r, float* dst) const {
   TESSERA_CHECK(!empty() && r >= 0 && r < n_ && dst != nullptr);
+  if (quantized()) {
+    widen_rows(*this, r, 1, 0, k_, dst, k_);
+    return;
+  }
   if (path_ == GemmPath::kOpenBlas) {
     std::memcpy(dst, base_ + r * ldw_, static_cast<size_t>(k_) * sizeof(float));
     return;
@@ -170,7 +243,9 @@ PackedLinear PackedLinear::out_rows(int64_t r0, int64_t r1) const {
   TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_);
   PackedLinear v = *this;
   v.n_ = r1 - r0;
-  if (path_ == GemmPath::kOpenBlas) {
+  if (quantized()) {
+    v.qbase_ = qbase_ + static_cast<size_t>(r0) * qrow_;
+  } else if (path_ == GemmPath::kOpenBlas) {
     v.base_ = base_ + r0 * ldw_;
   } else {
     const int64_t g = off_ + r0;
@@ -183,6 +258,12 @@ PackedLinear PackedLinear::out_rows(int64_t r0, int64_t r1) const {
 void PackedLinear::matmul_rows(const float* a, int64_t m, int64_t lda, int64_t r0, int64_t r1, float* c,
                                int64_t ldc) const {
   TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_ && m >= 0);
+  if (quantized()) {  // the rows widened, then as the row form
+    std::vector<float> rows(static_cast<size_t>(std::max<int64_t>((r1 - r0) * k_, 1)));
+    widen_rows(*this, r0, r1 - r0, 0, k_, rows.data(), k_);
+    gemm_f32(false, false, m, k_, r1 - r0, 1.0f, a, lda, rows.data(), k_, 0.0f, c, ldc);
+    return;
+  }
   if (path_ == GemmPath::kOpenBlas) {
     gemm_f32(false, false, m, k_, r1 - r0, 1.0f, a, lda, base_ + r0 * ldw_, ldw_, 0.0f, c, ldc);
     return;
@@ -215,6 +296,95 @@ struct PackedAccess {
   static int64_t ldw(const PackedLinear& w) { return w.ldw_; }
 };
 
+namespace {
+
+// Quantized weights (see the header): the dot kernels for a few rows, else
+// each panel widened to F32 and multiplied as in the panel form.
+void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t k0, int64_t k1) {
+  const PackedLinear& w = *a.w;
+  const int64_t m = a.m, n = w.rows(), k = k1 - k0;
+  TESSERA_CHECK_MSG(k0 % kQuantBlock == 0 && k1 % kQuantBlock == 0,
+                    "columns [" << k0 << ", " << k1 << ") of " << weight_type_name(w.type())
+                                << " weights do not fall on 32-column blocks");
+  count_flops(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const bool epilogue = a.bias != nullptr || a.act != Activation::kNone || a.residual != nullptr;
+  auto finish = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cnt) {
+    if (epilogue)
+      bias_act_residual_f32(a.y + r0 * a.ldy + c0, rows, cnt, a.ldy, a.bias == nullptr ? nullptr : a.bias + c0, a.act,
+                            a.residual == nullptr ? nullptr : a.residual + r0 * a.ldr + c0, a.ldr);
+  };
+  if (k == 0) {  // an empty sum, then the epilogue
+    if (!a.accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(a.y + i * a.ldy, a.y + i * a.ldy + n, 0.0f);
+    finish(0, m, 0, n);
+    return;
+  }
+  const int threads = pool == nullptr ? 1 : pool->size();
+  const bool serial = threads == 1 || m * n * k < kSerialMacs;
+  const int64_t panels = (n + P - 1) / P;
+  if (m <= kQuantDotRows) {
+    const QuantOps& ops = quant_ops();
+    const auto dot = w.type() == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0;
+    const size_t skip = static_cast<size_t>(k0 / kQuantBlock) * block_bytes(w.type());
+    auto rows_range = [&](int64_t p0, int64_t p1) {
+      const int64_t r0 = p0 * P, r1 = std::min(n, p1 * P);
+      float out[kQuantDotRows];
+      for (int64_t r = r0; r < r1; ++r) {
+        dot(w.row_blocks(r) + skip, k / kQuantBlock, a.x, m, a.ldx, out);
+        for (int64_t i = 0; i < m; ++i) {
+          float& y = a.y[i * a.ldy + r];
+          y = a.accumulate ? y + out[i] : out[i];
+        }
+      }
+      finish(0, m, r0, r1 - r0);
+    };
+    if (serial) rows_range(0, panels);
+    else pool->parallel_for(panels, rows_range);
+    return;
+  }
+  const int64_t tiles = (m + kRowTile - 1) / kRowTile;
+  // Panel p widened into `panel` (column-major, leading dimension P).
+  auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
+    const int64_t r0 = p * P, cnt = std::min(P, n - r0);
+    rows.resize(static_cast<size_t>(P * k));
+    panel.resize(static_cast<size_t>(P * k));
+    widen_rows(w, r0, cnt, k0, k1, rows.data(), k);
+    for (int64_t r = 0; r < cnt; ++r)
+      for (int64_t c = 0; c < k; ++c) panel[static_cast<size_t>(c * P + r)] = rows[static_cast<size_t>(r * k + c)];
+    return cnt;
+  };
+  auto tile = [&](const float* panel, int64_t p, int64_t cnt, int64_t t) {
+    const int64_t r0 = t * kRowTile, rows = std::min(kRowTile, m - r0);
+    float* y = a.y + r0 * a.ldy + p * P;
+    const float* x = a.x + r0 * a.ldx;
+    libxsmm_smmfunction fn = w.path() == GemmPath::kLibxsmm ? dispatch(cnt, rows, k, a.ldx, a.ldy, a.accumulate) : nullptr;
+    if (fn != nullptr) fn(panel, x, y);
+    else gemm_f32(false, false, rows, cnt, k, 1.0f, x, a.ldx, panel, P, a.accumulate ? 1.0f : 0.0f, y, a.ldy);
+    finish(r0, rows, p * P, cnt);
+  };
+  auto panels_range = [&](int64_t p0, int64_t p1) {
+    thread_local std::vector<float> rows, panel;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t cnt = widen_panel(p, rows, panel);
+      for (int64_t t = 0; t < tiles; ++t) tile(panel.data(), p, cnt, t);
+    }
+  };
+  if (serial || panels >= threads) {
+    if (serial) panels_range(0, panels);
+    else pool->parallel_for(panels, panels_range);
+    return;
+  }
+  pool->parallel_for(tiles, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> rows, panel;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t cnt = widen_panel(p, rows, panel);
+      for (int64_t t = t0; t < t1; ++t) tile(panel.data(), p, cnt, t);
+    }
+  });
+}
+
+}  // namespace
+
 void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
   core::KernelClock clock;  // --device-speed (core/device_speed.h)
   TESSERA_CHECK(a.w != nullptr && !a.w->empty());
@@ -225,6 +395,10 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
   TESSERA_CHECK(m >= 0 && (a.x != nullptr || m == 0) && (a.y != nullptr || m == 0 || n == 0));
   TESSERA_CHECK(a.ldx >= k && a.ldy >= n && (a.residual == nullptr || a.ldr >= n));
   if (m == 0 || n == 0) return;
+  if (w.quantized()) {
+    quantized_linear(pool, a, k0, k1);
+    return;
+  }
   if (w.path() == GemmPath::kOpenBlas && (a.accumulate || k0 > 0 || k < w.cols())) {
     // Part of the sum: the stored rows from column k0, then the epilogue.
     gemm_f32(false, true, m, n, k, 1.0f, a.x, a.ldx, PackedAccess::base(w) + k0, PackedAccess::ldw(w),

@@ -13,6 +13,10 @@
 //   Y^T[panel, rows] = W_panel[kPanel, k] . X^T[k, rows].
 // Row form (OpenBLAS path): W stays [n, k] row-major, as OpenBLAS re-packs it
 // per call anyway and keeps its own heuristics for it.
+// Quantized form (Q8_0, Q4_0; quant.h): W's rows as blocks, row-major. Up to
+// kQuantDotRows input rows run on the quantized dot kernels; more rows widen
+// one panel at a time to the panel form above (per thread, in L2) and run
+// the F32 kernel on it, so a prompt costs about what it does in F32.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +27,7 @@
 
 #include "core/tensor.h"
 #include "kernels/elementwise.h"
+#include "kernels/quant.h"
 
 namespace tessera::core { class ThreadPool; }
 
@@ -55,18 +60,26 @@ class PackedLinear {
   // drops those pages of its mapped file: peak memory stays ~1x the weights).
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
   // W = the rows of `parts` stacked, k columns each (k >= 0; parts may be empty).
+  // With `type` Q8_0 or Q4_0, the rows are quantized (k must be a whole
+  // number of blocks: holds(type, k); otherwise they stay F32).
   static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path(),
-                           const Consumed& consumed = {});
+                           const Consumed& consumed = {}, WeightType type = WeightType::kF32);
+  // Rows already in `type`'s blocks (a GGUF file's, or a test's), copied.
+  static PackedLinear from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path = gemm_path());
   // A Linear-layout tensor [n, k].
   static PackedLinear pack(const core::Tensor& w, GemmPath path = gemm_path());
 
-  bool empty() const { return !data_; }   // nothing loaded (a shard with 0 rows is not empty)
+  bool empty() const { return !data_ && !q_; }   // nothing loaded (a shard with 0 rows is not empty)
   int64_t rows() const { return n_; }     // outputs (n)
   int64_t cols() const { return k_; }     // inputs (k)
   int64_t dim(size_t i) const;            // as a [n, k] tensor
   GemmPath path() const { return path_; }
+  WeightType type() const { return type_; }
+  bool quantized() const { return type_ != WeightType::kF32; }
+  // Quantized form: row r's blocks.
+  const uint8_t* row_blocks(int64_t r) const { return qbase_ + static_cast<size_t>(r) * qrow_; }
   // The packed buffer (weights, padding included), for paging hints.
-  const void* raw() const { return base_; }
+  const void* raw() const { return quantized() ? static_cast<const void*>(qbase_) : base_; }
   size_t nbytes() const;
 
   // W[r][c] and a whole row (k floats, read with the layout's stride).
@@ -90,6 +103,10 @@ class PackedLinear {
   int64_t off_ = 0;                 // panel form: the first row's index inside its panel
   int64_t ldw_ = 0;                 // row form: row stride
   GemmPath path_ = GemmPath::kOpenBlas;
+  WeightType type_ = WeightType::kF32;
+  std::shared_ptr<uint8_t[]> q_;    // quantized form: owner
+  const uint8_t* qbase_ = nullptr;  // row 0 of the view
+  size_t qrow_ = 0;                 // bytes per row
 };
 
 // A dense layer on packed weights: y = act(x W^T + bias) + residual, with

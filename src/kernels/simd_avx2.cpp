@@ -3,4 +3,5 @@
 #define TESSERA_SIMD_NS avx2
 #define TESSERA_SIMD_W 8
 #include "kernels/simd_math.inc"
+#include "kernels/quant_ops.inc"
 #endif

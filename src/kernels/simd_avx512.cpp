@@ -3,4 +3,5 @@
 #define TESSERA_SIMD_NS avx512
 #define TESSERA_SIMD_W 16
 #include "kernels/simd_math.inc"
+#include "kernels/quant_ops.inc"
 #endif

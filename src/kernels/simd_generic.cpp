@@ -3,3 +3,4 @@
 #define TESSERA_SIMD_NS generic
 #define TESSERA_SIMD_W 8
 #include "kernels/simd_math.inc"
+#include "kernels/quant_ops.inc"
