@@ -29,4 +29,14 @@ void add_context_flags(CLI::App* cmd, int64_t& ctx_size, core::DType& kv_type) {
       ->default_str("f32");
 }
 
+void add_quantize_flag(CLI::App* cmd, kernels::WeightType& type) {
+  const std::map<std::string, kernels::WeightType> types{
+      {"f32", kernels::WeightType::kF32}, {"q8_0", kernels::WeightType::kQ8_0}, {"q4_0", kernels::WeightType::kQ4_0}};
+  cmd->add_option("--quantize", type,
+                  "hold the layers' matrices and the LM head quantized, from an F32/F16 folder at load: q8_0 (lossy, "
+                  "~3.8x fewer bytes) or q4_0 (lossier, ~7x); f32 keeps them")
+      ->transform(CLI::CheckedTransformer(types, CLI::ignore_case))
+      ->default_str("f32");
+}
+
 }  // namespace tessera::cli

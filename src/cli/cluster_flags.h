@@ -16,5 +16,7 @@ void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeo
 // A generation's KV caches: --ctx-size (positions, prompt included) and
 // --kv-type f32|f16 (generate, run, chat, serve, bench-local).
 void add_context_flags(CLI::App* cmd, int64_t& ctx_size, core::DType& kv_type);
+// --quantize f32|q8_0|q4_0 (kernels/quant.h): the weight type a deployment loads.
+void add_quantize_flag(CLI::App* cmd, kernels::WeightType& type);
 
 }  // namespace tessera::cli

@@ -30,6 +30,7 @@ struct FidelityFlags {
   int64_t seq = 128;
   uint64_t seed = 1;
   bool json = false;
+  std::string quantize;  // "q8_0,q4_0": each weight type a setting of its own
 };
 
 // What the exact forward gives for one input, kept small: hidden.L and the
@@ -37,12 +38,28 @@ struct FidelityFlags {
 struct Reference {
   core::Tensor hidden;
   std::vector<int64_t> top1;
+  std::vector<double> last_logp;  // log-softmax of the last row's logits (the next token)
 };
 
 struct Scores {
   double cosine_sum = 0.0, min_cosine = 1.0, max_abs_err = 0.0;
   int64_t rows = 0, top1_same = 0, top1_rows = 0;
+  double kl_sum = 0.0, kl_max = 0.0;
+  int64_t kl_count = 0;
 };
+
+std::vector<double> last_row_logp(const core::Tensor& logits) {
+  if (logits.empty()) return {};
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  const float* x = logits.f32() + (rows - 1) * cols;
+  double mx = x[0];
+  for (int64_t c = 1; c < cols; ++c) mx = std::max(mx, static_cast<double>(x[c]));
+  double sum = 0;
+  for (int64_t c = 0; c < cols; ++c) sum += std::exp(x[c] - mx);
+  std::vector<double> out(static_cast<size_t>(cols));
+  for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c)] = x[c] - mx - std::log(sum);
+  return out;
+}
 
 // The default strategy: the registry's first lossy one (fidelity is what it
 // trades for speed); the one-device plan when every strategy is exact.
@@ -93,6 +110,14 @@ void score(const Reference& ref, const model::ForwardOutput& got, Scores& s) {
     s.min_cosine = std::min(s.min_cosine, cos);
     ++s.rows;
   }
+  // KL(reference || got) of the next-token distribution.
+  if (const auto lp = last_row_logp(got.logits); !lp.empty() && lp.size() == ref.last_logp.size()) {
+    double kl = 0;
+    for (size_t c = 0; c < lp.size(); ++c) kl += std::exp(ref.last_logp[c]) * (ref.last_logp[c] - lp[c]);
+    s.kl_sum += kl;
+    s.kl_max = std::max(s.kl_max, kl);
+    ++s.kl_count;
+  }
   const auto top = top1_rows(got.logits);
   for (size_t r = 0; r < std::min(top.size(), ref.top1.size()); ++r) {
     s.top1_same += top[r] == ref.top1[r] ? 1 : 0;
@@ -132,26 +157,43 @@ int fidelity(const FidelityFlags& f) {
     return fail("--seq must be in [1, max_position_embeddings]");
   auto variants = expand_lists(*f.plan);
   if (!variants.ok()) return fail(variants.status().to_string());
-  std::vector<parallel::Plan> plans;
-  for (const PlanFlags& v : *variants) {
-    auto p = build_plan(v, v.strategy, v.devices, true);
-    if (!p.ok()) return fail(p.status().to_string());
-    if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
-    plans.push_back(*p);
+  // --quantize a,b: every plan once per weight type (against the F32 reference).
+  std::vector<kernels::WeightType> types;
+  std::stringstream qs(f.quantize);
+  for (std::string item; std::getline(qs, item, ',');) {
+    auto t = kernels::parse_weight_type(item);
+    if (!t.ok()) return fail(t.status().to_string());
+    types.push_back(*t);
   }
+  if (types.empty()) types.push_back(kernels::WeightType::kF32);
+  std::vector<parallel::Plan> plans;
+  for (kernels::WeightType t : types)
+    for (const PlanFlags& v : *variants) {
+      auto p = build_plan(v, v.strategy, v.devices, true);
+      if (!p.ok()) return fail(p.status().to_string());
+      p->weights = t;
+      if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
+      plans.push_back(*p);
+    }
   auto full = model::Transformer::load(f.model);
   if (!full.ok()) return fail(full.status().to_string());
   auto models = runtime::load_rank_models(f.model, plans[0]);
   if (!models.ok()) return fail(models.status().to_string());
+  kernels::WeightType loaded = plans[0].weights;
   kernels::set_blas_threads(1);  // ranks are threads; each runs its GEMMs on one core
   const auto inputs = random_inputs(*cfg, f.samples, f.seq, f.seed);
   std::vector<Reference> refs;
   for (const auto& in : inputs) {
     auto out = full->forward(in, {}, nullptr);
     if (!out.ok()) return fail(out.status().to_string());
-    refs.push_back({out->hidden.back(), top1_rows(out->logits)});
+    refs.push_back({out->hidden.back(), top1_rows(out->logits), last_row_logp(out->logits)});
   }
   for (const auto& plan : plans) {
+    if (plan.weights != loaded) {  // the ranks again, in this plan's weight type
+      models = runtime::load_rank_models(f.model, plan);
+      if (!models.ok()) return fail(models.status().to_string());
+      loaded = plan.weights;
+    }
     Scores s;
     for (size_t i = 0; i < inputs.size(); ++i) {
       auto got = runtime::run_in_process(plan, *models, inputs[i]);
@@ -163,19 +205,23 @@ int fidelity(const FidelityFlags& f) {
     nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family},
                         {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
                         {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
-                        {"max_abs_err", s.max_abs_err}};
+                        {"max_abs_err", s.max_abs_err}, {"weights", kernels::weight_type_name(plan.weights)}};
+    j["next_token_kl"] = s.kl_count > 0 ? nlohmann::json(s.kl_sum / static_cast<double>(s.kl_count)) : nlohmann::json(nullptr);
+    j["next_token_kl_max"] = s.kl_count > 0 ? nlohmann::json(s.kl_max) : nlohmann::json(nullptr);
     j["top1_agreement"] = s.top1_rows > 0 ? nlohmann::json(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows))
                                           : nlohmann::json(nullptr);
     if (f.json) {
       std::cout << j.dump() << '\n';
       continue;
     }
-    std::string label = plan.strategy;
+    std::string label = plan.strategy + " weights=" + kernels::weight_type_name(plan.weights);
     for (const auto& [k, v] : plan.options.items()) label += " " + k + "=" + v.dump();
-    std::printf("%s devices=%d samples=%d rows=%lld: cosine %.6f (min %.6f)  max_abs_err %.3g  top1 %s\n", label.c_str(),
+    std::printf("%s devices=%d samples=%d rows=%lld: cosine %.6f (min %.6f)  max_abs_err %.3g  top1 %s", label.c_str(),
                 plan.world, f.samples, static_cast<long long>(rows), cosine, s.min_cosine, s.max_abs_err,
                 s.top1_rows > 0 ? std::to_string(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows)).c_str()
                                 : "n/a (no head)");
+    if (s.kl_count > 0) std::printf("  next-token KL %.3g (max %.3g)", s.kl_sum / static_cast<double>(s.kl_count), s.kl_max);
+    std::printf("\n");
   }
   return 0;
 }
@@ -194,6 +240,8 @@ void add_fidelity_command(CLI::App& app) {
   cmd->add_option("--seq", f->seq, "tokens per input (text models)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "input seed")->capture_default_str();
   cmd->add_flag("--json", f->json, "one JSON object per evaluated setting");
+  cmd->add_option("--quantize", f->quantize,
+                  "weight types to measure against the F32 reference, e.g. q8_0,q4_0 (each plan once per type)");
   cmd->callback([f] { throw CLI::RuntimeError(fidelity(*f)); });
 }
 

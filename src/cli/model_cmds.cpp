@@ -144,6 +144,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (!cluster.ok()) return fail(cluster.status().to_string());
   auto c = model::load_config(f.req.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
+  c->weights = f.req.weights;  // the planner prices, and every rank loads, this type
   auto rows = runtime::request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
   if (!rows.ok()) return fail(rows.status().to_string());
   runtime::DeployRequest dr;
@@ -253,6 +254,7 @@ void add_run(CLI::App& app) {
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) {
   add_plan_flags(cmd, f->plan);
   add_cluster_flags(cmd, f->cluster, f->timeout_s);
+  add_quantize_flag(cmd, f->req.weights);
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");
   cmd->add_option("--reps", f->reps, "distributed: timed runs (--stats reports the median)")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "distributed: untimed runs first")->capture_default_str();
@@ -303,6 +305,7 @@ struct BenchFlags {
   int64_t generate = 0;  // GPT-2: greedy decode steps after a --seq prompt
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;
+  kernels::WeightType weights = kernels::WeightType::kF32;
 };
 
 // GPT-2 decode: a --seq-token prompt, then b.generate greedy tokens, reps
@@ -346,7 +349,8 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
   if (b.json) {
     nlohmann::json j = {{"model", b.model}, {"prompt", b.seq}, {"new_tokens", b.generate}, {"threads", b.threads},
                         {"reps", b.reps}, {"decode_ms_per_token", median}, {"min_ms", steps.front()},
-                        {"weight_bytes_per_token", bytes}, {"gemm", kernels::gemm_path_name(kernels::gemm_path())}};
+                        {"weight_bytes_per_token", bytes}, {"gemm", kernels::gemm_path_name(kernels::gemm_path())},
+                        {"weights", kernels::weight_type_name(b.weights)}};
     std::cout << j.dump() << '\n';
   } else {
     std::printf("%s decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",
@@ -357,7 +361,9 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
 }
 
 int bench_local(const BenchFlags& b) {
-  auto m = model::Transformer::load(b.model);
+  model::LoadOptions lo;
+  lo.weights = b.weights;
+  auto m = model::Transformer::load(b.model, lo);
   if (!m.ok()) return fail(m.status().to_string());
   if (b.threads < 1 || b.reps < 1) return fail("--threads and --reps must be >= 1");
   const auto& c = m->config();
@@ -388,7 +394,7 @@ int bench_local(const BenchFlags& b) {
   if (b.json) {
     nlohmann::json j = {{"model", b.model}, {"model_type", c.family}, {"rows", rows},
                         {"threads", b.threads}, {"reps", b.reps}, {"median_ms", median}, {"min_ms", ms.front()},
-                        {"max_ms", ms.back()}};
+                        {"max_ms", ms.back()}, {"weights", kernels::weight_type_name(b.weights)}};
     std::cout << j.dump() << '\n';
   } else {
     std::printf("%s rows=%lld threads=%d reps=%d median=%.2f ms min=%.2f ms max=%.2f ms\n", c.family.c_str(),
@@ -409,6 +415,7 @@ void add_bench_local(CLI::App& app) {
   cmd->add_option("--generate", b->generate,
                   "causal LMs: time greedy decoding of this many tokens after a --seq prompt (median ms per token)");
   add_context_flags(cmd, b->ctx_size, b->kv_dtype);
+  add_quantize_flag(cmd, b->weights);
   cmd->callback([b] { throw CLI::RuntimeError(bench_local(*b)); });
 }
 

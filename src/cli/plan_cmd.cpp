@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 
+#include "cli/cluster_flags.h"
 #include "cli/commands.h"
 #include "core/io.h"
 #include "comm/keys.h"
@@ -24,6 +25,7 @@ struct PlanCmd {
   std::string out;
   bool json = false;
   bool lossy = false;
+  kernels::WeightType weights = kernels::WeightType::kF32;  // --quantize
   std::string pipeline_solver = "ilp";
   std::string units = "layers";
   std::string ilp_lp;
@@ -74,6 +76,7 @@ void print_table(const planner::PlanTable& t) {
 int plan_command(const PlanCmd& f) {
   auto c = model::load_config(f.cluster.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
+  c->weights = f.weights;  // every plan's weight bytes in this type
   auto cluster = runtime::Cluster::open(f.cluster);
   if (!cluster.ok()) return fail(cluster.status().to_string());
   planner::PlannerOptions o;
@@ -127,6 +130,7 @@ void add_plan_commands(CLI::App& app) {
     cmd->add_option("--profile", f->cluster.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
     cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM)");
+    add_quantize_flag(cmd, f->weights);
     cmd->add_option("--pipeline-solver", f->pipeline_solver, "pipeline layer placement: ilp (exact, CBC) or dp (contiguous)")
         ->check(CLI::IsMember({"ilp", "dp"}))
         ->capture_default_str();

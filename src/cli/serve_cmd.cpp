@@ -76,6 +76,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds loading and forming the group may take")->capture_default_str();
   add_context_flags(cmd, f->serve.ctx_size, f->serve.kv_dtype);
+  add_quantize_flag(cmd, f->serve.weights);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }
 

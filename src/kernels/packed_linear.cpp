@@ -349,8 +349,14 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     rows.resize(static_cast<size_t>(P * k));
     panel.resize(static_cast<size_t>(P * k));
     widen_rows(w, r0, cnt, k0, k1, rows.data(), k);
-    for (int64_t r = 0; r < cnt; ++r)
-      for (int64_t c = 0; c < k; ++c) panel[static_cast<size_t>(c * P + r)] = rows[static_cast<size_t>(r * k + c)];
+    // Transposed in tiles of 8 columns, so the writes fill whole lines.
+    const float* src = rows.data();
+    float* dst = panel.data();
+    for (int64_t c0 = 0; c0 < k; c0 += 8) {
+      const int64_t c1 = std::min(k, c0 + 8);
+      for (int64_t r = 0; r < cnt; ++r)
+        for (int64_t c = c0; c < c1; ++c) dst[c * P + r] = src[r * k + c];
+    }
     return cnt;
   };
   auto tile = [&](const float* panel, int64_t p, int64_t cnt, int64_t t) {

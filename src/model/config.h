@@ -7,6 +7,7 @@
 
 #include "core/status.h"
 #include "kernels/elementwise.h"
+#include "kernels/quant.h"
 
 namespace tessera::model {
 
@@ -92,6 +93,16 @@ struct ModelConfig {
   // layer not in bp_original is bp_div sub-blocks, sub-block i reading and
   // writing residual features [i*h/N, (i+1)*h/N). bp_div = 0: ordinary model.
   int64_t bp_div = 0;
+  // Not config.json's: the type the deployment holds the dense layers' and
+  // the LM head's matrices in (--quantize; a plan's `weights`). Loading and
+  // every estimate of weight bytes read it.
+  kernels::WeightType weights = kernels::WeightType::kF32;
+  // Bytes of a [rows, k] matrix as loaded: a shard of a matrix whose whole
+  // rows (full_k inputs; -1: k) are not whole blocks stays F32.
+  int64_t matrix_bytes(int64_t rows, int64_t k, int64_t full_k = -1) const {
+    const bool q = kernels::holds(weights, full_k < 0 ? k : full_k);
+    return rows * static_cast<int64_t>(kernels::row_bytes(q ? weights : kernels::WeightType::kF32, k));
+  }
   std::vector<int64_t> bp_original;  // sorted, distinct
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads; }

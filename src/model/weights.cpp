@@ -219,8 +219,9 @@ RawMatrix stack(const std::vector<RawMatrix>& ms, int64_t k) {
   return out;
 }
 
-kernels::PackedLinear pack(const RawMatrix& m, const kernels::PackedLinear::Consumed& consumed = {}) {
-  return kernels::PackedLinear::pack(m.parts, m.k, kernels::gemm_path(), consumed);
+kernels::PackedLinear pack(const RawMatrix& m, const kernels::PackedLinear::Consumed& consumed,
+                           kernels::WeightType type) {
+  return kernels::PackedLinear::pack(m.parts, m.k, kernels::gemm_path(), consumed, type);
 }
 
 // A layer as read, before packing; `names` are the file tensors it came from.
@@ -275,12 +276,20 @@ RawLayer shard_raw(const RawLayer& full, const LayerDims& dim, const HeadShard& 
 // An owned copy; a tensor a family does not have stays empty.
 Tensor owned_copy(const Tensor& t) { return t.empty() ? Tensor() : t.clone(); }
 
-LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consumed& consumed = {}) {
+// A matrix is quantized when the whole layer's rows are whole blocks (`full_k`
+// its input width before any shard cut), so a shard holds exactly the
+// single device's blocks, or stays F32 exactly where the single device does.
+kernels::WeightType fit(kernels::WeightType type, int64_t full_k) {
+  return kernels::holds(type, full_k) ? type : kernels::WeightType::kF32;
+}
+
+LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consumed& consumed,
+                          kernels::WeightType type, int64_t full_attn_k, int64_t full_ffn_k) {
   LayerWeights w;
-  w.qkv_w = pack(r.qkv, consumed);
-  w.attn_out_w = pack(r.attn_out, consumed);
-  w.ffn_in_w = pack(r.ffn_in, consumed);
-  w.ffn_out_w = pack(r.ffn_out, consumed);
+  w.qkv_w = pack(r.qkv, consumed, fit(type, r.qkv.k));
+  w.attn_out_w = pack(r.attn_out, consumed, fit(type, full_attn_k));
+  w.ffn_in_w = pack(r.ffn_in, consumed, fit(type, r.ffn_in.k));
+  w.ffn_out_w = pack(r.ffn_out, consumed, fit(type, full_ffn_k));
   w.qkv_b = owned_copy(r.qkv_b);
   w.attn_out_b = owned_copy(r.attn_out_b);
   w.ffn_in_b = owned_copy(r.ffn_in_b);
@@ -296,8 +305,9 @@ LayerWeights finish_layer(const RawLayer& r, const kernels::PackedLinear::Consum
 
 class Loader {
  public:
-  Loader(const TensorStore& store, const ModelConfig& c, std::string prefix)
-      : store_(store), c_(c), p_(std::move(prefix)) {}
+  Loader(const TensorStore& store, const ModelConfig& c, std::string prefix, kernels::WeightType type)
+      : store_(store), c_(c), p_(std::move(prefix)), type_(type) {}
+  kernels::WeightType type() const { return type_; }
 
   Result<Tensor> get(const std::string& name) { return store_.get_f32(name); }
   Result<Tensor> base(const std::string& leaf) { return get(p_ + leaf); }
@@ -313,13 +323,15 @@ class Loader {
     return out;
   }
   Result<Tensor> owned_base(const std::string& leaf) { return owned(p_ + leaf); }
-  // A Linear-layout matrix, packed; its pages in the mapping are dropped.
-  Result<kernels::PackedLinear> packed(const std::string& name) {
+  // A Linear-layout matrix, packed (with `quantize`, in the load's type);
+  // its pages in the mapping are dropped.
+  Result<kernels::PackedLinear> packed(const std::string& name, bool quantize = false) {
     TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
     TESSERA_CHECK(t.rank() == 2);
     const kernels::WeightSource src{t.f32(), t.dim(0), t.dim(1), 1};
     kernels::PackedLinear w = kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), t.dim(1),
-                                                          kernels::gemm_path(), consumed());
+                                                          kernels::gemm_path(), consumed(),
+                                                          quantize ? type_ : kernels::WeightType::kF32);
     store_.release(name);
     return w;
   }
@@ -339,6 +351,7 @@ class Loader {
   const TensorStore& store_;
   const ModelConfig& c_;
   std::string p_;
+  kernels::WeightType type_ = kernels::WeightType::kF32;
 };
 
 // Q, K, V stacked in one matrix (and their biases, when the model has
@@ -459,7 +472,8 @@ LayerWeights shard_layer(const LayerWeights& full, int64_t F, int64_t hd, int64_
   r.ffn_out = linear_of(full.ffn_out_w.unpack());
   r.qkv_b = full.qkv_b; r.attn_out_b = full.attn_out_b; r.ffn_in_b = full.ffn_in_b; r.ffn_out_b = full.ffn_out_b;
   r.ln1_g = full.ln1_g; r.ln1_b = full.ln1_b; r.ln2_g = full.ln2_g; r.ln2_b = full.ln2_b;
-  return finish_layer(shard_raw(r, {F, F, F, r.ffn_out.k, false}, {h0, h1, h0, h1, hd}, c0, c1));
+  return finish_layer(shard_raw(r, {F, F, F, r.ffn_out.k, false}, {h0, h1, h0, h1, hd}, c0, c1), {}, full.qkv_w.type(),
+                      r.attn_out.k, r.ffn_out.k);
 }
 
 size_t LayerWeights::bytes() const {
@@ -562,7 +576,7 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     return core::ok_status();
   }
   if (tied_packed) {
-    TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));
+    TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word, true));
   } else {
     TESSERA_ASSIGN_OR_RETURN(w.word_emb, ld.owned_base(b.word));
   }
@@ -577,7 +591,7 @@ core::Status load_embeddings(Loader& ld, const TensorStore& store, const ModelCo
     TESSERA_ASSIGN_OR_RETURN(w.emb_ln_b, ld.owned_base(b.emb_ln_b));
   }
   if (c.projects_embeddings()) {
-    TESSERA_ASSIGN_OR_RETURN(w.project_in_w, ld.packed(prefix + b.project_in));
+    TESSERA_ASSIGN_OR_RETURN(w.project_in_w, ld.packed(prefix + b.project_in, true));
   }
   return core::ok_status();
 }
@@ -597,13 +611,13 @@ core::Status load_head(Loader& ld, const TensorStore& store, const ModelConfig& 
   }
   if (c.causal()) {
     if (c.projects_embeddings()) {
-      TESSERA_ASSIGN_OR_RETURN(w.project_out_w, ld.packed(prefix + b.project_out));
+      TESSERA_ASSIGN_OR_RETURN(w.project_out_w, ld.packed(prefix + b.project_out, true));
     }
     if (c.head == HeadKind::kLmHead) {
       if (!tied_packed) {
-        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head));
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(b.lm_head, true));
       } else if (w.lm_head_w.empty()) {
-        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word));  // tied
+        TESSERA_ASSIGN_OR_RETURN(w.lm_head_w, ld.packed(prefix + b.word, true));  // tied
       }
     }
     return core::ok_status();
@@ -629,7 +643,7 @@ core::Status load_sub_blocks(Loader& ld, const ModelConfig& c, const LoadOptions
   for (int64_t i = opts.block_begin; i < b1; ++i) {
     auto bw = ld.load_layer(l, block_prefix(i), c.block_width());
     if (!bw.ok()) return bw.status();
-    dst.blocks[static_cast<size_t>(i)] = finish_layer(*bw, ld.consumed());
+    dst.blocks[static_cast<size_t>(i)] = finish_layer(*bw, ld.consumed(), ld.type(), bw->attn_out.k, bw->ffn_out.k);
     ld.release(bw->names);
   }
   return core::ok_status();
@@ -642,7 +656,8 @@ core::Status load_original_layer(Loader& ld, const ModelConfig& c, const Shard& 
   auto lw = ld.load_layer(l);
   if (!lw.ok()) return lw.status();
   // TP shards cut the file's tensors first and pack only their slice.
-  dst = finish_layer(s.cut ? shard_raw(*lw, dims_of(c), c.head_shard(s.h0, s.h1), s.f0, s.f1) : *lw, ld.consumed());
+  dst = finish_layer(s.cut ? shard_raw(*lw, dims_of(c), c.head_shard(s.h0, s.h1), s.f0, s.f1) : *lw, ld.consumed(),
+                     ld.type(), lw->attn_out.k, lw->ffn_out.k);
   ld.release(lw->names);
   // A block alone: the other block's matrices go after packing (the peak
   // holds one extra block of one layer for a moment).
@@ -660,7 +675,10 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   TESSERA_RETURN_IF_ERROR(validate_names(store, entries_for(c, prefix)));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<int64_t> layers, layers_to_load(c, opts));
   TESSERA_ASSIGN_OR_RETURN(const Shard shard, shard_of(c, opts));
-  Loader ld(store, c, prefix);
+  if (opts.weights != kernels::WeightType::kF32 && c.bp_div > 0)
+    return core::unimplemented("a decoupled model (block_parallel) does not load quantized weights yet");
+  c.weights = opts.weights;  // what this device holds; shard maths reads it
+  Loader ld(store, c, prefix, opts.weights);
   ModelWeights w;
   // Embeddings and head first, while few pages are resident: copying the big
   // word embeddings last would add their size to the peak.

@@ -83,6 +83,11 @@ struct LoadOptions {
   // Decoupled layers: sub-blocks [block_begin, block_end) (-1: all). The
   // tensor-parallel shard above applies to the original layers only.
   int64_t block_begin = 0, block_end = -1;
+  // --quantize: the layers' matrices and a decoder's LM head (with a tied
+  // head, the token table it also is) are quantized as they are packed; a
+  // matrix whose rows are not whole blocks stays F32. The other matrices
+  // (pooler, classifier, patches) are small and stay F32.
+  kernels::WeightType weights = kernels::WeightType::kF32;
 };
 
 // The tensor-parallel shard of a whole layer (see LoadOptions).

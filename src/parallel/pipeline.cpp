@@ -243,7 +243,8 @@ class Pipeline final : public Strategy {
     if (holder != 0) hand_over(0, "return activations");
     // Weights as load_options loads them: a block alone drops the other
     // block's matrices and keeps the layer's norms and biases.
-    const int64_t attn = 4 * F * F * 4, mlp = 2 * c.intermediate * F * 4;
+    const int64_t attn = c.matrix_bytes(3 * F, F) + c.matrix_bytes(F, F);
+    const int64_t mlp = c.matrix_bytes(c.intermediate, F) + c.matrix_bytes(F, c.intermediate);
     const int64_t whole = layer_weight_bytes(c, F, c.intermediate);
     for (int r = 0; r < plan.world; ++r) {
       DeviceSchedule& d = s.devices[static_cast<size_t>(r)];

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "core/check.h"
 #include "core/limits.h"
@@ -76,7 +77,9 @@ Result<const Strategy*> strategy_for(const std::string& name) {
 }
 
 json Plan::to_json() const {
-  return {{"strategy", strategy}, {"world", world}, {"ratios", ratios}, {"options", options.is_null() ? json::object() : options}};
+  json j = {{"strategy", strategy}, {"world", world}, {"ratios", ratios}, {"options", options.is_null() ? json::object() : options}};
+  if (weights != kernels::WeightType::kF32) j["weights"] = kernels::weight_type_name(weights);
+  return j;
 }
 
 Result<Plan> Plan::from_json(const json& j) {
@@ -99,6 +102,10 @@ Result<Plan> Plan::from_json(const json& j) {
   if (j.contains("options")) {
     if (!j["options"].is_object()) return core::invalid_argument("plan: 'options' must be an object");
     p.options = j["options"];
+  }
+  if (j.contains("weights")) {
+    if (!j["weights"].is_string()) return core::invalid_argument("plan: 'weights' must be a string");
+    TESSERA_ASSIGN_OR_RETURN(p.weights, kernels::parse_weight_type(j["weights"].get<std::string>()));
   }
   return p;
 }
@@ -143,8 +150,9 @@ RowShare row_share(const Plan& plan, int64_t n, int rank) {
 int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t ffn_cols) {
   const int64_t F = c.hidden;
   // QKV [3w, F] + [3w], out [F, w] + [F], FFN [I', F] + [I'] and [F, I'] + [F], two norms.
-  const int64_t floats = 3 * width * F + 3 * width + F * width + F + 2 * ffn_cols * F + ffn_cols + F + 4 * F;
-  return floats * static_cast<int64_t>(sizeof(float));
+  const int64_t floats = 3 * width + F + ffn_cols + F + 4 * F;
+  return floats * static_cast<int64_t>(sizeof(float)) + c.matrix_bytes(3 * width, F) + c.matrix_bytes(F, width, F) +
+         c.matrix_bytes(ffn_cols, F) + c.matrix_bytes(F, ffn_cols, c.intermediate);
 }
 
 // A Llama-style layer as weights.cpp holds it: fused QKV [(H + 2 KV) d, F],
@@ -152,12 +160,13 @@ int64_t layer_weight_bytes(const model::ModelConfig& c, int64_t width, int64_t f
 // RMSNorm weights and Qwen3's q/k norms.
 int64_t llama_layer_weight_bytes(const model::ModelConfig& c) {
   const int64_t F = c.hidden, I = c.intermediate;
-  int64_t floats = c.qkv_width() * F + F * c.q_width() + 3 * I * F + 2 * F;
+  int64_t floats = 2 * F;
   if (c.attention_bias) floats += c.qkv_width();
   if (c.o_bias) floats += F;
   if (c.mlp_bias) floats += 2 * I + F;
   if (c.qk_norm) floats += 2 * c.head_dim();
-  return floats * static_cast<int64_t>(sizeof(float));
+  return floats * static_cast<int64_t>(sizeof(float)) + c.matrix_bytes(c.qkv_width(), F) +
+         c.matrix_bytes(F, c.q_width()) + c.matrix_bytes(2 * I, F) + c.matrix_bytes(F, I);
 }
 
 ShardDims shard_dims(const model::ModelConfig& c, Range heads, int64_t ffn_cols) {
@@ -169,32 +178,40 @@ int64_t shard_weight_bytes(const model::ModelConfig& c, Range heads, int64_t ffn
   if (!c.llama_style()) return layer_weight_bytes(c, heads.size() * c.head_dim(), ffn_cols);
   const ShardDims d = shard_dims(c, heads, ffn_cols);
   const int64_t F = c.hidden;
-  int64_t floats = d.qkv * F + F * d.q + 3 * ffn_cols * F + 2 * F;  // QKV, o_proj, gate|up and down, two norms
+  int64_t floats = 2 * F;  // two norms
   if (c.attention_bias) floats += d.qkv;
   if (c.o_bias) floats += F;
   if (c.mlp_bias) floats += 2 * ffn_cols + F;
   if (c.qk_norm) floats += 2 * c.head_dim();
-  return floats * static_cast<int64_t>(sizeof(float));
+  // QKV, o_proj, gate|up and down
+  return floats * static_cast<int64_t>(sizeof(float)) + c.matrix_bytes(d.qkv, F) + c.matrix_bytes(F, d.q, c.q_width()) +
+         c.matrix_bytes(2 * ffn_cols, F) + c.matrix_bytes(F, ffn_cols, c.intermediate);
 }
 
 // What load_weights gives the terminal (embeddings and head), from the recipe.
 int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   const int64_t F = c.hidden, W = c.token_width();
-  int64_t floats = 0;
+  int64_t floats = 0, bytes = 0;
   if (c.takes_images()) {
     floats += c.max_rows() * F + F + F * c.channels * c.patch_size * c.patch_size + F;  // positions, cls, patches
   } else {
-    const bool own_head = c.causal() && c.head == model::HeadKind::kLmHead && !c.tied_head;
-    floats += c.vocab * W * (own_head ? 2 : 1);
+    // A decoder's packed matrix (the LM head, or the tied table that is
+    // both) is held in the deployment's type; a separate table stays F32.
+    if (c.causal()) {
+      bytes += c.matrix_bytes(c.vocab, W);
+      if (c.head == model::HeadKind::kLmHead && !c.tied_head) floats += c.vocab * W;
+    } else {
+      floats += c.vocab * W;
+    }
     if (c.learned_positions) floats += (c.max_positions + c.position_offset) * F;
     if (c.has_token_types()) floats += c.type_vocab * F;
     if (c.embed_norm) floats += 2 * F;
-    if (c.projects_embeddings()) floats += 2 * F * W;  // in and out
+    if (c.projects_embeddings()) bytes += c.matrix_bytes(F, W) + c.matrix_bytes(W, F);  // in and out
   }
   if (c.final_norm) floats += c.llama_style() ? F : 2 * F;
   if (!c.causal() && c.head != model::HeadKind::kNone)
     floats += F * F + F + c.num_labels() * F + c.num_labels();  // pooler, classifier
-  return floats * static_cast<int64_t>(sizeof(float));
+  return floats * static_cast<int64_t>(sizeof(float)) + bytes;
 }
 
 int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions, core::DType dtype) {
@@ -287,6 +304,25 @@ int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l) {
   return c.decoupled(l) ? c.bp_div * block_weight_bytes(c) : layer_weight_bytes(c, c.hidden, c.intermediate);
 }
 
+namespace {
+
+// split_by_ratio in whole units of `unit` (the last one may be short).
+std::vector<Range> split_in_units(int64_t n, int64_t unit, const std::vector<double>& ratios) {
+  if (unit <= 1) return split_by_ratio(n, ratios);
+  std::vector<Range> r = split_by_ratio((n + unit - 1) / unit, ratios);
+  for (Range& x : r) x = {std::min(n, x.begin * unit), std::min(n, x.end * unit)};
+  return r;
+}
+
+// Quantized weights: shards cut columns on whole blocks, so each device
+// holds the single device's blocks and their sums agree (quant.h).
+int64_t column_unit(const model::ModelConfig& c, int64_t width) {
+  if (c.weights == kernels::WeightType::kF32) return 1;
+  return kernels::kQuantBlock / std::gcd(width, kernels::kQuantBlock);
+}
+
+}  // namespace
+
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios) {
   // Grouped K/V heads: whole groups per device while there are as many K/V
   // heads as devices, so no K/V head is computed or cached twice; with more
@@ -298,11 +334,11 @@ std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<do
     for (Range& r : groups) r = {r.begin * g, r.end * g};
     return groups;
   }
-  return split_by_ratio(c.heads, ratios);
+  return split_in_units(c.heads, column_unit(c, c.head_dim()), ratios);
 }
 
 std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios) {
-  return split_by_ratio(c.intermediate, ffn_ratios);
+  return split_in_units(c.intermediate, column_unit(c, 1), ffn_ratios);
 }
 
 model::LoadOptions shard_load_options(Range heads, Range ffn, int rank) {
@@ -333,7 +369,10 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
   if (config.bp_div > 0 && !s->runs_decoupled())
     return core::invalid_argument("strategy '" + plan.strategy + "' cannot run a decoupled model (block_parallel); use bp or single");
-  TESSERA_RETURN_IF_ERROR(s->complete(plan, config));
+  if (plan.weights == kernels::WeightType::kF32) plan.weights = config.weights;
+  if (plan.weights != kernels::WeightType::kF32 && config.bp_div > 0)
+    return core::unimplemented("a decoupled model (block_parallel) does not run on quantized weights yet; load it in f32");
+  TESSERA_RETURN_IF_ERROR(s->complete(plan, with_weights(config, plan)));
   if (!config.plain_layers() && !s->takes_llama_layers(plan)) {
     std::string can;
     for (const Strategy* t : strategies())
@@ -355,10 +394,18 @@ model::LoadOptions Strategy::load_options(const Plan&, const model::ModelConfig&
   return o;
 }
 
+model::ModelConfig with_weights(const model::ModelConfig& config, const Plan& plan) {
+  model::ModelConfig c = config;
+  c.weights = plan.weights;
+  return c;
+}
+
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank) {
   const Strategy* s = find_strategy(plan.strategy);
   TESSERA_CHECK_MSG(s != nullptr, "load_options of an unchecked plan (" << plan.strategy << ")");
-  return s->load_options(plan, config, rank);
+  model::LoadOptions o = s->load_options(plan, with_weights(config, plan), rank);
+  o.weights = plan.weights;
+  return o;
 }
 
 Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
@@ -374,7 +421,7 @@ Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Syn
 Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n) {
   TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
   if (n < 1) return core::invalid_argument("an estimate needs at least one row");
-  Schedule sched = s->estimate(plan, config, n);
+  Schedule sched = s->estimate(plan, with_weights(config, plan), n);
   if (static_cast<int>(sched.devices.size()) != plan.world)
     return core::internal_error("strategy '" + plan.strategy + "' estimated the wrong number of devices");
   return sched;

@@ -31,6 +31,9 @@ struct Plan {
   // empty = equal. Normalised by complete_plan.
   std::vector<double> ratios;
   nlohmann::json options = nlohmann::json::object();
+  // The matrices' type (--quantize): every rank loads its layers' matrices
+  // and the LM head in it. complete_plan takes a quantized config's type.
+  kernels::WeightType weights = kernels::WeightType::kF32;
 
   nlohmann::json to_json() const;
   // Checks the types and ranges of the common fields; the options are the
@@ -135,6 +138,8 @@ bool is_single_device(const Plan& plan);
 // Common checks (world, ratios), then the strategy's own complete().
 [[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank);
+// `config` with the plan's weight type (what its ranks load).
+model::ModelConfig with_weights(const model::ModelConfig& config, const Plan& plan);
 // Runs every layer. Rank 0 passes the embedded input [n, F] and gets back the
 // last layer's output [n, F] (before GPT-2's ln_f); other ranks pass and get
 // an empty tensor. `n` is known to every rank.

@@ -36,6 +36,7 @@ struct ServeOptions {
   // smaller of max_position_embeddings and 4096.
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;  // --kv-type
+  kernels::WeightType weights = kernels::WeightType::kF32;  // --quantize
   // Once the port is bound, "listening on http://HOST:PORT" is printed to
   // stdout (the port matters with port 0).
 };

@@ -23,6 +23,7 @@ constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to
 
 Status Engine::start() {
   TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.cluster.options().model_dir));
+  config_.weights = opts_.weights;  // every plan (and every rank) loads this type
   const std::string& dir = opts_.cluster.options().model_dir;
   auto tok = model::load_tokenizer(dir);
   if (tok.ok()) tokenizer_ = std::move(*tok);
@@ -98,7 +99,9 @@ Result<std::vector<int64_t>> Engine::generate(Session& session, const std::vecto
   if (seq.ok() || seq.status().code() != core::ErrorCode::kUnimplemented) return seq;
   if (!full_model_) {
     spdlog::warn("{}; generating on the terminal alone", seq.status().to_string());
-    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts_.cluster.options().model_dir));
+    model::LoadOptions lo;
+    lo.weights = opts_.weights;
+    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(opts_.cluster.options().model_dir, lo));
     full_model_ = std::make_unique<model::Transformer>(std::move(m));
     pool_ = std::make_unique<core::ThreadPool>(opts_.cluster.options().threads_per_device);
   }

@@ -80,7 +80,9 @@ Result<model::ModelInput> build_input(const model::Transformer& m, const RunRequ
 Result<RunResult> run_single(const RunRequest& req) {
   if (req.threads < 1 || req.threads > 256) return core::invalid_argument("--threads must be in [1, 256]");
   if (req.generate_tokens < 0) return core::invalid_argument("the number of tokens to generate must be >= 0");
-  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(req.model_dir));
+  model::LoadOptions lo;
+  lo.weights = req.weights;
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(req.model_dir, lo));
   TESSERA_ASSIGN_OR_RETURN(model::ModelInput in, build_input(m, req));
   kernels::set_blas_threads(req.threads);
   core::ThreadPool pool(req.threads);

@@ -24,6 +24,7 @@ struct RunRequest {
   std::string dump_path;  // writes `logits` and `hidden.L`
   int64_t generate_tokens = 0;  // GPT-2: new tokens to generate
   model::GenerateOptions gen;
+  kernels::WeightType weights = kernels::WeightType::kF32;  // --quantize
 };
 
 struct RunResult {

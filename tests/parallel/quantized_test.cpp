@@ -1,0 +1,151 @@
+// Quantized weights (--quantize; kernels/quant.h) under the strategies: every
+// exact strategy that accepts a quantized plan reproduces the quantized
+// single device within 1e-4 (shards cut on whole blocks), tp, galaxy and
+// pipeline generate its greedy tokens, the planner's weight bytes are the
+// loaded ones, and the trained copy model keeps its task in Q8_0.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "fixtures.h"
+#include "generate_check.h"
+#include "model/generate.h"
+#include "model/safetensors.h"
+#include "parallel/strategy.h"
+#include "runtime/in_process.h"
+
+namespace tessera::parallel {
+namespace {
+
+using kernels::WeightType;
+using testing::kData;
+using testing::make_plan;
+using testing::max_diff;
+using testing::run_threads;
+
+model::Transformer load(const std::string& dir, WeightType t) {
+  model::LoadOptions lo;
+  lo.weights = t;
+  auto m = model::Transformer::load(dir, lo);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+std::vector<int64_t> copy_case(int i) {
+  auto cases = model::SafeTensorsFile::open(kData + "/gpt2-copy/cases.safetensors").value();
+  return testing::ids_of(cases.get("s" + std::to_string(i) + ".input_ids").value());
+}
+
+TEST(QuantizedWeights, EveryExactStrategyReproducesTheQuantizedSingleDevice) {
+  struct Fixture {
+    const char* dir;
+    std::vector<int64_t> ids;
+  };
+  const std::vector<Fixture> fixtures = {{"gpt2-copy", copy_case(0)},
+                                         {"gpt2-tiny", {5, 90, 3, 200, 17, 44, 8, 301, 12, 77, 6}},
+                                         {"llama-tiny", {5, 90, 3, 200, 17, 44, 8, 301, 12}}};
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+    for (const auto& fx : fixtures) {
+      const std::string dir = kData + "/" + fx.dir;
+      const model::Transformer one = load(dir, t);
+      ASSERT_EQ(one.config().weights, t);
+      ASSERT_TRUE(one.weights().layers[0].qkv_w.quantized());
+      model::ModelInput in;
+      in.ids = fx.ids;
+      auto want = one.forward(in, {}, nullptr);
+      ASSERT_TRUE(want.ok()) << want.status().to_string();
+      int ran = 0;
+      for (const Strategy* s : strategies()) {
+        if (!s->exact()) continue;
+        for (const std::vector<double>& ratios : {std::vector<double>{1, 2}, std::vector<double>{2, 1, 1}}) {
+          Plan plan = make_plan(s->name(), static_cast<int>(ratios.size()), ratios);
+          if (!complete_plan(plan, one.config()).ok()) continue;  // refused before running
+          EXPECT_EQ(plan.weights, t);
+          const auto got = run_threads(dir, plan, in);
+          if (got.hidden.empty()) continue;  // run_threads reported the failure
+          EXPECT_LT(max_diff(got.hidden, want->hidden.back()), 1e-4)
+              << s->name() << " on " << ratios.size() << " " << fx.dir << " " << kernels::weight_type_name(t);
+          ++ran;
+        }
+      }
+      // At least tp, galaxy and pipeline on 2 and 3 ranks.
+      EXPECT_GE(ran, 6) << fx.dir;
+    }
+  }
+}
+
+TEST(QuantizedWeights, TpGalaxyAndPipelineGenerateTheSingleDevicesTokens) {
+  const std::string dir = kData + "/gpt2-copy";
+  const auto ids = copy_case(3);
+  const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+    const model::Transformer m = load(dir, t);
+    model::GenerateOptions opts;
+    opts.greedy = true;
+    opts.max_new_tokens = 16;
+    opts.eos_token_id = -1;
+    auto one = model::generate(m, prompt, opts, nullptr);
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    const auto margin = testing::margins(m, *one, prompt.size());
+    for (const std::string strategy : {"tp", "galaxy", "pipeline"}) {
+      Plan plan = make_plan(strategy, 3, {1, 2, 1});
+      ASSERT_TRUE(complete_plan(plan, m.config()).ok());
+      auto models = runtime::load_rank_models(dir, plan);
+      ASSERT_TRUE(models.ok()) << models.status().to_string();
+      auto got = runtime::generate_in_process(plan, *models, prompt, opts);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      testing::compare(*one, *got, margin, prompt.size(), strategy + " " + kernels::weight_type_name(t));
+    }
+  }
+}
+
+TEST(QuantizedWeights, ThePlannersWeightBytesAreTheLoadedOnes) {
+  for (const char* fx : {"gpt2-copy", "llama-tiny"}) {
+    for (WeightType t : {WeightType::kF32, WeightType::kQ8_0, WeightType::kQ4_0}) {
+      const model::Transformer m = load(kData + "/" + fx, t);
+      Plan plan = single_device_plan();
+      ASSERT_TRUE(complete_plan(plan, m.config()).ok());
+      auto s = estimate(plan, m.config(), 8);
+      ASSERT_TRUE(s.ok());
+      const double predicted = static_cast<double>(s->devices[0].weight_bytes);
+      EXPECT_NEAR(predicted, static_cast<double>(m.weights().bytes()), 1e-3 * predicted)
+          << fx << " " << kernels::weight_type_name(t);
+    }
+  }
+  // Q8_0 holds a weight in 34/32 bytes: the layers shrink about 3.76x.
+  const model::Transformer f = load(kData + "/gpt2-copy", WeightType::kF32);
+  const model::Transformer q = load(kData + "/gpt2-copy", WeightType::kQ8_0);
+  EXPECT_NEAR(static_cast<double>(f.weights().layers[1].bytes()) / static_cast<double>(q.weights().layers[1].bytes()), 3.7,
+              0.1);
+}
+
+// The copy model's task: from the first 33 ids (32 tokens and the
+// separator), greedy decoding must reproduce the 31 tokens that follow.
+double copy_accuracy(const model::Transformer& m) {
+  int64_t right = 0, total = 0;
+  for (int i = 0; i < 16; ++i) {
+    const auto ids = copy_case(i);
+    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
+    model::GenerateOptions opts;
+    opts.greedy = true;
+    opts.max_new_tokens = static_cast<int64_t>(ids.size()) - 33;
+    opts.eos_token_id = -1;
+    auto got = model::generate(m, prompt, opts, nullptr);
+    EXPECT_TRUE(got.ok());
+    for (size_t j = 33; j < ids.size(); ++j, ++total) right += j < got->size() && (*got)[j] == ids[j];
+  }
+  return static_cast<double>(right) / static_cast<double>(total);
+}
+
+TEST(QuantizedWeights, TheTrainedCopyModelKeepsItsTask) {
+  const std::string dir = kData + "/gpt2-copy";
+  EXPECT_EQ(copy_accuracy(load(dir, WeightType::kF32)), 1.0);
+  const double q8 = copy_accuracy(load(dir, WeightType::kQ8_0));
+  const double q4 = copy_accuracy(load(dir, WeightType::kQ4_0));
+  std::printf("copy accuracy: q8_0 %.4f, q4_0 %.4f\n", q8, q4);
+  EXPECT_GE(q8, 0.99);
+  EXPECT_GE(q4, 0.9);
+}
+
+}  // namespace
+}  // namespace tessera::parallel
