@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS" >&2; exit 2; }
 target=$1 seconds=$2
 dir=build-fuzz
-targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_image fuzz_cluster fuzz_wire fuzz_job fuzz_request fuzz_template)
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_image fuzz_cluster fuzz_wire fuzz_job fuzz_request fuzz_template fuzz_gguf)
 if [ "$target" != all ] && [[ ! " ${targets[*]} " =~ " $target " ]]; then
   echo "unknown target '$target' (one of: ${targets[*]}, all)" >&2
   exit 2

@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "model/gen_model.h"
 #include "model/generate.h"
+#include "model/gguf_model.h"
 #include "model/tokenizer.h"
 #include "parallel/strategy.h"
 #include "runtime/deployment.h"
@@ -144,7 +145,9 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (!cluster.ok()) return fail(cluster.status().to_string());
   auto c = model::load_config(f.req.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
-  c->weights = f.req.weights;  // the planner prices, and every rank loads, this type
+  // The planner prices, and every rank loads, this type (a quantized GGUF
+  // keeps its own unless --quantize names one).
+  if (f.req.weights != kernels::WeightType::kF32) c->weights = f.req.weights;
   auto rows = runtime::request_rows(f.req.model_dir, *c, f.req.text, f.req.ids.size());
   if (!rows.ok()) return fail(rows.status().to_string());
   runtime::DeployRequest dr;
@@ -446,6 +449,27 @@ void add_gen_model(CLI::App& app) {
   });
 }
 
+void add_quantize(CLI::App& app) {
+  struct Flags {
+    std::string model, type = "q8_0", out;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* cmd = app.add_subcommand("quantize", "write a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2/3) as a GGUF file llama.cpp loads");
+  cmd->add_option("--model", f->model, "Hugging Face model folder")->required();
+  cmd->add_option("--type", f->type, "f32, f16, q8_0 or q4_0 (2-D weight matrices)")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}))
+      ->capture_default_str();
+  cmd->add_option("--out", f->out, "the GGUF file to write")->required();
+  cmd->callback([f] {
+    auto r = model::write_gguf_model(f->model, f->type, f->out);
+    if (!r.ok()) throw CLI::RuntimeError(fail(r.status().to_string()));
+    for (const auto& note : r->notes) std::printf("note: %s\n", note.c_str());
+    std::printf("wrote %s: %lld tensors", f->out.c_str(), static_cast<long long>(r->tensors));
+    if (r->quantized > 0) std::printf(", %lld of them %s", static_cast<long long>(r->quantized), f->type.c_str());
+    std::printf(", %.1f MB\n", static_cast<double>(r->bytes) / 1e6);
+  });
+}
+
 }  // namespace
 
 void add_model_commands(CLI::App& app) {
@@ -453,6 +477,7 @@ void add_model_commands(CLI::App& app) {
   add_generate(app);
   add_bench_local(app);
   add_gen_model(app);
+  add_quantize(app);
   add_fidelity_command(app);
 }
 

@@ -76,7 +76,7 @@ void print_table(const planner::PlanTable& t) {
 int plan_command(const PlanCmd& f) {
   auto c = model::load_config(f.cluster.model_dir);
   if (!c.ok()) return fail(c.status().to_string());
-  c->weights = f.weights;  // every plan's weight bytes in this type
+  if (f.weights != kernels::WeightType::kF32) c->weights = f.weights;  // every plan's weight bytes in this type
   auto cluster = runtime::Cluster::open(f.cluster);
   if (!cluster.ok()) return fail(cluster.status().to_string());
   planner::PlannerOptions o;

@@ -326,11 +326,15 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     const QuantOps& ops = quant_ops();
     const auto dot = w.type() == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0;
     const size_t skip = static_cast<size_t>(k0 / kQuantBlock) * block_bytes(w.type());
+    // The inputs as Q8_0 blocks, once for every weight row.
+    const size_t ldq = row_bytes(WeightType::kQ8_0, k);
+    std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
+    for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, a.x + i * a.ldx, k, xq.data() + i * ldq);
     auto rows_range = [&](int64_t p0, int64_t p1) {
       const int64_t r0 = p0 * P, r1 = std::min(n, p1 * P);
       float out[kQuantDotRows];
       for (int64_t r = r0; r < r1; ++r) {
-        dot(w.row_blocks(r) + skip, k / kQuantBlock, a.x, m, a.ldx, out);
+        dot(w.row_blocks(r) + skip, k / kQuantBlock, xq.data(), m, ldq, out);
         for (int64_t i = 0; i < m; ++i) {
           float& y = a.y[i * a.ldy + r];
           y = a.accumulate ? y + out[i] : out[i];
@@ -343,6 +347,9 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     return;
   }
   const int64_t tiles = (m + kRowTile - 1) / kRowTile;
+  // The inputs rounded to Q8_0 blocks (as the dot kernels see them), in F32.
+  std::vector<float> xr(static_cast<size_t>(m * k));
+  for (int64_t i = 0; i < m; ++i) round_row_q8_0(a.x + i * a.ldx, k, xr.data() + i * k);
   // Panel p widened into `panel` (column-major, leading dimension P).
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);
@@ -362,10 +369,10 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   auto tile = [&](const float* panel, int64_t p, int64_t cnt, int64_t t) {
     const int64_t r0 = t * kRowTile, rows = std::min(kRowTile, m - r0);
     float* y = a.y + r0 * a.ldy + p * P;
-    const float* x = a.x + r0 * a.ldx;
-    libxsmm_smmfunction fn = w.path() == GemmPath::kLibxsmm ? dispatch(cnt, rows, k, a.ldx, a.ldy, a.accumulate) : nullptr;
+    const float* x = xr.data() + r0 * k;
+    libxsmm_smmfunction fn = w.path() == GemmPath::kLibxsmm ? dispatch(cnt, rows, k, k, a.ldy, a.accumulate) : nullptr;
     if (fn != nullptr) fn(panel, x, y);
-    else gemm_f32(false, false, rows, cnt, k, 1.0f, x, a.ldx, panel, P, a.accumulate ? 1.0f : 0.0f, y, a.ldy);
+    else gemm_f32(false, false, rows, cnt, k, 1.0f, x, k, panel, P, a.accumulate ? 1.0f : 0.0f, y, a.ldy);
     finish(r0, rows, p * P, cnt);
   };
   auto panels_range = [&](int64_t p0, int64_t p1) {

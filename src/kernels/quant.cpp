@@ -105,18 +105,29 @@ void dequantize_row_ref(WeightType t, const uint8_t* q, int64_t k, float* out) {
   }
 }
 
-float dot_row_ref(WeightType t, const uint8_t* q, int64_t k, const float* x) {
-  TESSERA_CHECK(t != WeightType::kF32 && k % kQuantBlock == 0);
-  float w[kQuantBlock];
+float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq) {
+  TESSERA_CHECK(t != WeightType::kF32);
   float sum = 0.0f;
   const size_t bb = block_bytes(t);
-  for (int64_t b = 0; b < k / kQuantBlock; ++b, q += bb, x += kQuantBlock) {
-    dequantize_row_ref(t, q, kQuantBlock, w);
-    float s = 0.0f;
-    for (int j = 0; j < 32; ++j) s += w[j] * x[j];
-    sum += s;
+  for (int64_t b = 0; b < nb; ++b, w += bb, xq += 34) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int wq = t == WeightType::kQ8_0 ? static_cast<int8_t>(w[2 + j])
+                                            : (j < 16 ? (w[2 + j] & 15) : (w[2 + j - 16] >> 4)) - 8;
+      s += wq * static_cast<int8_t>(xq[2 + j]);
+    }
+    sum += static_cast<float>(s) * (get_scale(w) * get_scale(xq));
   }
   return sum;
+}
+
+void round_row_q8_0(const float* x, int64_t k, float* out) {
+  TESSERA_CHECK(k % kQuantBlock == 0);
+  uint8_t block[34];
+  for (int64_t b = 0; b < k / kQuantBlock; ++b) {
+    quantize_row_ref(WeightType::kQ8_0, x + b * kQuantBlock, kQuantBlock, block);
+    dequantize_row_ref(WeightType::kQ8_0, block, kQuantBlock, out + b * kQuantBlock);
+  }
 }
 
 const QuantOps& quant_ops(Isa isa) {

@@ -7,11 +7,13 @@
 // quantize_row_*_ref); the vector kernels (QuantOps, one copy per
 // instruction set from quant_ops.inc) are tested against them.
 //
-// The activations stay F32: a row of weights is widened to F32 in registers
-// and multiplied there, so a product split over devices (on block
-// boundaries) adds up to the single device's within rounding, and the decode
-// path (few rows) and the prefill path (whole panels widened, then the F32
-// GEMM) compute the same sums.
+// The inputs of a quantized matrix are rounded to Q8_0 blocks, as llama.cpp
+// does, so that a GGUF file computes what it computes in llama.cpp. Each
+// block of a row is rounded alone: a product split over devices on block
+// boundaries sees the single device's blocks and adds up to its sums within
+// rounding. The decode path (few rows) multiplies the int8 blocks directly;
+// the prefill path widens the rounded inputs and the weight panels to F32
+// for the F32 GEMM; both compute the same products.
 #pragma once
 
 #include <cstddef>
@@ -40,13 +42,18 @@ size_t row_bytes(WeightType t, int64_t k);
 // Scalar reference. k is a multiple of kQuantBlock.
 void quantize_row_ref(WeightType t, const float* x, int64_t k, uint8_t* out);
 void dequantize_row_ref(WeightType t, const uint8_t* q, int64_t k, float* out);
-// sum_c x[c] * W[c] over k weights, accumulated block by block in F32.
-float dot_row_ref(WeightType t, const uint8_t* q, int64_t k, const float* x);
+// sum_c X[c] * W[c] over nb blocks, X the Q8_0 blocks of an input row:
+// each block's integer sum times the two scales, added in F32 in order.
+float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq);
+// An input row as the quantized matrices see it: rounded to Q8_0 blocks and
+// widened back (k a multiple of 32).
+void round_row_q8_0(const float* x, int64_t k, float* out);
 
 struct QuantOps {
-  // out[i] = sum_c x[i * ldx + c] * W[c] for i < m (m <= 8), over nb blocks.
-  void (*dot_q8_0)(const uint8_t* w, int64_t nb, const float* x, int64_t m, int64_t ldx, float* out);
-  void (*dot_q4_0)(const uint8_t* w, int64_t nb, const float* x, int64_t m, int64_t ldx, float* out);
+  // out[i] = sum over nb blocks of X_i . W for i < m (m <= 8); X_i the Q8_0
+  // blocks of input row i, at xq + i * ldxq bytes.
+  void (*dot_q8_0)(const uint8_t* w, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq, float* out);
+  void (*dot_q4_0)(const uint8_t* w, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq, float* out);
   // nb blocks widened to 32 * nb floats.
   void (*dequant_q8_0)(const uint8_t* w, int64_t nb, float* out);
   void (*dequant_q4_0)(const uint8_t* w, int64_t nb, float* out);

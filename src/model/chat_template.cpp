@@ -4,6 +4,8 @@
 
 #include "core/io.h"
 #include "model/jinja.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 
 namespace tessera::model {
 
@@ -45,6 +47,18 @@ core::Result<ChatTemplate> ChatTemplate::parse(std::string_view source, std::str
 }
 
 core::Result<ChatTemplate> ChatTemplate::load(const std::string& dir) {
+  if (is_gguf_path(dir)) {  // tokenizer.chat_template, with the file's BOS/EOS tokens
+    TESSERA_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(dir));
+    TESSERA_ASSIGN_OR_RETURN(const std::string source, gguf_chat_template(f));
+    const nlohmann::json& m = f.metadata();
+    auto token = [&](const char* key) -> std::string {
+      const nlohmann::json& toks = m.contains("tokenizer.ggml.tokens") ? m["tokenizer.ggml.tokens"] : nlohmann::json();
+      if (!m.contains(key) || !m[key].is_number_unsigned() || !toks.is_array()) return "";
+      const uint64_t id = m[key].get<uint64_t>();
+      return id < toks.size() && toks[id].is_string() ? toks[id].get<std::string>() : "";
+    };
+    return parse(source, token("tokenizer.ggml.bos_token_id"), token("tokenizer.ggml.eos_token_id"));
+  }
   nlohmann::json config = nlohmann::json::object();
   const std::string config_path = dir + "/tokenizer_config.json";
   if (core::file_exists(config_path)) {

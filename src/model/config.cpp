@@ -7,6 +7,8 @@
 #include "core/json.h"
 #include "model/arch/architecture.h"
 #include "model/arch/fields.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 
 namespace tessera::model {
 
@@ -165,8 +167,17 @@ bool ModelConfig::ends_generation(int64_t id) const {
 }
 
 Result<ModelConfig> load_config(const std::string& model_dir) {
-  TESSERA_ASSIGN_OR_RETURN(std::string text, core::read_file(model_dir + "/config.json"));
+  std::string text;
+  kernels::WeightType file_weights = kernels::WeightType::kF32;
+  if (is_gguf_path(model_dir)) {  // config.json's fields from the metadata
+    TESSERA_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(model_dir));
+    TESSERA_ASSIGN_OR_RETURN(text, gguf_config_json(f));
+    file_weights = gguf_weight_type(f);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(text, core::read_file(model_dir + "/config.json"));
+  }
   TESSERA_ASSIGN_OR_RETURN(ModelConfig c, parse_config(text));
+  c.weights = file_weights;  // a quantized file keeps its blocks' type
   // Every end-of-generation id: config.json's, then generation_config.json's.
   const json cj = json::parse(text, nullptr, false);
   if (cj.is_object()) TESSERA_RETURN_IF_ERROR(add_eos_ids(cj, "config.json", c, c.eos_token_ids));

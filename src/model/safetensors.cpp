@@ -1,5 +1,6 @@
 #include "model/safetensors.h"
 
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -12,6 +13,8 @@
 
 #include "core/io.h"
 #include "core/json.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 
 namespace tessera::model {
 
@@ -217,8 +220,28 @@ Status write_safetensors(const std::string& path, const std::map<std::string, Te
   return core::write_file(path, out);
 }
 
+Status TensorStore::add_gguf(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+  auto f = std::make_shared<const GgufFile>(std::move(file));
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<GgufMapped> map, gguf_tensor_map(*f));
+  for (const GgufMapped& m : map) {
+    Virtual v;
+    v.info.dtype = core::DType::kF32;
+    v.info.shape = m.shape;
+    v.read = [f, m] { return gguf_read(*f, m); };
+    v.drop = [f, m] { f->release(m.gguf_name); };
+    if (!virtual_.emplace(m.hf_name, std::move(v)).second)
+      return core::invalid_argument("GGUF: two tensors map to '" + m.hf_name + "'");
+  }
+  return core::ok_status();
+}
+
 Result<TensorStore> TensorStore::open_dir(const std::string& dir) {
   TensorStore store;
+  if (is_gguf_path(dir)) {
+    TESSERA_RETURN_IF_ERROR(store.add_gguf(dir));
+    return store;
+  }
   const std::string index = dir + "/model.safetensors.index.json";
   const std::string single = dir + "/model.safetensors";
   std::vector<std::string> files;
@@ -255,21 +278,25 @@ Result<TensorStore> TensorStore::open_dir(const std::string& dir) {
 std::vector<std::string> TensorStore::names() const {
   std::vector<std::string> out;
   for (const auto& [n, i] : where_) out.push_back(n);
+  for (const auto& [n, v] : virtual_) out.push_back(n);
   return out;
 }
 
 const TensorInfo* TensorStore::info(const std::string& name) const {
+  if (auto v = virtual_.find(name); v != virtual_.end()) return &v->second.info;
   auto it = where_.find(name);
   return it == where_.end() ? nullptr : files_[it->second].info(name);
 }
 
 Result<Tensor> TensorStore::get_f32(const std::string& name) const {
+  if (auto v = virtual_.find(name); v != virtual_.end()) return v->second.read();
   auto it = where_.find(name);
   if (it == where_.end()) return core::not_found("missing tensor '" + name + "'");
   return files_[it->second].get_f32(name);
 }
 
 void TensorStore::release(const std::string& name) const {
+  if (auto v = virtual_.find(name); v != virtual_.end()) return v->second.drop();
   auto it = where_.find(name);
   if (it != where_.end()) files_[it->second].release(name);
 }

@@ -3,6 +3,7 @@
 // every header field is validated before any tensor is handed out.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -62,11 +63,13 @@ core::Status write_safetensors(const std::string& path, const std::map<std::stri
                                const std::map<std::string, std::string>& metadata = {});
 
 // A set of files: a single model.safetensors or the shards listed in
-// model.safetensors.index.json ({"weight_map": {name: file}}).
+// model.safetensors.index.json ({"weight_map": {name: file}}); or a GGUF
+// file (`dir` names it), its tensors under Hugging Face names
+// (model/gguf_model.h), each read as F32 in Hugging Face layout on request.
 class TensorStore {
  public:
   static core::Result<TensorStore> open_dir(const std::string& dir);
-  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  bool contains(const std::string& name) const { return where_.count(name) != 0 || virtual_.count(name) != 0; }
   std::vector<std::string> names() const;
   const TensorInfo* info(const std::string& name) const;
   core::Result<core::Tensor> get_f32(const std::string& name) const;
@@ -74,8 +77,15 @@ class TensorStore {
   void release_bytes(const void* p, size_t bytes) const;
 
  private:
+  core::Status add_gguf(const std::string& path);
+  struct Virtual {
+    TensorInfo info;
+    std::function<core::Result<core::Tensor>()> read;
+    std::function<void()> drop;
+  };
   std::vector<SafeTensorsFile> files_;
   std::map<std::string, size_t> where_;
+  std::map<std::string, Virtual> virtual_;
 };
 
 }  // namespace tessera::model

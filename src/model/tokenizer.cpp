@@ -10,6 +10,8 @@
 #include "core/io.h"
 #include "core/json.h"
 #include "model/tokenizer_impl.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
 
 namespace tessera::model::tok {
 
@@ -967,6 +969,10 @@ core::Result<std::unique_ptr<Tokenizer>> load_tokenizer_json(const std::string& 
 }
 
 core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir) {
+  if (is_gguf_path(dir)) {
+    TESSERA_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(dir));
+    return gguf_tokenizer(f);
+  }
   const std::string json_path = dir + "/tokenizer.json";
   if (core::file_exists(json_path)) {
     TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(json_path));

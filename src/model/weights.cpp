@@ -675,10 +675,12 @@ Result<ModelWeights> load_weights(const TensorStore& store, ModelConfig& c, cons
   TESSERA_RETURN_IF_ERROR(validate_names(store, entries_for(c, prefix)));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<int64_t> layers, layers_to_load(c, opts));
   TESSERA_ASSIGN_OR_RETURN(const Shard shard, shard_of(c, opts));
-  if (opts.weights != kernels::WeightType::kF32 && c.bp_div > 0)
+  // What this device holds (shard maths reads it): the load's type, or the
+  // file's own (a quantized GGUF) when the load asks for none.
+  if (opts.weights != kernels::WeightType::kF32) c.weights = opts.weights;
+  if (c.weights != kernels::WeightType::kF32 && c.bp_div > 0)
     return core::unimplemented("a decoupled model (block_parallel) does not load quantized weights yet");
-  c.weights = opts.weights;  // what this device holds; shard maths reads it
-  Loader ld(store, c, prefix, opts.weights);
+  Loader ld(store, c, prefix, c.weights);
   ModelWeights w;
   // Embeddings and head first, while few pages are resident: copying the big
   // word embeddings last would add their size to the peak.

@@ -66,8 +66,11 @@ class Voltage final : public Strategy {
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
 
  private:
+  // Quantized weights round a product's inputs to Q8_0 blocks (kernels/quant.h);
+  // Eq. (8) multiplies by W_K's rows, whose inputs are not those blocks, so
+  // it would not reproduce the single device: Eq. (3) there.
   static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
-    return !c.llama_style() && option(plan, "adaptive_order", true).value_or(true) &&
+    return !c.llama_style() && c.weights == kernels::WeightType::kF32 && option(plan, "adaptive_order", true).value_or(true) &&
            !option(plan, "overlap", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
   }
   // Block b of every device's rows: its row count per rank and its first row

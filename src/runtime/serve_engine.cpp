@@ -23,7 +23,8 @@ constexpr int kProbeWindowMs = 3000;  // how long a surviving daemon may take to
 
 Status Engine::start() {
   TESSERA_ASSIGN_OR_RETURN(config_, model::load_config(opts_.cluster.options().model_dir));
-  config_.weights = opts_.weights;  // every plan (and every rank) loads this type
+  // Every plan (and every rank) loads this type; a quantized GGUF keeps its own unless told.
+  if (opts_.weights != kernels::WeightType::kF32) config_.weights = opts_.weights;
   const std::string& dir = opts_.cluster.options().model_dir;
   auto tok = model::load_tokenizer(dir);
   if (tok.ok()) tokenizer_ = std::move(*tok);

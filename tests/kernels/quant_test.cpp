@@ -102,16 +102,26 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
         (t == WeightType::kQ8_0 ? ops.dequant_q8_0 : ops.dequant_q4_0)(q.data(), nb, got.data());
         EXPECT_EQ(got, ref) << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb;
         for (int64_t m = 1; m <= kQuantDotRows; ++m) {
-          const int64_t ldx = k + 3;
-          const auto x = random_vec(static_cast<size_t>(m * ldx), 5 + static_cast<uint32_t>(m));
+          // Input rows as Q8_0 blocks, 2 bytes apart beyond their length.
+          const size_t ldq = row_bytes(WeightType::kQ8_0, k) + 2;
+          const auto x = random_vec(static_cast<size_t>(m * k), 5 + static_cast<uint32_t>(m));
+          std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
+          for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, x.data() + i * k, k, xq.data() + i * ldq);
           std::vector<float> out(static_cast<size_t>(m), -1.0f);
-          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), nb, x.data(), m, ldx, out.data());
+          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), nb, xq.data(), m, ldq, out.data());
           for (int64_t i = 0; i < m; ++i) {
-            const float r = dot_row_ref(t, q.data(), k, x.data() + i * ldx);
-            double scale = 0;
-            for (int64_t c = 0; c < k; ++c) scale += std::fabs(ref[static_cast<size_t>(c)] * x[static_cast<size_t>(i * ldx + c)]);
+            const float r = dot_row_ref(t, q.data(), nb, xq.data() + i * ldq);
+            // Against the widened blocks in double: the same products.
+            std::vector<float> xr(static_cast<size_t>(k));
+            dequantize_row_ref(WeightType::kQ8_0, xq.data() + i * ldq, k, xr.data());
+            double want = 0, scale = 0;
+            for (int64_t c = 0; c < k; ++c) {
+              want += static_cast<double>(ref[static_cast<size_t>(c)]) * xr[static_cast<size_t>(c)];
+              scale += std::fabs(static_cast<double>(ref[static_cast<size_t>(c)]) * xr[static_cast<size_t>(c)]);
+            }
             EXPECT_NEAR(out[static_cast<size_t>(i)], r, 1e-5 * scale + 1e-6)
                 << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb << " m=" << m << " row " << i;
+            EXPECT_NEAR(r, want, 1e-5 * scale + 1e-6) << weight_type_name(t) << " reference against double";
           }
         }
       }
@@ -119,7 +129,8 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
   }
 }
 
-// y = act(x deq(W)[:, k0:k1]^T + b) + r (+ y before, with accumulate), in double.
+// y = act(round(x) deq(W)[:, k0:k1]^T + b) + r (+ y before, with accumulate),
+// in double, x's rows rounded to Q8_0 blocks as the layer rounds them.
 struct Case {
   int64_t m, n, k, k0, k1;
   bool accumulate;
@@ -138,6 +149,8 @@ void check(const Case& c, WeightType t, GemmPath path, core::ThreadPool* pool) {
   ASSERT_EQ(p.nbytes(), static_cast<size_t>(c.n) * row_bytes(t, c.k));
   std::vector<float> deq(static_cast<size_t>(c.n * c.k));
   for (int64_t i = 0; i < c.n; ++i) dequantize_row_ref(t, p.row_blocks(i), c.k, deq.data() + i * c.k);
+  std::vector<float> xr(x.size());
+  for (int64_t i = 0; i < c.m; ++i) round_row_q8_0(x.data() + i * ldx, kk, xr.data() + i * ldx);
   std::vector<float> y0 = random_vec(static_cast<size_t>(c.m * ldy), 9), y = y0;
   PackedLinearArgs a;
   a.x = x.data(); a.m = c.m; a.ldx = ldx; a.w = &p; a.bias = b.data(); a.act = c.act;
@@ -147,7 +160,7 @@ void check(const Case& c, WeightType t, GemmPath path, core::ThreadPool* pool) {
     for (int64_t j = 0; j < c.n; ++j) {
       double s = c.accumulate ? y0[static_cast<size_t>(i * ldy + j)] : 0.0, mag = std::fabs(s);
       for (int64_t q = 0; q < kk; ++q) {
-        const double v = static_cast<double>(x[static_cast<size_t>(i * ldx + q)]) * deq[static_cast<size_t>(j * c.k + c.k0 + q)];
+        const double v = static_cast<double>(xr[static_cast<size_t>(i * ldx + q)]) * deq[static_cast<size_t>(j * c.k + c.k0 + q)];
         s += v;
         mag += std::fabs(v);
       }

@@ -1,0 +1,59 @@
+// A GGUF model read as a Hugging Face folder would be: config.json's fields
+// from the metadata (then parsed by the family units), the tensors under
+// Hugging Face names in Hugging Face layouts (llama.cpp's Q/K row order and
+// GPT-2's transposed matrices undone), the tokenizer from tokenizer.ggml.*
+// and the chat template; and the way back (`tessera quantize`). Every command
+// that takes --model takes a .gguf file: load_config, TensorStore::open_dir,
+// load_tokenizer and ChatTemplate::load send such a path here.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "kernels/quant.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace tessera::model {
+
+// A regular-file path ending in ".gguf".
+bool is_gguf_path(const std::string& path);
+
+// config.json's text for the file: general.architecture gpt2, llama, qwen2 or qwen3.
+core::Result<std::string> gguf_config_json(const GgufFile& f);
+// The type of the layers' matrices in the file (F32 for F32/F16/BF16 files):
+// loading keeps a Q8_0 or Q4_0 file's blocks (kernels/quant.h) unless told otherwise.
+kernels::WeightType gguf_weight_type(const GgufFile& f);
+
+// One tensor under its Hugging Face name, as TensorStore hands it out.
+struct GgufMapped {
+  std::string hf_name;
+  core::Shape shape;           // the Hugging Face shape
+  std::string gguf_name;
+  enum class Layout { kAsIs, kTranspose, kUnpermute } layout = Layout::kAsIs;
+  int64_t heads = 0;           // kUnpermute: the heads whose rows llama.cpp interleaved
+};
+core::Result<std::vector<GgufMapped>> gguf_tensor_map(const GgufFile& f);
+// The tensor in its Hugging Face layout, F32.
+core::Result<core::Tensor> gguf_read(const GgufFile& f, const GgufMapped& m);
+
+// tokenizer.ggml.model "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen2/3).
+core::Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f);
+// tokenizer.chat_template, or not_found.
+core::Result<std::string> gguf_chat_template(const GgufFile& f);
+
+// `tessera quantize`: a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2,
+// Qwen3) written as a GGUF file llama.cpp loads. 2-D weight matrices are
+// held in `type` (f32, f16, q8_0, q4_0); a matrix whose rows are not whole
+// blocks falls back to F16 (as llama.cpp's quantizer does), GPT-2's position
+// table and every norm and bias stay F32. `notes` hears of each fallback.
+struct QuantizeReport {
+  int64_t tensors = 0, quantized = 0;
+  std::vector<std::string> notes;
+  size_t bytes = 0;
+};
+core::Result<QuantizeReport> write_gguf_model(const std::string& model_dir, const std::string& type, const std::string& out);
+
+}  // namespace tessera::model

@@ -1,0 +1,257 @@
+// GGUF: the writer's files read back value for value; every malformed case
+// (truncated anywhere, counts and lengths the file cannot hold, unknown or
+// nested types, bad dimensions, unaligned or out-of-range data, overlaps,
+// duplicates) is a clear error; models written by write_gguf_model load as
+// their Hugging Face folders do (F32 exactly; a quantized file's blocks are
+// kept: the same logits as --quantize on the folder), with the tokenizer and
+// chat template.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace tessera::model {
+namespace {
+
+const std::string kData = TESSERA_TEST_DATA;
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+std::string bytes_of(const std::vector<float>& v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+
+// A small file with every value type and one tensor of each readable type.
+std::string sample_file() {
+  GgufWriter w;
+  w.add_string("general.architecture", "gpt2");
+  w.add_u32("a.u32", 7);
+  w.add_i32("a.i32", -3);
+  w.add_f32("a.f32", 0.5f);
+  w.add_bool("a.bool", true);
+  w.add_strings("a.strings", {"x", "", "yz"});
+  w.add_i32s("a.i32s", {1, -2, 3});
+  w.add_f32s("a.f32s", {1.5f});
+  const auto f = random_vec(64 * 3, 1);
+  w.add_tensor("t.f32", GgmlType::kF32, {64, 3}, bytes_of(f));
+  std::string h(64 * 2, '\0');
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t x = core::f32_to_f16(f[static_cast<size_t>(i)]);
+    std::memcpy(h.data() + 2 * i, &x, 2);
+  }
+  w.add_tensor("t.f16", GgmlType::kF16, {64}, h);
+  for (auto [name, t, q] : {std::tuple{"t.q8", GgmlType::kQ8_0, kernels::WeightType::kQ8_0},
+                            std::tuple{"t.q4", GgmlType::kQ4_0, kernels::WeightType::kQ4_0}}) {
+    std::string b(3 * kernels::row_bytes(q, 64), '\0');
+    for (int r = 0; r < 3; ++r)
+      kernels::quantize_row_ref(q, f.data() + r * 64, 64, reinterpret_cast<uint8_t*>(b.data()) + r * kernels::row_bytes(q, 64));
+    w.add_tensor(name, t, {64, 3}, b);
+  }
+  return w.serialize();
+}
+
+core::Result<GgufFile> parse(const std::string& bytes) { return GgufFile::from_bytes(std::make_shared<const std::string>(bytes), "test"); }
+
+TEST(Gguf, WhatTheWriterWritesReadsBack) {
+  auto g = parse(sample_file());
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  const auto& m = g->metadata();
+  EXPECT_EQ(g->version(), 3u);
+  EXPECT_EQ(m["a.u32"], 7);
+  EXPECT_EQ(m["a.i32"], -3);
+  EXPECT_EQ(m["a.f32"], 0.5);
+  EXPECT_EQ(m["a.bool"], true);
+  EXPECT_EQ(m["a.strings"], nlohmann::json({"x", "", "yz"}));
+  EXPECT_EQ(m["a.i32s"], nlohmann::json({1, -2, 3}));
+  ASSERT_EQ(g->tensors().size(), 4u);
+  const auto f = random_vec(64 * 3, 1);
+  auto t = g->get_f32("t.f32");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->shape(), (core::Shape{3, 64}));
+  EXPECT_EQ(0, std::memcmp(t->f32(), f.data(), f.size() * 4));
+  auto h = g->get_f32("t.f16");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->shape(), (core::Shape{64}));
+  EXPECT_NEAR(h->f32()[5], f[5], 2e-3 * std::fabs(f[5]) + 1e-4);
+  for (const char* name : {"t.q8", "t.q4"}) {
+    auto q = g->get_f32(name);
+    ASSERT_TRUE(q.ok());
+    for (int64_t i = 0; i < q->numel(); ++i) EXPECT_NEAR(q->f32()[i], f[static_cast<size_t>(i)], 0.5) << name;
+    EXPECT_EQ(g->tensor(name)->data - g->tensor("t.f32")->data, static_cast<ptrdiff_t>(g->tensor(name)->offset));
+  }
+  EXPECT_EQ(g->get_f32("nope").status().code(), core::ErrorCode::kNotFound);
+}
+
+TEST(Gguf, EveryTruncationIsAnErrorNeverACrash) {
+  const std::string full = sample_file();
+  for (size_t n = 0; n < full.size(); ++n) {
+    auto g = parse(full.substr(0, n));
+    // Cut inside the padding after the last tensor's data, a file is still whole.
+    if (g.ok()) {
+      EXPECT_GE(n, full.size() - 32) << n;
+      continue;
+    }
+    EXPECT_FALSE(g.status().message().empty());
+  }
+}
+
+// Byte offsets of the sample's fields, found by searching for what precedes them.
+size_t find(const std::string& s, const std::string& what) {
+  const size_t at = s.find(what);
+  EXPECT_NE(at, std::string::npos) << what;
+  return at;
+}
+
+void put_u64(std::string& s, size_t at, uint64_t v) { std::memcpy(s.data() + at, &v, 8); }
+void put_u32(std::string& s, size_t at, uint32_t v) { std::memcpy(s.data() + at, &v, 4); }
+
+void expect_error(const std::string& bytes, const std::string& phrase) {
+  auto g = parse(bytes);
+  ASSERT_FALSE(g.ok()) << "accepted; expected: " << phrase;
+  EXPECT_NE(g.status().message().find(phrase), std::string::npos) << g.status().message();
+}
+
+TEST(Gguf, MalformedHeadersGetClearErrors) {
+  const std::string good = sample_file();
+  std::string s;
+  s = good; s[0] = 'X'; expect_error(s, "magic");
+  s = good; put_u32(s, 4, 1); expect_error(s, "version 1");
+  s = good; put_u64(s, 8, uint64_t{1} << 40); expect_error(s, "tensor count");
+  s = good; put_u64(s, 16, uint64_t{1} << 40); expect_error(s, "key count");
+  // The first key's length, then a string value's length.
+  s = good; put_u64(s, 24, uint64_t{1} << 50); expect_error(s, "runs past the end");
+  const size_t arch_type = find(good, "general.architecture") + std::strlen("general.architecture");
+  s = good; put_u32(s, arch_type, 99); expect_error(s, "unknown value type");
+  const size_t arr = find(good, "a.strings") + std::strlen("a.strings") + 4;  // after the value type: element type
+  s = good; put_u32(s, arr, 9); expect_error(s, "arrays of arrays");
+  s = good; put_u64(s, arr + 4, uint64_t{1} << 40); expect_error(s, "runs past the end");
+  const size_t b = find(good, "a.bool") + std::strlen("a.bool") + 4;
+  s = good; s[b] = 2; expect_error(s, "boolean");
+  // Duplicate key: rename a.i32 to a.u32.
+  s = good; s[find(good, "a.i32") + 2] = 'u';
+  expect_error(s, "appears twice");
+}
+
+TEST(Gguf, MalformedTensorInfosGetClearErrors) {
+  const std::string good = sample_file();
+  const size_t info = find(good, "t.f32") + 5;  // n_dims, then ne[], type, offset
+  std::string s;
+  s = good; put_u32(s, info, 0); expect_error(s, "dimensions (1 to 4)");
+  s = good; put_u32(s, info, 5); expect_error(s, "dimensions (1 to 4)");
+  s = good; put_u64(s, info + 4, 0); expect_error(s, "absurd dimension");
+  s = good; put_u64(s, info + 4, uint64_t{1} << 39); put_u64(s, info + 12, uint64_t{1} << 39); expect_error(s, "absurd dimension");
+  s = good; put_u32(s, info + 20, 77); expect_error(s, "unknown ggml type");
+  s = good; put_u64(s, info + 24, 8); expect_error(s, "not aligned");
+  s = good; put_u64(s, info + 24, uint64_t{1} << 30); expect_error(s, "outside the file");
+  const size_t q8 = find(good, "t.q8") + 4;
+  s = good; put_u64(s, q8 + 4, 48); expect_error(s, "not whole Q8_0 blocks");
+  s = good; put_u64(s, q8 + 24, 0); expect_error(s, "overlap");
+  s = good; std::memcpy(s.data() + find(good, "t.q4"), "t.q8", 4); expect_error(s, "appears twice");
+  // Alignment must be a power of two.
+  GgufWriter w;
+  w.add_u32("general.alignment", 48);
+  expect_error(w.serialize(), "power of two");
+}
+
+TEST(Gguf, ModelsLoadAsTheirFolders) {
+  const std::string tmp = ::testing::TempDir() + "/gguf-" + std::to_string(::getpid());
+  for (const char* fixture : {"gpt2-tiny", "llama-tiny", "qwen3-tiny"}) {
+    const std::string gguf = tmp + "-" + fixture + ".gguf";
+    ASSERT_TRUE(write_gguf_model(kData + "/" + fixture, "f32", gguf).ok());
+    auto a = Transformer::load(kData + "/" + fixture);
+    auto b = Transformer::load(gguf);
+    ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+    EXPECT_EQ(b->config().layers, a->config().layers);
+    EXPECT_EQ(b->config().weights, kernels::WeightType::kF32);
+    ModelInput in;
+    in.ids = {5, 90, 3, 200, 17, 44};
+    auto fa = a->forward(in, {}, nullptr);
+    auto fb = b->forward(in, {}, nullptr);
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    float diff = 0;
+    for (int64_t i = 0; i < fa->logits.numel(); ++i) diff = std::max(diff, std::fabs(fa->logits.f32()[i] - fb->logits.f32()[i]));
+    EXPECT_LT(diff, 1e-5) << fixture;
+    std::remove(gguf.c_str());
+  }
+  // A quantized GPT-2 file keeps its blocks: the logits of --quantize on the
+  // folder (its tied table is the same Q8_0 matrix; dequantizing and
+  // quantizing a block again gives the block back).
+  for (const char* type : {"q8_0", "q4_0"}) {
+    const std::string gguf = tmp + "-copy-" + type + ".gguf";
+    ASSERT_TRUE(write_gguf_model(kData + "/gpt2-copy", type, gguf).ok());
+    LoadOptions lo;
+    lo.weights = kernels::parse_weight_type(type).value();
+    auto a = Transformer::load(kData + "/gpt2-copy", lo);
+    auto b = Transformer::load(gguf);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(b->config().weights, lo.weights);
+    EXPECT_EQ(0, std::memcmp(a->weights().layers[2].ffn_in_w.row_blocks(0), b->weights().layers[2].ffn_in_w.row_blocks(0),
+                             a->weights().layers[2].ffn_in_w.nbytes()));
+    ModelInput in;
+    in.ids = {5, 9, 33, 12, 40, 1};
+    auto fa = a->forward(in, {}, nullptr);
+    auto fb = b->forward(in, {}, nullptr);
+    ASSERT_TRUE(fa.ok() && fb.ok());
+    for (int64_t i = 0; i < fa->logits.numel(); ++i) EXPECT_EQ(fa->logits.f32()[i], fb->logits.f32()[i]) << type << " " << i;
+    std::remove(gguf.c_str());
+  }
+}
+
+TEST(Gguf, TokenizerAndChatTemplateTravelInTheFile) {
+  const std::string gguf = ::testing::TempDir() + "/gguf-chat-" + std::to_string(::getpid()) + ".gguf";
+  const std::string dir = kData + "/gpt2-chat";
+  ASSERT_TRUE(write_gguf_model(dir, "q8_0", gguf).ok());
+  auto a = load_tokenizer(dir);
+  auto b = load_tokenizer(gguf);
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status().to_string();
+  for (const char* text : {"Hello world", "  spaces  and\nnew lines", "caf\xc3\xa9 12345 <|endoftext|>", ""}) {
+    auto x = (*a)->encode(text, true);
+    auto y = (*b)->encode(text, true);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(*x, *y) << text;
+    auto dx = (*a)->decode(*x, false);
+    auto dy = (*b)->decode(*y, false);
+    EXPECT_EQ(*dx, *dy);
+  }
+  EXPECT_EQ((*a)->eos_id(), (*b)->eos_id());
+  auto ta = ChatTemplate::load(dir);
+  auto tb = ChatTemplate::load(gguf);
+  ASSERT_TRUE(ta.ok() && tb.ok()) << tb.status().to_string();
+  const nlohmann::json msgs = nlohmann::json::parse(R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}])");
+  EXPECT_EQ(ta->render(msgs, true).value(), tb->render(msgs, true).value());
+  // A placeholder vocabulary (no tokenizer.json) says so.
+  const std::string bare = ::testing::TempDir() + "/gguf-bare-" + std::to_string(::getpid()) + ".gguf";
+  ASSERT_TRUE(write_gguf_model(kData + "/gpt2-tiny", "f32", bare).ok());
+  auto none = load_tokenizer(bare);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("placeholder"), std::string::npos) << none.status().message();
+  EXPECT_EQ(ChatTemplate::load(bare).status().code(), core::ErrorCode::kNotFound);
+  std::remove(gguf.c_str());
+  std::remove(bare.c_str());
+}
+
+TEST(Gguf, UnsupportedModelsAreRefusedWithTheReason) {
+  const std::string tmp = ::testing::TempDir() + "/gguf-bad-" + std::to_string(::getpid());
+  auto r = write_gguf_model(kData + "/llama3rope-tiny", "q8_0", tmp + ".gguf");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("llama3"), std::string::npos);
+  EXPECT_FALSE(write_gguf_model(kData + "/bert-tiny", "q8_0", tmp + ".gguf").ok());
+  EXPECT_FALSE(Transformer::load(tmp + "-missing.gguf").ok());
+  EXPECT_FALSE(load_config(tmp + "-missing.gguf").ok());
+}
+
+}  // namespace
+}  // namespace tessera::model
