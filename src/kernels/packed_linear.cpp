@@ -353,17 +353,13 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   // Panel p widened into `panel` (column-major, leading dimension P).
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);
+    static_assert(P == 32, "rows_to_panel transposes 32-row panels");
     rows.resize(static_cast<size_t>(P * k));
     panel.resize(static_cast<size_t>(P * k));
     widen_rows(w, r0, cnt, k0, k1, rows.data(), k);
-    // Transposed in tiles of 8 columns, so the writes fill whole lines.
-    const float* src = rows.data();
-    float* dst = panel.data();
-    for (int64_t c0 = 0; c0 < k; c0 += 8) {
-      const int64_t c1 = std::min(k, c0 + 8);
-      for (int64_t r = 0; r < cnt; ++r)
-        for (int64_t c = c0; c < c1; ++c) dst[c * P + r] = src[r * k + c];
-    }
+    // A short last panel: zero rows, never read into y.
+    std::fill(rows.begin() + cnt * k, rows.end(), 0.0f);
+    quant_ops().rows_to_panel(rows.data(), k, panel.data());
     return cnt;
   };
   auto tile = [&](const float* panel, int64_t p, int64_t cnt, int64_t t) {

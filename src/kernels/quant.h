@@ -57,6 +57,9 @@ struct QuantOps {
   // nb blocks widened to 32 * nb floats.
   void (*dequant_q8_0)(const uint8_t* w, int64_t nb, float* out);
   void (*dequant_q4_0)(const uint8_t* w, int64_t nb, float* out);
+  // rows [32, k] row-major (k a multiple of 8) into panel[c * 32 + r]: the
+  // panel form of PackedLinear (packed_linear.h), in 8 x 8 tiles.
+  void (*rows_to_panel)(const float* rows, int64_t k, float* panel);
 };
 const QuantOps& quant_ops(Isa isa);
 inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }

@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <algorithm>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/io.h"
@@ -168,16 +169,15 @@ bool ModelConfig::ends_generation(int64_t id) const {
 
 Result<ModelConfig> load_config(const std::string& model_dir) {
   std::string text;
-  kernels::WeightType file_weights = kernels::WeightType::kF32;
+  std::optional<GgufFile> gguf;
   if (is_gguf_path(model_dir)) {  // config.json's fields from the metadata
-    TESSERA_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(model_dir));
-    TESSERA_ASSIGN_OR_RETURN(text, gguf_config_json(f));
-    file_weights = gguf_weight_type(f);
+    TESSERA_ASSIGN_OR_RETURN(gguf, GgufFile::open(model_dir));
+    TESSERA_ASSIGN_OR_RETURN(text, gguf_config_json(*gguf));
   } else {
     TESSERA_ASSIGN_OR_RETURN(text, core::read_file(model_dir + "/config.json"));
   }
   TESSERA_ASSIGN_OR_RETURN(ModelConfig c, parse_config(text));
-  c.weights = file_weights;  // a quantized file keeps its blocks' type
+  if (gguf) TESSERA_RETURN_IF_ERROR(gguf_adjust_config(*gguf, c));  // its weight type, rope_freqs
   // Every end-of-generation id: config.json's, then generation_config.json's.
   const json cj = json::parse(text, nullptr, false);
   if (cj.is_object()) TESSERA_RETURN_IF_ERROR(add_eos_ids(cj, "config.json", c, c.eos_token_ids));

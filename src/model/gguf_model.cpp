@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <span>
@@ -143,8 +144,6 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   TESSERA_RETURN_IF_ERROR(rules_for(arch).status());
   const GgufTensor* emb = f.tensor("token_embd.weight");
   if (emb == nullptr || emb->ne.size() != 2) return core::invalid_argument("GGUF: no 2-D token_embd.weight");
-  if (f.tensor("rope_freqs.weight") != nullptr)
-    return core::unimplemented("GGUF: rope_freqs (Llama 3.1 rope scaling) is not supported yet");
   json j;
   const std::string p = arch + ".";
   TESSERA_ASSIGN_OR_RETURN(const int64_t hidden, meta_int(f, p + "embedding_length", 1, kBig));
@@ -200,6 +199,22 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   return j.dump();
 }
 
+Status gguf_adjust_config(const GgufFile& f, ModelConfig& c) {
+  c.weights = gguf_weight_type(f);
+  // llama.cpp's rope_freqs: per-frequency divisors (Llama 3.1's scaling).
+  if (f.tensor("rope_freqs.weight") == nullptr) return core::ok_status();
+  TESSERA_ASSIGN_OR_RETURN(const core::Tensor div, f.get_f32("rope_freqs.weight"));
+  if (div.rank() != 1 || div.dim(0) != static_cast<int64_t>(c.rope_inv_freq.size()))
+    return core::invalid_argument("GGUF: rope_freqs.weight has " + std::to_string(div.numel()) + " values for " +
+                                  std::to_string(c.rope_inv_freq.size()) + " rotary frequencies");
+  for (size_t i = 0; i < c.rope_inv_freq.size(); ++i) {
+    const float d = div.f32()[i];
+    if (!(d > 0.0f) || !std::isfinite(d)) return core::invalid_argument("GGUF: rope_freqs.weight holds a divisor that is not positive");
+    c.rope_inv_freq[i] /= d;
+  }
+  return core::ok_status();
+}
+
 Result<std::vector<GgufMapped>> gguf_tensor_map(const GgufFile& f) {
   TESSERA_ASSIGN_OR_RETURN(const std::string arch, meta_string(f, "general.architecture"));
   TESSERA_ASSIGN_OR_RETURN(const ArchRules rules, rules_for(arch));
@@ -216,6 +231,7 @@ Result<std::vector<GgufMapped>> gguf_tensor_map(const GgufFile& f) {
     std::string hf;
     for (const Rule& r : rules.base)
       if (t.name == r.gguf) rule = &r, hf = r.hf;
+    if (t.name == "rope_freqs.weight") continue;  // not a weight: gguf_adjust_config reads it
     if (rule == nullptr && t.name.rfind("blk.", 0) == 0) {
       const size_t dot = t.name.find('.', 4);
       const std::string num = t.name.substr(4, dot == std::string::npos ? 0 : dot - 4);
@@ -490,11 +506,15 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
                                                    {"qwen2", "qwen2"}, {"qwen3", "qwen3"}};
   if (!arch_of.count(mt)) return core::unimplemented("quantize: model_type '" + mt + "' has no GGUF architecture here (gpt2, llama, mistral, qwen2, qwen3)");
   const std::string arch = arch_of.at(mt);
-  if (cj.contains("rope_scaling") && !cj["rope_scaling"].is_null()) {
+  std::string rope_kind;
+  if (cj.contains("rope_scaling") && cj["rope_scaling"].is_object()) {
     const json& rs = cj["rope_scaling"];
-    const std::string kind = rs.is_object() ? rs.value("rope_type", rs.value("type", "")) : "";
-    if (kind != "linear" && kind != "default")
-      return core::unimplemented("quantize: rope_scaling '" + kind + "' is not written to GGUF yet (linear)");
+    const json kind = rs.contains("rope_type") ? rs["rope_type"] : rs.value("type", json(""));
+    rope_kind = kind.is_string() ? kind.get<std::string>() : "";
+    if (rope_kind != "linear" && rope_kind != "default" && rope_kind != "llama3")
+      return core::unimplemented("quantize: rope_scaling '" + rope_kind + "' is not written to GGUF (linear, llama3)");
+    if (rope_kind == "llama3" && arch != "llama")
+      return core::unimplemented("quantize: llama.cpp reads llama3 rope scaling for its llama architecture only");
   }
   if (c.bp_div > 0) return core::unimplemented("quantize: a decoupled (block_parallel) checkpoint has no GGUF form");
   TESSERA_ASSIGN_OR_RETURN(const TensorStore store, TensorStore::open_dir(dir));
@@ -550,6 +570,17 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
     }
     store.release(name);
     w.add_tensor(gname, gt, ne, std::move(bytes));
+    ++rep.tensors;
+  }
+  if (rope_kind == "llama3") {
+    // llama.cpp's rope_freqs: each frequency's divisor, unscaled / scaled.
+    json plain = cj;
+    plain.erase("rope_scaling");
+    TESSERA_ASSIGN_OR_RETURN(const ModelConfig c0, parse_config(plain.dump()));
+    std::vector<float> div(c.rope_inv_freq.size());
+    for (size_t i = 0; i < div.size(); ++i) div[i] = c0.rope_inv_freq[i] / c.rope_inv_freq[i];
+    w.add_tensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(div.size())},
+                 std::string(reinterpret_cast<const char*>(div.data()), div.size() * sizeof(float)));
     ++rep.tensors;
   }
   // Metadata: the architecture's hyper-parameters as llama.cpp reads them.

@@ -26,6 +26,9 @@ core::Result<std::string> gguf_config_json(const GgufFile& f);
 // The type of the layers' matrices in the file (F32 for F32/F16/BF16 files):
 // loading keeps a Q8_0 or Q4_0 file's blocks (kernels/quant.h) unless told otherwise.
 kernels::WeightType gguf_weight_type(const GgufFile& f);
+// What config.json cannot say, set on the parsed config: the weight type and
+// llama.cpp's rope_freqs divisors (Llama 3.1 rope scaling) on the frequencies.
+core::Status gguf_adjust_config(const GgufFile& f, ModelConfig& c);
 
 // One tensor under its Hugging Face name, as TensorStore hands it out.
 struct GgufMapped {

@@ -107,9 +107,10 @@ TEST(LlamaCppAgreement, GgufFilesTesseraWritesComputeTheSameInLlamaCpp) {
   if (const std::string why = setup_peer(); !why.empty()) GTEST_SKIP() << why;
   // Every matrix of these holds whole blocks, so both sides run the same
   // block formats. gpt2-copy (trained) in F32; Llama's F32 checks the Q/K
-  // row order llama.cpp wants. docs/quantization.md says where quantized
+  // row order llama.cpp wants, Llama 3.1's its rope_freqs. docs/quantization.md says where quantized
   // GPT-2 and F16 fall-back matrices differ, and by how much.
-  const Case cases[] = {{"gpt2-copy", "f32", 1e-3},  {"llama-tiny", "f32", 1e-3},     {"qwen2-tiny", "q8_0", 1e-2},
+  const Case cases[] = {{"gpt2-copy", "f32", 1e-3},  {"llama-tiny", "f32", 1e-3},     {"llama3rope-tiny", "f32", 1e-3},
+                        {"qwen2-tiny", "q8_0", 1e-2},
                         {"qwen2-tiny", "q4_0", 1e-2}, {"qwen3-tiny", "q8_0", 1e-2},    {"qwen3-tiny", "q4_0", 1e-2},
                         {"qwen3-mqa-tiny", "q8_0", 1e-2}};
   const std::vector<int64_t> ids = {5, 9, 33, 12, 40, 22, 7, 19, 2, 60, 31, 44, 3, 8, 50, 1};

@@ -92,6 +92,14 @@ TEST(QuantFormat, ErrorWithinHalfAStep) {
 TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
   for (Isa isa : isas()) {
     const QuantOps& ops = quant_ops(isa);
+    for (int64_t k : {8, 64, 96}) {  // 32 rows into the panel form: element (r, c) at c * 32 + r
+      const auto rows = random_vec(static_cast<size_t>(32 * k), 30);
+      std::vector<float> panel(rows.size(), -1.0f);
+      ops.rows_to_panel(rows.data(), k, panel.data());
+      for (int64_t r = 0; r < 32; ++r)
+        for (int64_t c = 0; c < k; ++c)
+          ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], rows[static_cast<size_t>(r * k + c)]) << isa_name(isa) << " " << r << "," << c;
+    }
     for (WeightType t : kTypes) {
       for (int64_t nb : {1, 2, 5, 24}) {
         const int64_t k = nb * 32;
