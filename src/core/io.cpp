@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,6 +92,33 @@ bool reset_peak_resident() {
   out << "5";
   out.flush();
   return static_cast<bool>(out);
+}
+
+Result<MappedFile> map_file(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return io_error("cannot stat '" + path + "': " + std::strerror(errno));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* map = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  ::close(fd);
+  if (size > 0 && map == MAP_FAILED) return io_error("cannot mmap '" + path + "': " + std::strerror(errno));
+  MappedFile f;
+  f.data = std::shared_ptr<const void>(map, [size](const void* p) {
+    if (p != nullptr) ::munmap(const_cast<void*>(p), size);
+  });
+  f.size = size;
+  return f;
+}
+
+void drop_pages(const void* p, size_t bytes) {
+  if (p == nullptr || bytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);  // advice only: failure changes nothing
 }
 
 }  // namespace tessera::core

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/status.h"
@@ -16,6 +18,16 @@ Result<std::string> read_file(const std::string& path);
 // descriptor (O_CLOEXEC) the caller closes.
 Result<int> open_regular_file(const std::string& path);
 Status write_file(const std::string& path, const std::string& bytes);
+// A regular file mapped read-only (private); `data` keeps the mapping alive
+// (null for an empty file).
+struct MappedFile {
+  std::shared_ptr<const void> data;
+  size_t size = 0;
+};
+Result<MappedFile> map_file(const std::string& path);
+// Drops the whole pages covering [p, p + bytes) from this process's resident
+// memory (advice: a private read-only mapping re-reads them if touched).
+void drop_pages(const void* p, size_t bytes);
 bool file_exists(const std::string& path);
 // MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
 uint64_t available_memory_bytes();

@@ -84,8 +84,7 @@ void widen_rows(const PackedLinear& w, int64_t r0, int64_t rows, int64_t k0, int
 
 }  // namespace
 
-PackedLinear PackedLinear::from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path) {
-  TESSERA_CHECK(type != WeightType::kF32 && holds(type, k) && n >= 0 && (rows != nullptr || n == 0));
+PackedLinear PackedLinear::blocks(WeightType type, int64_t n, int64_t k, GemmPath path) {
   PackedLinear w;
   w.n_ = n;
   w.k_ = k;
@@ -94,6 +93,12 @@ PackedLinear PackedLinear::from_blocks(WeightType type, const uint8_t* rows, int
   w.qrow_ = row_bytes(type, k);
   w.q_ = alloc_blocks(static_cast<size_t>(n) * w.qrow_);
   w.qbase_ = w.q_.get();
+  return w;
+}
+
+PackedLinear PackedLinear::from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path) {
+  TESSERA_CHECK(type != WeightType::kF32 && holds(type, k) && n >= 0 && (rows != nullptr || n == 0));
+  PackedLinear w = blocks(type, n, k, path);
   if (n > 0) std::memcpy(w.q_.get(), rows, static_cast<size_t>(n) * w.qrow_);
   return w;
 }
@@ -107,14 +112,7 @@ PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, 
     n += s.rows;
   }
   if (type != WeightType::kF32 && holds(type, k) && n > 0) {
-    PackedLinear w;
-    w.n_ = n;
-    w.k_ = k;
-    w.path_ = path;
-    w.type_ = type;
-    w.qrow_ = row_bytes(type, k);
-    w.q_ = alloc_blocks(static_cast<size_t>(n) * w.qrow_);
-    w.qbase_ = w.q_.get();
+    PackedLinear w = blocks(type, n, k, path);
     std::vector<float> row(static_cast<size_t>(k));
     int64_t r = 0;
     for (const auto& s : parts) {

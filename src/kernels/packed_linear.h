@@ -97,6 +97,8 @@ class PackedLinear {
 
  private:
   friend struct PackedAccess;
+  // An empty quantized form of n rows (allocated, not filled).
+  static PackedLinear blocks(WeightType type, int64_t n, int64_t k, GemmPath path);
   std::shared_ptr<float[]> data_;   // owner
   const float* base_ = nullptr;     // panel (or row) holding row `off_`
   int64_t n_ = 0, k_ = 0;

@@ -1,10 +1,5 @@
 #include "model/gguf.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -173,21 +168,12 @@ int64_t GgufTensor::rows() const {
 }
 
 Result<GgufFile> GgufFile::open(const std::string& path) {
-  TESSERA_ASSIGN_OR_RETURN(const int fd, core::open_regular_file(path));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return core::io_error("cannot stat '" + path + "': " + std::strerror(errno));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  void* map = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
-  ::close(fd);
-  if (size > 0 && map == MAP_FAILED) return core::io_error("cannot mmap '" + path + "': " + std::strerror(errno));
+  TESSERA_ASSIGN_OR_RETURN(core::MappedFile map, core::map_file(path));
   GgufFile f;
   f.path_ = path;
-  f.keep_ = std::shared_ptr<const void>(map, [size](const void* p) { if (p) ::munmap(const_cast<void*>(p), size); });
-  f.map_size_ = size;
-  if (auto st2 = f.parse(static_cast<const uint8_t*>(map), size); !st2.ok()) return st2.with_context("'" + path + "'");
+  f.keep_ = map.data;
+  f.map_size_ = map.size;
+  if (auto st = f.parse(static_cast<const uint8_t*>(map.data.get()), map.size); !st.ok()) return st.with_context("'" + path + "'");
   return f;
 }
 
@@ -322,11 +308,7 @@ Result<core::Tensor> GgufFile::get_f32(const std::string& name) const {
 
 void GgufFile::release(const std::string& name) const {
   const GgufTensor* t = tensor(name);
-  if (t == nullptr || map_size_ == 0 || t->nbytes == 0) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(t->data) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(t->data + t->nbytes);
-  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);  // advice only
+  if (t != nullptr && map_size_ > 0) core::drop_pages(t->data, t->nbytes);
 }
 
 // ---------------------------------------------------------------- writer

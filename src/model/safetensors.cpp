@@ -123,21 +123,12 @@ Result<SafeTensorsFile> SafeTensorsFile::from_bytes(std::shared_ptr<const std::s
 }
 
 Result<SafeTensorsFile> SafeTensorsFile::open(const std::string& path) {
-  TESSERA_ASSIGN_OR_RETURN(const int fd, core::open_regular_file(path));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return core::io_error("cannot stat '" + path + "': " + std::strerror(errno));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  void* map = size > 0 ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
-  ::close(fd);
-  if (size > 0 && map == MAP_FAILED) return core::io_error("cannot mmap '" + path + "': " + std::strerror(errno));
+  TESSERA_ASSIGN_OR_RETURN(core::MappedFile map, core::map_file(path));
   SafeTensorsFile f;
   f.path_ = path;
-  f.mapping_ = std::shared_ptr<void>(map, [size](void* p) { if (p) ::munmap(p, size); });
-  f.map_size_ = size;
-  TESSERA_RETURN_IF_ERROR(f.parse(static_cast<const char*>(map), size));
+  f.mapping_ = std::const_pointer_cast<void>(map.data);
+  f.map_size_ = map.size;
+  TESSERA_RETURN_IF_ERROR(f.parse(static_cast<const char*>(map.data.get()), map.size));
   return f;
 }
 
@@ -169,10 +160,7 @@ void SafeTensorsFile::release_bytes(const void* p, size_t bytes) const {
   if (map_size_ == 0 || bytes == 0 || b < base || b + bytes > base + map_size_) return;
   // Whole pages covering the range: the mapping is read-only and private,
   // so dropping a page a neighbour shares only costs that neighbour a re-read.
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(b) & ~(page - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(b + bytes);
-  ::madvise(reinterpret_cast<void*>(start), end - start, MADV_DONTNEED);  // advice only: failure changes nothing
+  core::drop_pages(b, bytes);
 }
 
 Result<Tensor> SafeTensorsFile::get_f32(const std::string& name) const {
