@@ -328,17 +328,19 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     const size_t ldq = row_bytes(WeightType::kQ8_0, k);
     std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
     for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, a.x + i * a.ldx, k, xq.data() + i * ldq);
+    const size_t ldw = w.rows() > 1 ? static_cast<size_t>(w.row_blocks(1) - w.row_blocks(0)) : 0;
     auto rows_range = [&](int64_t p0, int64_t p1) {
-      const int64_t r0 = p0 * P, r1 = std::min(n, p1 * P);
-      float out[kQuantDotRows];
-      for (int64_t r = r0; r < r1; ++r) {
-        dot(w.row_blocks(r) + skip, k / kQuantBlock, xq.data(), m, ldq, out);
-        for (int64_t i = 0; i < m; ++i) {
-          float& y = a.y[i * a.ldy + r];
-          y = a.accumulate ? y + out[i] : out[i];
-        }
+      for (int64_t p = p0; p < p1; ++p) {  // a panel of rows at a time
+        const int64_t r0 = p * P, r1 = std::min(n, r0 + P);
+        float out[kQuantDotRows * P];  // [m, r1 - r0], leading dimension P
+        dot(w.row_blocks(r0) + skip, ldw, r1 - r0, k / kQuantBlock, xq.data(), m, ldq, out, P);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = r0; r < r1; ++r) {
+            float& y = a.y[i * a.ldy + r];
+            y = a.accumulate ? y + out[i * P + (r - r0)] : out[i * P + (r - r0)];
+          }
+        finish(0, m, r0, r1 - r0);
       }
-      finish(0, m, r0, r1 - r0);
     };
     if (serial) rows_range(0, panels);
     else pool->parallel_for(panels, rows_range);

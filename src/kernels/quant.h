@@ -50,10 +50,14 @@ float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq)
 void round_row_q8_0(const float* x, int64_t k, float* out);
 
 struct QuantOps {
-  // out[i] = sum over nb blocks of X_i . W for i < m (m <= 8); X_i the Q8_0
-  // blocks of input row i, at xq + i * ldxq bytes.
-  void (*dot_q8_0)(const uint8_t* w, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq, float* out);
-  void (*dot_q4_0)(const uint8_t* w, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq, float* out);
+  // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
+  // i < m (m <= 8): W_r the blocks at w + r * ldw bytes, X_i the Q8_0 blocks
+  // of input row i at xq + i * ldxq. Several weight rows at once keep
+  // independent sums in flight.
+  void (*dot_q8_0)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
+                   float* out, int64_t ldo);
+  void (*dot_q4_0)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
+                   float* out, int64_t ldo);
   // nb blocks widened to 32 * nb floats.
   void (*dequant_q8_0)(const uint8_t* w, int64_t nb, float* out);
   void (*dequant_q4_0)(const uint8_t* w, int64_t nb, float* out);

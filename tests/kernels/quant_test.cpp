@@ -116,7 +116,15 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
           for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, x.data() + i * k, k, xq.data() + i * ldq);
           std::vector<float> out(static_cast<size_t>(m), -1.0f);
-          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), nb, xq.data(), m, ldq, out.data());
+          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), 0, 1, nb, xq.data(), m, ldq, out.data(), 1);
+          // Several weight rows at once (tiles of 4 and 2 and the rest): row r of a
+          // 7-row matrix is the same row, again.
+          std::vector<uint8_t> seven;
+          for (int r = 0; r < 7; ++r) seven.insert(seven.end(), q.begin(), q.end());
+          std::vector<float> many(static_cast<size_t>(m * 7), -1.0f);
+          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(seven.data(), q.size(), 7, nb, xq.data(), m, ldq, many.data(), 7);
+          for (int64_t i = 0; i < m; ++i)
+            for (int r = 0; r < 7; ++r) EXPECT_EQ(many[static_cast<size_t>(i * 7 + r)], out[static_cast<size_t>(i)]) << r;
           for (int64_t i = 0; i < m; ++i) {
             const float r = dot_row_ref(t, q.data(), nb, xq.data() + i * ldq);
             // Against the widened blocks in double: the same products.
