@@ -327,7 +327,7 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     // The inputs as Q8_0 blocks, once for every weight row.
     const size_t ldq = row_bytes(WeightType::kQ8_0, k);
     std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
-    for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, a.x + i * a.ldx, k, xq.data() + i * ldq);
+    for (int64_t i = 0; i < m; ++i) ops.quantize_input(a.x + i * a.ldx, k, xq.data() + i * ldq);
     const size_t ldw = w.rows() > 1 ? static_cast<size_t>(w.row_blocks(1) - w.row_blocks(0)) : 0;
     auto rows_range = [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {  // a panel of rows at a time
@@ -349,7 +349,7 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   const int64_t tiles = (m + kRowTile - 1) / kRowTile;
   // The inputs rounded to Q8_0 blocks (as the dot kernels see them), in F32.
   std::vector<float> xr(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m; ++i) round_row_q8_0(a.x + i * a.ldx, k, xr.data() + i * k);
+  for (int64_t i = 0; i < m; ++i) quant_ops().round_input(a.x + i * a.ldx, k, xr.data() + i * k);
   // Panel p widened into `panel` (column-major, leading dimension P).
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);

@@ -121,12 +121,14 @@ float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq)
   return sum;
 }
 
-void round_row_q8_0(const float* x, int64_t k, float* out) {
+void quantize_input_ref(const float* x, int64_t k, uint8_t* out) {
   TESSERA_CHECK(k % kQuantBlock == 0);
-  uint8_t block[34];
-  for (int64_t b = 0; b < k / kQuantBlock; ++b) {
-    quantize_row_ref(WeightType::kQ8_0, x + b * kQuantBlock, kQuantBlock, block);
-    dequantize_row_ref(WeightType::kQ8_0, block, kQuantBlock, out + b * kQuantBlock);
+  for (int64_t b = 0; b < k / kQuantBlock; ++b, x += kQuantBlock, out += 34) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    put_scale(out, d);
+    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::nearbyint(x[j] * id)));
   }
 }
 

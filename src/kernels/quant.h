@@ -45,9 +45,10 @@ void dequantize_row_ref(WeightType t, const uint8_t* q, int64_t k, float* out);
 // sum_c X[c] * W[c] over nb blocks, X the Q8_0 blocks of an input row:
 // each block's integer sum times the two scales, added in F32 in order.
 float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq);
-// An input row as the quantized matrices see it: rounded to Q8_0 blocks and
-// widened back (k a multiple of 32).
-void round_row_q8_0(const float* x, int64_t k, float* out);
+// The inputs of a quantized matrix as Q8_0 blocks, rounded as llama.cpp's
+// vector quantiser rounds them (to nearest, ties to even; d = amax / 127):
+// the scalar reference of QuantOps::quantize_input / round_input.
+void quantize_input_ref(const float* x, int64_t k, uint8_t* out);
 
 struct QuantOps {
   // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
@@ -64,6 +65,10 @@ struct QuantOps {
   // rows [32, k] row-major (k a multiple of 8) into panel[c * 32 + r]: the
   // panel form of PackedLinear (packed_linear.h), in 8 x 8 tiles.
   void (*rows_to_panel)(const float* rows, int64_t k, float* panel);
+  // An input row of k (a multiple of 32) as Q8_0 blocks (quantize_input_ref),
+  // and the same rounding widened back to F32 (the prefill path's inputs).
+  void (*quantize_input)(const float* x, int64_t k, uint8_t* out);
+  void (*round_input)(const float* x, int64_t k, float* out);
 };
 const QuantOps& quant_ops(Isa isa);
 inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }

@@ -92,6 +92,19 @@ TEST(QuantFormat, ErrorWithinHalfAStep) {
 TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
   for (Isa isa : isas()) {
     const QuantOps& ops = quant_ops(isa);
+    for (int64_t k : {32, 96, 256}) {  // inputs: the same blocks as the reference, bit for bit
+      auto x = random_vec(static_cast<size_t>(k), 40 + static_cast<uint32_t>(k));
+      x[3] = 0.0f;
+      std::fill(x.begin() + 32, x.begin() + 64 <= x.end() ? x.begin() + 64 : x.end(), 0.0f);  // an all-zero block
+      std::vector<uint8_t> want(row_bytes(WeightType::kQ8_0, k)), got(want.size());
+      quantize_input_ref(x.data(), k, want.data());
+      ops.quantize_input(x.data(), k, got.data());
+      EXPECT_EQ(got, want) << isa_name(isa) << " k=" << k;
+      std::vector<float> widened(static_cast<size_t>(k)), rounded(static_cast<size_t>(k));
+      dequantize_row_ref(WeightType::kQ8_0, want.data(), k, widened.data());
+      ops.round_input(x.data(), k, rounded.data());
+      EXPECT_EQ(rounded, widened) << isa_name(isa) << " k=" << k;
+    }
     for (int64_t k : {8, 64, 96}) {  // 32 rows into the panel form: element (r, c) at c * 32 + r
       const auto rows = random_vec(static_cast<size_t>(32 * k), 30);
       std::vector<float> panel(rows.size(), -1.0f);
@@ -114,7 +127,7 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           const size_t ldq = row_bytes(WeightType::kQ8_0, k) + 2;
           const auto x = random_vec(static_cast<size_t>(m * k), 5 + static_cast<uint32_t>(m));
           std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
-          for (int64_t i = 0; i < m; ++i) quantize_row_ref(WeightType::kQ8_0, x.data() + i * k, k, xq.data() + i * ldq);
+          for (int64_t i = 0; i < m; ++i) quantize_input_ref(x.data() + i * k, k, xq.data() + i * ldq);
           std::vector<float> out(static_cast<size_t>(m), -1.0f);
           (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), 0, 1, nb, xq.data(), m, ldq, out.data(), 1);
           // Several weight rows at once (tiles of 4 and 2 and the rest): row r of a
@@ -166,7 +179,11 @@ void check(const Case& c, WeightType t, GemmPath path, core::ThreadPool* pool) {
   std::vector<float> deq(static_cast<size_t>(c.n * c.k));
   for (int64_t i = 0; i < c.n; ++i) dequantize_row_ref(t, p.row_blocks(i), c.k, deq.data() + i * c.k);
   std::vector<float> xr(x.size());
-  for (int64_t i = 0; i < c.m; ++i) round_row_q8_0(x.data() + i * ldx, kk, xr.data() + i * ldx);
+  for (int64_t i = 0; i < c.m; ++i) {  // the reference's blocks, widened
+    std::vector<uint8_t> q(row_bytes(WeightType::kQ8_0, kk));
+    quantize_input_ref(x.data() + i * ldx, kk, q.data());
+    dequantize_row_ref(WeightType::kQ8_0, q.data(), kk, xr.data() + i * ldx);
+  }
   std::vector<float> y0 = random_vec(static_cast<size_t>(c.m * ldy), 9), y = y0;
   PackedLinearArgs a;
   a.x = x.data(); a.m = c.m; a.ldx = ldx; a.w = &p; a.bias = b.data(); a.act = c.act;
