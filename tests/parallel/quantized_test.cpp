@@ -1,6 +1,10 @@
 // Quantized weights (--quantize; kernels/quant.h) under the strategies: every
 // exact strategy that accepts a quantized plan reproduces the quantized
-// single device within 1e-4 (shards cut on whole blocks), tp, galaxy and
+// single device within 1e-4 of its largest value (shards cut on whole blocks;
+// a product's inputs are rounded to Q8_0 blocks, so a sum that differs from
+// the single device's in its last bit, as a GEMM library's blocking for
+// another row count makes it, now and then moves one input by a whole
+// quantum: the gpt2-copy model's hidden values reach tens), tp, galaxy and
 // pipeline generate its greedy tokens, the planner's weight bytes are the
 // loaded ones, and the trained copy model keeps its task in Q8_0.
 #include <gtest/gtest.h>
@@ -63,7 +67,10 @@ TEST(QuantizedWeights, EveryExactStrategyReproducesTheQuantizedSingleDevice) {
           EXPECT_EQ(plan.weights, t);
           const auto got = run_threads(dir, plan, in);
           if (got.hidden.empty()) continue;  // run_threads reported the failure
-          EXPECT_LT(max_diff(got.hidden, want->hidden.back()), 1e-4)
+          float largest = 1.0f;
+          const core::Tensor& ref = want->hidden.back();
+          for (int64_t i = 0; i < ref.numel(); ++i) largest = std::max(largest, std::fabs(ref.f32()[i]));
+          EXPECT_LT(max_diff(got.hidden, ref), 1e-4 * largest)
               << s->name() << " on " << ratios.size() << " " << fx.dir << " " << kernels::weight_type_name(t);
           ++ran;
         }
