@@ -64,7 +64,9 @@ class PackedLinear {
   // number of blocks: holds(type, k); otherwise they stay F32).
   static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path(),
                            const Consumed& consumed = {}, WeightType type = WeightType::kF32);
-  // Rows already in `type`'s blocks (a GGUF file's, or a test's), copied.
+  // Rows already in `type`'s blocks, copied. (GGUF loading does not use it
+  // yet: it widens a file's blocks and quantizes them again, which gives the
+  // same blocks back but costs a pass at load; tests build layers from it.)
   static PackedLinear from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path = gemm_path());
   // A Linear-layout tensor [n, k].
   static PackedLinear pack(const core::Tensor& w, GemmPath path = gemm_path());

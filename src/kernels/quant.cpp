@@ -30,8 +30,6 @@ core::Result<WeightType> parse_weight_type(const std::string& s) {
   return core::invalid_argument("unknown weight type '" + s + "' (f32, q8_0 or q4_0)");
 }
 
-bool valid_weight_type_code(uint8_t code) { return code <= static_cast<uint8_t>(WeightType::kQ4_0); }
-
 size_t block_bytes(WeightType t) {
   switch (t) {
     case WeightType::kF32: return 4;

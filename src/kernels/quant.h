@@ -31,7 +31,6 @@ inline constexpr int64_t kQuantBlock = 32;  // weights per block, both types
 
 const char* weight_type_name(WeightType t);  // "f32", "q8_0", "q4_0"
 [[nodiscard]] core::Result<WeightType> parse_weight_type(const std::string& s);
-bool valid_weight_type_code(uint8_t code);
 // Bytes of one block (F32: 4 bytes per weight, "block" of one).
 size_t block_bytes(WeightType t);
 // Whether rows of k weights can be held in `t`: k a whole number of blocks.
