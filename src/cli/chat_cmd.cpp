@@ -49,7 +49,7 @@ class Chatter {
     TESSERA_ASSIGN_OR_RETURN(runtime::Cluster cluster, runtime::Cluster::open(f.cluster));
     runtime::DeployRequest r;
     if (f.plan->strategy == "auto") {
-      r.plan.strategy = "auto";
+      TESSERA_ASSIGN_OR_RETURN(r.plan, auto_plan(*f.plan));
     } else {
       TESSERA_ASSIGN_OR_RETURN(r.plan, build_plan(*f.plan, f.plan->strategy, cluster.size(), true));
     }

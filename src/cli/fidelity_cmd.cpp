@@ -31,6 +31,7 @@ struct FidelityFlags {
   uint64_t seed = 1;
   bool json = false;
   std::string quantize;  // "q8_0,q4_0": each weight type a setting of its own
+  std::string wires;     // "f16,q8": each wire a setting of its own
 };
 
 // What the exact forward gives for one input, kept small: hidden.L and the
@@ -166,15 +167,26 @@ int fidelity(const FidelityFlags& f) {
     types.push_back(*t);
   }
   if (types.empty()) types.push_back(kernels::WeightType::kF32);
+  // --wire a,b: and once per wire.
+  std::vector<core::WireType> wires;
+  std::stringstream ws(f.wires);
+  for (std::string item; std::getline(ws, item, ',');) {
+    auto w = core::parse_wire_type(item);
+    if (!w.ok()) return fail(w.status().to_string());
+    wires.push_back(*w);
+  }
+  if (wires.empty()) wires.push_back(core::WireType::kF32);
   std::vector<parallel::Plan> plans;
   for (kernels::WeightType t : types)
-    for (const PlanFlags& v : *variants) {
-      auto p = build_plan(v, v.strategy, v.devices, true);
-      if (!p.ok()) return fail(p.status().to_string());
-      p->weights = t;
-      if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
-      plans.push_back(*p);
-    }
+    for (core::WireType w : wires)
+      for (const PlanFlags& v : *variants) {
+        auto p = build_plan(v, v.strategy, v.devices, true);
+        if (!p.ok()) return fail(p.status().to_string());
+        p->weights = t;
+        p->wire = w;
+        if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
+        plans.push_back(*p);
+      }
   auto full = model::Transformer::load(f.model);
   if (!full.ok()) return fail(full.status().to_string());
   auto models = runtime::load_rank_models(f.model, plans[0]);
@@ -205,7 +217,8 @@ int fidelity(const FidelityFlags& f) {
     nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family},
                         {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
                         {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
-                        {"max_abs_err", s.max_abs_err}, {"weights", kernels::weight_type_name(plan.weights)}};
+                        {"max_abs_err", s.max_abs_err}, {"weights", kernels::weight_type_name(plan.weights)},
+                        {"wire", core::wire_type_name(plan.wire)}};
     j["next_token_kl"] = s.kl_count > 0 ? nlohmann::json(s.kl_sum / static_cast<double>(s.kl_count)) : nlohmann::json(nullptr);
     j["next_token_kl_max"] = s.kl_count > 0 ? nlohmann::json(s.kl_max) : nlohmann::json(nullptr);
     j["top1_agreement"] = s.top1_rows > 0 ? nlohmann::json(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows))
@@ -214,7 +227,8 @@ int fidelity(const FidelityFlags& f) {
       std::cout << j.dump() << '\n';
       continue;
     }
-    std::string label = plan.strategy + " weights=" + kernels::weight_type_name(plan.weights);
+    std::string label = plan.strategy + " weights=" + kernels::weight_type_name(plan.weights) +
+                        " wire=" + core::wire_type_name(plan.wire);
     for (const auto& [k, v] : plan.options.items()) label += " " + k + "=" + v.dump();
     std::printf("%s devices=%d samples=%d rows=%lld: cosine %.6f (min %.6f)  max_abs_err %.3g  top1 %s", label.c_str(),
                 plan.world, f.samples, static_cast<long long>(rows), cosine, s.min_cosine, s.max_abs_err,
@@ -242,6 +256,9 @@ void add_fidelity_command(CLI::App& app) {
   cmd->add_flag("--json", f->json, "one JSON object per evaluated setting");
   cmd->add_option("--quantize", f->quantize,
                   "weight types to measure against the F32 reference, e.g. q8_0,q4_0 (each plan once per type)");
+  // A list here, where the other commands take one wire.
+  cmd->remove_option(cmd->get_option("--wire"));
+  cmd->add_option("--wire", f->wires, "wires to measure, e.g. f16,q8 (each plan once per wire; default f32)");
   cmd->callback([f] { throw CLI::RuntimeError(fidelity(*f)); });
 }
 

@@ -155,7 +155,9 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
   dr.kv_dtype = f.req.gen.kv_dtype;
   if (f.plan->strategy == "auto") {
-    dr.plan.strategy = "auto";
+    auto plan = auto_plan(*f.plan);
+    if (!plan.ok()) return fail(plan.status().to_string());
+    dr.plan = *plan;
   } else {
     auto plan = build_plan(*f.plan, f.plan->strategy, cluster->size(), true);
     if (!plan.ok()) return fail(plan.status().to_string());

@@ -25,6 +25,7 @@ struct PlanCmd {
   std::string out;
   bool json = false;
   bool lossy = false;
+  std::string wire;  // empty: f32, or with --lossy every wire
   kernels::WeightType weights = kernels::WeightType::kF32;  // --quantize
   std::string pipeline_solver = "ilp";
   std::string units = "layers";
@@ -63,8 +64,10 @@ void print_table(const planner::PlanTable& t) {
     for (const auto& d : r.prediction.devices) mem += (mem.empty() ? "" : " ") + planner::format_bytes(d.memory_bytes);
     std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: not chosen automatically)") : "no: " + r.why_not;
     const bool priced = !r.prediction.devices.empty();
+    const std::string name =
+        r.plan.strategy + (r.plan.wire == core::WireType::kF32 ? "" : std::string("/") + core::wire_type_name(r.plan.wire));
     std::printf("%-3s %-10s %-8s %10s %10s %10s %-6s %-28s %s\n", static_cast<int>(i) == t.chosen ? "*" : "",
-                r.plan.strategy.c_str(), members.c_str(), priced ? fmt_ms(r.prediction.latency_ms).c_str() : "-",
+                name.c_str(), members.c_str(), priced ? fmt_ms(r.prediction.latency_ms).c_str() : "-",
                 priced ? fmt_ms(r.prediction.compute_ms).c_str() : "-", priced ? fmt_ms(r.prediction.comm_ms).c_str() : "-",
                 priced ? std::to_string(r.members.empty() ? 0 : r.members[static_cast<size_t>(r.prediction.bottleneck)]).c_str() : "-",
                 mem.c_str(), status.c_str());
@@ -82,6 +85,15 @@ int plan_command(const PlanCmd& f) {
   planner::PlannerOptions o;
   o.rows = runtime::plan_rows(c.value(), f.seq);
   o.lossy_allowed = f.lossy;
+  if (!f.wire.empty()) {
+    auto w = core::parse_wire_type(f.wire);
+    if (!w.ok()) return fail(w.status().to_string());
+    o.wire = *w;
+    o.wires = {*w};
+    o.wire_given = *w != core::WireType::kF32;
+  } else if (f.lossy) {
+    o.wires = {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8};
+  }
   o.layer_solver = f.pipeline_solver == "dp" ? planner::PlannerOptions::LayerSolver::kDp : planner::PlannerOptions::LayerSolver::kIlp;
   o.units = f.units == "blocks" ? planner::UnitGranularity::kBlocks : planner::UnitGranularity::kLayers;
   o.ilp_lp_file = f.ilp_lp;
@@ -129,7 +141,9 @@ void add_plan_commands(CLI::App& app) {
     add_profile_flags(cmd, *f);
     cmd->add_option("--profile", f->cluster.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
-    cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM)");
+    cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM) or wire (f16, q8)");
+    cmd->add_option("--wire", f->wire, "price every plan with this wire: f32, f16 or q8 (default f32; with --lossy all three)")
+        ->check(CLI::IsMember({"f32", "f16", "q8"}));
     add_quantize_flag(cmd, f->weights);
     cmd->add_option("--pipeline-solver", f->pipeline_solver, "pipeline layer placement: ilp (exact, CBC) or dp (contiguous)")
         ->check(CLI::IsMember({"ilp", "dp"}))

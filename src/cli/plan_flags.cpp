@@ -77,6 +77,9 @@ void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool wit
     cmd->add_option("--devices", f->devices, "devices (local worker processes on loopback)")->capture_default_str();
   }
   cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");
+  cmd->add_option("--wire", f->wire,
+                  "how activations travel between devices: f32 (exact), f16 or q8 (lossy; 0.5x and 0.27x the bytes)")
+      ->check(CLI::IsMember({"f32", "f16", "q8"}));
   for (const auto& [name, use] : all_flags()) {
     const std::string help = use.flag.help + " [" + join(use.strategies) + "]";
     const std::string flag = name;
@@ -98,6 +101,9 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   if (!f.partition.empty()) {
     TESSERA_ASSIGN_OR_RETURN(plan.ratios, parallel::parse_ratios(f.partition, world));
   }
+  if (!f.wire.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(plan.wire, core::parse_wire_type(f.wire));
+  }
   const auto flags = all_flags();
   std::set<std::string> mine;
   for (const auto& fl : s->flags()) mine.insert(fl.flag);
@@ -113,6 +119,15 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
       if (fl.flag == flag) {
         TESSERA_ASSIGN_OR_RETURN(plan.options[fl.key], option_value(fl, text));
       }
+  }
+  return plan;
+}
+
+Result<parallel::Plan> auto_plan(const PlanFlags& f) {
+  parallel::Plan plan;
+  plan.strategy = "auto";
+  if (!f.wire.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(plan.wire, core::parse_wire_type(f.wire));
   }
   return plan;
 }

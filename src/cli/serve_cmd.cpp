@@ -38,7 +38,9 @@ int serve_command(ServeFlags& f) {
     if (o.api_key.empty()) return fail("--api-key: '" + f.api_key_file + "' is empty");
   }
   if (f.plan->strategy == "auto") {
-    o.plan.strategy = "auto";
+    auto plan = auto_plan(*f.plan);
+    if (!plan.ok()) return fail(plan.status().to_string());
+    o.plan = *plan;
   } else {
     // The strategy and its options over every device; after a failover the
     // deployment runs it over the devices left.

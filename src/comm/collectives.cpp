@@ -89,8 +89,27 @@ core::Status check_rows_input(const core::Tensor& input) {
   return core::ok_status();
 }
 
-core::Status allgatherv_impl(Group& g, OpKind op, int tag, Clock::time_point deadline, const core::Tensor& input,
-                             std::span<const int64_t> counts, core::Tensor* output) {
+// The (rows, cols) `rows` leading rows are encoded as on a compressed wire:
+// a 1-D tensor's part is one row.
+std::pair<int64_t, int64_t> wire_shape(const core::Shape& trailing, int64_t rows) {
+  if (trailing.empty()) return {1, rows};
+  return {rows, core::shape_numel(trailing)};
+}
+
+core::Status check_wire_input(const core::Tensor& input, core::WireType wire) {
+  if (wire != core::WireType::kF32 && input.dtype() != core::DType::kF32)
+    return core::invalid_argument(std::string("a ") + core::wire_type_name(wire) + " wire carries f32 tensors only");
+  return core::ok_status();
+}
+
+core::Tensor encode_rows(const core::Tensor& t, const core::Shape& trailing, core::WireType wire) {
+  if (wire == core::WireType::kF32) return t;
+  const auto [rows, cols] = wire_shape(trailing, t.dim(0));
+  return core::wire_encode(wire, t.f32(), rows, cols);
+}
+
+core::Status allgatherv_impl(Group& g, OpKind op, int tag, core::WireType wire, Clock::time_point deadline,
+                             const core::Tensor& input, std::span<const int64_t> counts, core::Tensor* output) {
   TESSERA_RETURN_IF_ERROR(check_rows_input(input));
   TESSERA_RETURN_IF_ERROR(check_counts(counts, g.size()));
   if (counts[g.rank()] != input.dim(0)) {
@@ -98,22 +117,29 @@ core::Status allgatherv_impl(Group& g, OpKind op, int tag, Clock::time_point dea
                                   std::to_string(counts[g.rank()]));
   }
   const auto off = offsets_of(counts);
+  TESSERA_RETURN_IF_ERROR(check_wire_input(input, wire));
   const core::Shape trailing = trailing_of(input.shape());
   core::Tensor out = make_rows(input.dtype(), off.back(), trailing);
   RingAllgather ring(g, AllgatherOptions{left(deadline), tag}, op);
-  TESSERA_RETURN_IF_ERROR(ring.start(input));
+  TESSERA_RETURN_IF_ERROR(ring.start(encode_rows(input, trailing, wire)));
   while (!ring.done()) {
     TESSERA_ASSIGN_OR_RETURN(Tile t, ring.next_tile(left(deadline)));
-    TESSERA_RETURN_IF_ERROR(check_tile(t.data, input.dtype(), trailing, counts[t.index], t.index));
-    copy_rows(out, off[t.index], t.data);
+    if (wire == core::WireType::kF32) {
+      TESSERA_RETURN_IF_ERROR(check_tile(t.data, input.dtype(), trailing, counts[t.index], t.index));
+      copy_rows(out, off[t.index], t.data);
+    } else {
+      const auto [rows, cols] = wire_shape(trailing, counts[t.index]);
+      TESSERA_RETURN_IF_ERROR(core::wire_decode(wire, t.data, rows, cols, out.f32() + off[t.index] * (row_bytes(out) / 4))
+                                  .with_context("from rank " + std::to_string(t.index)));
+    }
   }
   TESSERA_RETURN_IF_ERROR(ring.finish(left(deadline)));
   *output = std::move(out);
   return core::ok_status();
 }
 
-core::Status reduce_scatterv_impl(Group& g, OpKind op, int tag, Clock::time_point deadline, const core::Tensor& input,
-                                  std::span<const int64_t> counts, core::Tensor* output) {
+core::Status reduce_scatterv_impl(Group& g, OpKind op, int tag, core::WireType wire, Clock::time_point deadline,
+                                  const core::Tensor& input, std::span<const int64_t> counts, core::Tensor* output) {
   TESSERA_RETURN_IF_ERROR(check_rows_input(input));
   if (input.dtype() != core::DType::kF32) return core::invalid_argument("reduce_scatter sums f32 tensors only");
   TESSERA_RETURN_IF_ERROR(check_counts(counts, g.size()));
@@ -135,20 +161,27 @@ core::Status reduce_scatterv_impl(Group& g, OpKind op, int tag, Clock::time_poin
   std::vector<SendHandle> sends;
   // Step s sends the partial sum of block r-1-s; the block received at the
   // last step is ours.
-  sends.push_back(g.isend_op(op, right, tag, block((r + k - 1) % k)));
+  sends.push_back(g.isend_op(op, right, tag, encode_rows(block((r + k - 1) % k), trailing, wire)));
   for (int s = 1; s < k; ++s) {
     const int b = ((r - 1 - s) % k + k) % k;
     TESSERA_ASSIGN_OR_RETURN(core::Tensor partial, recvs[s - 1].wait(left(deadline)));
-    TESSERA_RETURN_IF_ERROR(check_tile(partial, core::DType::kF32, trailing, counts[b], left_rank));
     // A fresh tensor: the received buffer may be the sender's own memory.
     core::Tensor sum = make_rows(core::DType::kF32, counts[b], trailing);
     const core::Tensor mine = block(b);
     const int64_t n = sum.numel();
     float* d = sum.f32();
-    const float* a = partial.f32();
     const float* m = mine.f32();
-    for (int64_t i = 0; i < n; ++i) d[i] = a[i] + m[i];
-    if (s < k - 1) sends.push_back(g.isend_op(op, right, tag, sum));
+    if (wire == core::WireType::kF32) {
+      TESSERA_RETURN_IF_ERROR(check_tile(partial, core::DType::kF32, trailing, counts[b], left_rank));
+      const float* a = partial.f32();
+      for (int64_t i = 0; i < n; ++i) d[i] = a[i] + m[i];
+    } else {
+      const auto [rows, cols] = wire_shape(trailing, counts[b]);
+      TESSERA_RETURN_IF_ERROR(
+          core::wire_decode(wire, partial, rows, cols, d).with_context("from rank " + std::to_string(left_rank)));
+      for (int64_t i = 0; i < n; ++i) d[i] = d[i] + m[i];
+    }
+    if (s < k - 1) sends.push_back(g.isend_op(op, right, tag, encode_rows(sum, trailing, wire)));
     else *output = std::move(sum);
   }
   return wait_sends(sends, deadline);
@@ -277,7 +310,7 @@ core::Status gather(Group& g, const GatherOptions& o, const core::Tensor& input,
 core::Status allgatherv(Group& g, const AllgatherOptions& o, const core::Tensor& input,
                         std::span<const int64_t> counts, core::Tensor* output) {
   OpScope scope(g, OpKind::kAllgather);
-  return scope.done(allgatherv_impl(g, OpKind::kAllgather, o.tag, Clock::now() + o.timeout, input, counts, output));
+  return scope.done(allgatherv_impl(g, OpKind::kAllgather, o.tag, o.wire, Clock::now() + o.timeout, input, counts, output));
 }
 
 core::Status allgather(Group& g, const AllgatherOptions& o, const core::Tensor& input, core::Tensor* output) {
@@ -290,7 +323,7 @@ core::Status reduce_scatterv(Group& g, const ReduceScatterOptions& o, const core
                              std::span<const int64_t> counts, core::Tensor* output) {
   OpScope scope(g, OpKind::kReduceScatter);
   return scope.done(
-      reduce_scatterv_impl(g, OpKind::kReduceScatter, o.tag, Clock::now() + o.timeout, input, counts, output));
+      reduce_scatterv_impl(g, OpKind::kReduceScatter, o.tag, o.wire, Clock::now() + o.timeout, input, counts, output));
 }
 
 core::Status reduce_scatter(Group& g, const ReduceScatterOptions& o, const core::Tensor& input, core::Tensor* output) {
@@ -306,10 +339,10 @@ core::Status allreduce(Group& g, const AllreduceOptions& o, core::Tensor* tensor
   const core::Tensor flat = tensor->reshaped({tensor->numel()});
   const auto counts = even_split(flat.numel(), g.size());
   core::Tensor part, whole;
-  core::Status st = reduce_scatterv_impl(g, OpKind::kAllreduce, o.tag, deadline, flat, counts, &part);
+  core::Status st = reduce_scatterv_impl(g, OpKind::kAllreduce, o.tag, o.wire, deadline, flat, counts, &part);
   // Both phases share the (left neighbour, allreduce, tag) mailbox; receives
   // are matched in posting order, so the phases cannot mix.
-  if (st.ok()) st = allgatherv_impl(g, OpKind::kAllreduce, o.tag, deadline, part, counts, &whole);
+  if (st.ok()) st = allgatherv_impl(g, OpKind::kAllreduce, o.tag, o.wire, deadline, part, counts, &whole);
   if (st.ok()) *tensor = whole.reshaped(shape);
   return scope.done(st);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/group.h"
+#include "core/wire_format.h"
 
 namespace tessera::comm {
 
@@ -27,19 +28,26 @@ struct GatherOptions {
   int root = 0;
 };
 
+// `wire` (f32 tensors only): each part travels encoded (core/wire_format.h)
+// and every rank's output holds the decoded parts, its own included, so all
+// ranks hold the same values. Sums are kept in F32: a partial sum is decoded,
+// added to and encoded again at each hop. A 1-D tensor's part is one row.
 struct AllgatherOptions {
   Millis timeout{30000};
   int tag = 0;
+  core::WireType wire = core::WireType::kF32;
 };
 
 struct ReduceScatterOptions {
   Millis timeout{30000};
   int tag = 0;
+  core::WireType wire = core::WireType::kF32;
 };
 
 struct AllreduceOptions {
   Millis timeout{30000};
   int tag = 0;
+  core::WireType wire = core::WireType::kF32;
 };
 
 struct BarrierOptions {

@@ -35,6 +35,8 @@ Status exchange_sum(Synchronizer& sync, float* data, int64_t n, std::vector<floa
     if (p != me) TESSERA_RETURN_IF_ERROR(sync.send(p, std::span<const float>(data, static_cast<size_t>(n))));
   buf.resize(static_cast<size_t>(k * n));
   std::memcpy(buf.data() + me * n, data, static_cast<size_t>(n) * sizeof(float));
+  // Our row as the others receive it, so every rank sums the same values.
+  core::wire_round_trip(sync.wire(), buf.data() + me * n, 1, n);
   for (int p = 0; p < k; ++p)
     if (p != me) TESSERA_RETURN_IF_ERROR(sync.recv(p, std::span<float>(buf.data() + p * n, static_cast<size_t>(n))));
   for (int64_t i = 0; i < n; ++i) {

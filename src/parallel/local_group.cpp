@@ -21,16 +21,24 @@ class LocalMember final : public Synchronizer {
                         std::span<float> all) override {
     TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), true));
     stats_.add(CollectiveKind::kAllgather, ring_allgather_sent(counts, cols, rank_));
-    return exchange(mine.data(), [&](const std::vector<const float*>& slots) { concat(slots, counts, cols, all.data()); });
+    TESSERA_RETURN_IF_ERROR(exchange(mine.data(), [&](const std::vector<const float*>& slots) {
+      concat(slots, counts, cols, all.data());
+    }));
+    // After the last barrier (`mine` may lie inside `all`). Rows are encoded
+    // alone, so rounding the whole result is rounding each part.
+    core::wire_round_trip(wire_, all.data(), total_rows(counts), cols);
+    return core::ok_status();
   }
 
   Status gather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols, std::span<float> all,
                      int root) override {
     TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), rank_ == root));
     if (rank_ != root) stats_.add(CollectiveKind::kGather, counts[static_cast<size_t>(rank_)] * cols);
-    return exchange(mine.data(), [&](const std::vector<const float*>& slots) {
+    TESSERA_RETURN_IF_ERROR(exchange(mine.data(), [&](const std::vector<const float*>& slots) {
       if (rank_ == root) concat(slots, counts, cols, all.data());
-    });
+    }));
+    if (rank_ == root) core::wire_round_trip(wire_, all.data(), total_rows(counts), cols);
+    return core::ok_status();
   }
 
   Status scatter_rows(std::span<const float> all, const std::vector<int64_t>& counts, int64_t cols, std::span<float> mine,
@@ -40,10 +48,12 @@ class LocalMember final : public Synchronizer {
       const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
       stats_.add(CollectiveKind::kScatter, (total - counts[static_cast<size_t>(root)]) * cols);
     }
-    return exchange(all.data(), [&](const std::vector<const float*>& slots) {
+    TESSERA_RETURN_IF_ERROR(exchange(all.data(), [&](const std::vector<const float*>& slots) {
       const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank_, int64_t{0});
       copy(mine.data(), slots[static_cast<size_t>(root)] + at * cols, counts[static_cast<size_t>(rank_)] * cols);
-    });
+    }));
+    if (rank_ != root) core::wire_round_trip(wire_, mine.data(), counts[static_cast<size_t>(rank_)], cols);
+    return core::ok_status();
   }
 
   Status reduce_scatter_rows(std::span<const float> full, const std::vector<int64_t>& counts, int64_t cols,
@@ -54,6 +64,7 @@ class LocalMember final : public Synchronizer {
     const int64_t n = counts[static_cast<size_t>(rank_)] * cols;
     std::vector<float> sum(static_cast<size_t>(n), 0.0f);
     TESSERA_RETURN_IF_ERROR(exchange(full.data(), [&](const std::vector<const float*>& slots) {
+      if (wire_ != core::WireType::kF32) return ring_sum(slots, rank_, at, counts[static_cast<size_t>(rank_)], cols, sum.data());
       for (int r = 0; r < world(); ++r)
         for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][at + i];
     }));
@@ -66,6 +77,18 @@ class LocalMember final : public Synchronizer {
     stats_.add(CollectiveKind::kAllreduce, ring_allreduce_sent(n, world(), rank_));
     std::vector<float> sum(data.size(), 0.0f);
     TESSERA_RETURN_IF_ERROR(exchange(data.data(), [&](const std::vector<const float*>& slots) {
+      if (wire_ != core::WireType::kF32) {
+        // The comm layer's ring over n/K-element parts, each one row; every
+        // rank then receives each part's sum as encoded by its owner.
+        int64_t at = 0;
+        for (int b = 0; b < world(); ++b) {
+          const int64_t len = n / world() + (b < n % world() ? 1 : 0);
+          ring_sum(slots, b, at, 1, len, sum.data() + at);
+          core::wire_round_trip(wire_, sum.data() + at, 1, len);
+          at += len;
+        }
+        return;
+      }
       for (int r = 0; r < world(); ++r)  // rank order: every rank gets identical bits
         for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] += slots[static_cast<size_t>(r)][i];
     }));
@@ -76,9 +99,12 @@ class LocalMember final : public Synchronizer {
   Status broadcast(std::span<float> data, int root) override {
     const auto n = static_cast<int64_t>(data.size());
     stats_.add(CollectiveKind::kBroadcast, tree_broadcast_sent(n, world(), rank_, root));
-    return exchange(data.data(), [&](const std::vector<const float*>& slots) {
+    TESSERA_RETURN_IF_ERROR(exchange(data.data(), [&](const std::vector<const float*>& slots) {
       if (rank_ != root) copy(data.data(), slots[static_cast<size_t>(root)], n);
-    });
+    }));
+    // After the second barrier: the root may round its own copy now.
+    core::wire_round_trip(wire_, data.data(), 1, n);
+    return core::ok_status();
   }
 
   Status send(int peer, std::span<const float> data) override {
@@ -104,12 +130,33 @@ class LocalMember final : public Synchronizer {
       return core::invalid_argument("expected " + std::to_string(data.size()) + " floats from rank " + std::to_string(peer) +
                                     ", got " + std::to_string(msg.size()));
     copy(data.data(), msg.data(), static_cast<int64_t>(msg.size()));
+    core::wire_round_trip(wire_, data.data(), 1, static_cast<int64_t>(msg.size()));
     return core::ok_status();
   }
 
  private:
   static void copy(float* dst, const float* src, int64_t n) {
     if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+  }
+
+  static int64_t total_rows(const std::vector<int64_t>& counts) {
+    return std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  }
+
+  // The comm layer's ring ReduceScatter of one part (rows x cols at element
+  // `at` of every slot) owned by rank b: rank b+1 sends its rows, each next
+  // rank decodes what it got and adds its own, the last is b. Same bits as
+  // the wire, for any wire type.
+  void ring_sum(const std::vector<const float*>& slots, int b, int64_t at, int64_t rows, int64_t cols, float* out) const {
+    const int k = world();
+    const int64_t n = rows * cols;
+    const float* first = slots[static_cast<size_t>((b + 1) % k)] + at;
+    std::copy(first, first + n, out);
+    for (int s = 1; s < k; ++s) {
+      core::wire_round_trip(wire_, out, rows, cols);
+      const float* m = slots[static_cast<size_t>((b + 1 + s) % k)] + at;
+      for (int64_t i = 0; i < n; ++i) out[i] = out[i] + m[i];
+    }
   }
 
   void concat(const std::vector<const float*>& slots, const std::vector<int64_t>& counts, int64_t cols, float* all) const {

@@ -79,6 +79,7 @@ Result<const Strategy*> strategy_for(const std::string& name) {
 json Plan::to_json() const {
   json j = {{"strategy", strategy}, {"world", world}, {"ratios", ratios}, {"options", options.is_null() ? json::object() : options}};
   if (weights != kernels::WeightType::kF32) j["weights"] = kernels::weight_type_name(weights);
+  if (wire != core::WireType::kF32) j["wire"] = core::wire_type_name(wire);
   return j;
 }
 
@@ -106,6 +107,10 @@ Result<Plan> Plan::from_json(const json& j) {
   if (j.contains("weights")) {
     if (!j["weights"].is_string()) return core::invalid_argument("plan: 'weights' must be a string");
     TESSERA_ASSIGN_OR_RETURN(p.weights, kernels::parse_weight_type(j["weights"].get<std::string>()));
+  }
+  if (j.contains("wire")) {
+    if (!j["wire"].is_string()) return core::invalid_argument("plan: 'wire' must be a string");
+    TESSERA_ASSIGN_OR_RETURN(p.wire, core::parse_wire_type(j["wire"].get<std::string>()));
   }
   return p;
 }
@@ -415,7 +420,14 @@ Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Syn
   if (n < 1) return core::invalid_argument("a run needs at least one row");
   if (sync.rank() == 0 && (x.rank() != 2 || x.dim(0) != n || x.dim(1) != model.config().hidden))
     return core::invalid_argument("terminal input must be [n, hidden]");
+  sync.set_wire(plan.wire);
   return s->run(model, plan, sync, std::move(x), n, pool);
+}
+
+Result<std::unique_ptr<Decoder>> make_decoder(const Strategy& strategy, const model::Transformer& m, const Plan& plan,
+                                              Synchronizer& sync, const model::CacheSpec& cache) {
+  sync.set_wire(plan.wire);
+  return strategy.make_decoder(m, plan, sync, cache);
 }
 
 Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n) {
@@ -424,6 +436,12 @@ Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, in
   Schedule sched = s->estimate(plan, with_weights(config, plan), n);
   if (static_cast<int>(sched.devices.size()) != plan.world)
     return core::internal_error("strategy '" + plan.strategy + "' estimated the wrong number of devices");
+  // A transfer's floats as one run of rows: exact when every message's rows
+  // are whole 32-value blocks (hidden sizes and their K-way parts are).
+  if (plan.wire != core::WireType::kF32)
+    for (auto& d : sched.devices)
+      for (auto& ph : d.phases)
+        for (auto& t : ph.transfers) t.bytes_sent = core::wire_bytes(plan.wire, 1, t.bytes_sent / 4);
   return sched;
 }
 

@@ -34,6 +34,9 @@ struct Plan {
   // The matrices' type (--quantize): every rank loads its layers' matrices
   // and the LM head in it. complete_plan takes a quantized config's type.
   kernels::WeightType weights = kernels::WeightType::kF32;
+  // How activations travel between its ranks (--wire): every collective and
+  // send of the run encodes them so (core/wire_format.h). Lossy unless f32.
+  core::WireType wire = core::WireType::kF32;
 
   nlohmann::json to_json() const;
   // Checks the types and ranges of the common fields; the options are the
@@ -146,7 +149,13 @@ model::ModelConfig with_weights(const model::ModelConfig& config, const Plan& pl
 [[nodiscard]] core::Result<core::Tensor> run_layers(const model::Transformer& model, const Plan& plan,
                                                     Synchronizer& sync, core::Tensor x, int64_t n,
                                                     core::ThreadPool* pool);
-// The plan's schedule, with each device's weight bytes filled in.
+// Strategy::make_decoder on `sync` set to the plan's wire, as run_layers
+// sets it: every rank's generation goes through here.
+[[nodiscard]] core::Result<std::unique_ptr<Decoder>> make_decoder(const Strategy& strategy, const model::Transformer& m,
+                                                                  const Plan& plan, Synchronizer& sync,
+                                                                  const model::CacheSpec& cache);
+// The plan's schedule, with each device's weight bytes filled in and each
+// transfer's bytes as the plan's wire carries them.
 [[nodiscard]] core::Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n);
 
 // Helpers the strategies share.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/wire_format.h"
 
 namespace tessera::parallel {
 
@@ -135,12 +136,20 @@ class Synchronizer {
   const SyncStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
+  // How activations travel (Plan::wire, the same on every rank): each part is
+  // encoded by its sender and decoded by its receivers; the outputs every
+  // rank shares (AllGather, AllReduce, broadcast) hold the decoded values on
+  // the sender too, so the ranks never drift apart. Sums stay in F32.
+  core::WireType wire() const { return wire_; }
+  void set_wire(core::WireType wire) { wire_ = wire; }
+
  protected:
   // Checks a collective's arguments: one count per rank, none negative, and
   // each span at least as long as the rows it must hold (0 = not checked).
   core::Status check_rows(const std::vector<int64_t>& counts, int64_t cols, size_t mine_floats, size_t all_floats,
                           bool check_all) const;
   SyncStats stats_;
+  core::WireType wire_ = core::WireType::kF32;
 };
 
 // The pieces scatter_tiles cuts `rows` into: piece_rows each, the last

@@ -42,7 +42,7 @@ int64_t input_bytes(const model::ModelConfig& c, int64_t n) {
 
 Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
                                     int64_t rows, UnitGranularity g, bool with_load_time, int64_t ctx,
-                                    core::DType kv_dtype) {
+                                    core::DType kv_dtype, core::WireType wire) {
   if (s.share_kind() != parallel::ShareKind::kLayers)
     return core::invalid_argument("strategy '" + s.name() + "' does not place layers on devices");
   const int K = p.size();
@@ -54,6 +54,7 @@ Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::Mo
     Plan plan;
     plan.strategy = s.name();
     plan.world = 2;
+    plan.wire = wire;
     parallel::Partition part;
     part.layer_map = map;
     part.blocks = blocks;

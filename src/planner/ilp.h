@@ -51,7 +51,8 @@ enum class UnitGranularity { kLayers, kBlocks };
 [[nodiscard]] core::Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::ModelConfig& c,
                                                         const ClusterProfile& p, int64_t rows, UnitGranularity g,
                                                         bool with_load_time = true, int64_t ctx = 0,
-                                                        core::DType kv_dtype = core::DType::kF32);
+                                                        core::DType kv_dtype = core::DType::kF32,
+                                                        core::WireType wire = core::WireType::kF32);
 
 // T = Tc + Tx + Tw of an assignment (device of each unit), and whether it
 // is feasible (pins, links and budgets).

@@ -38,15 +38,16 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   return pred;
 }
 
-Plan base_plan(const Strategy& s, int world) {
+Plan base_plan(const Strategy& s, int world, core::WireType wire = core::WireType::kF32) {
   Plan plan;
   plan.strategy = s.name();
   plan.world = world;
+  plan.wire = world > 1 ? wire : core::WireType::kF32;
   return plan;
 }
 
-Plan with_partition(const Strategy& s, int world, const Partition& part) {
-  Plan plan = base_plan(s, world);
+Plan with_partition(const Strategy& s, int world, const Partition& part, core::WireType wire) {
+  Plan plan = base_plan(s, world, wire);
   s.apply_partition(plan, part);
   return plan;
 }
@@ -111,7 +112,7 @@ void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterPr
   const int64_t n = o.rows;
   std::vector<int64_t> counts = proportional_counts(n, capacities(s, c, p, n));
   auto eval_counts = [&](const std::vector<int64_t>& cnt) -> Result<std::pair<Plan, Prediction>> {
-    Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}});
+    Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}}, o.wire);
     TESSERA_ASSIGN_OR_RETURN(const Prediction pr, evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype));
     return std::make_pair(plan, pr);
   };
@@ -178,7 +179,7 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
   for (int d = 0; d < K; ++d) budget[static_cast<size_t>(d)] = budget_of(p, d);
   if (K > 1) {
     auto sched = [&](int heads_on, int cols_on) -> Result<parallel::Schedule> {
-      Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}});
+      Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}}, o.wire);
       TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
       TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sc, parallel::estimate(plan, c, n));
       parallel::add_kv_cache(sc, plan, c, o.ctx_size, o.kv_dtype);
@@ -219,11 +220,11 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
     why = balanced_cols.status().message();
   }
   for (int64_t& h : heads) h *= group;  // back to query heads
-  Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}});
+  Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}}, o.wire);
   const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   // The equal split, for comparison: taken only when it fits and is faster.
-  Plan equal = base_plan(s, K);
+  Plan equal = base_plan(s, K, o.wire);
   const auto eq = evaluate(equal, c, p, n, o.ctx_size, o.kv_dtype);
   const bool equal_won = eq.ok() && best.offer(equal, eq.value());
   notes.push_back(equal_won ? "equal heads and columns (faster than Algorithm 1's)"
@@ -239,7 +240,7 @@ void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const Clu
                        const std::vector<int>& dp_map, Best& best, std::vector<std::string>& notes) {
   const int K = p.size();
   const bool blocks = o.units == UnitGranularity::kBlocks;
-  const auto pr = build_unit_chain(s, c, p, o.rows, o.units, o.ilp_load_time, o.ctx_size, o.kv_dtype);
+  const auto pr = build_unit_chain(s, c, p, o.rows, o.units, o.ilp_load_time, o.ctx_size, o.kv_dtype, o.wire);
   if (!pr.ok()) {
     notes.push_back("ILP: " + pr.status().message());
     return;
@@ -263,7 +264,7 @@ void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const Clu
   notes.push_back(r.value().summary());
   if (r.value().device_of_unit.empty()) return;
   const std::vector<int> map = model_unit_map(pr.value(), r.value().device_of_unit);
-  Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks});
+  Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks}, o.wire);
   const auto pred = evaluate(plan, c, p, o.rows, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   std::vector<int64_t> per(static_cast<size_t>(K), 0);
@@ -284,7 +285,7 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
   const int K = p.size();
   const int64_t n = o.rows, L = c.layers;
   auto map_plan = [&](std::vector<int> map) {
-    return with_partition(s, K, Partition{{}, {}, std::move(map)});
+    return with_partition(s, K, Partition{{}, {}, std::move(map)}, o.wire);
   };
   if (K == 1 || L < 1) {
     Plan plan = map_plan(std::vector<int>(static_cast<size_t>(std::max<int64_t>(L, 0)), 0));
@@ -446,7 +447,7 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
   const int K = sub.size();
   Candidate cand;
   cand.members = members;
-  cand.exact = s.exact();
+  cand.exact = s.exact() && (K == 1 || o.wire == core::WireType::kF32);
   Best best;
   PlannerOptions layer_o = o;
   if (K != p.size()) layer_o.ilp_lp_file.clear();  // the LP file is the model over every device
@@ -457,7 +458,7 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
     case ShareKind::kNone: break;
   }
   if (!best.have) {
-    Plan plan = base_plan(s, K);
+    Plan plan = base_plan(s, K, o.wire);
     auto pred = evaluate(plan, c, sub, o.rows, o.ctx_size, o.kv_dtype);
     if (!pred.ok()) {
       cand.plan = plan;
@@ -574,16 +575,26 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   if (o.rows < 1) return core::invalid_argument("planning needs at least one row");
   PlanTable table;
   double alone_ms = kInf;
+  if (o.wires.empty()) return core::invalid_argument("planning needs at least one wire type");
   for (const Strategy* s : parallel::strategies()) {
-    TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, c, p, o));
-    // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
-    TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, c, p, {0}, o));
-    if (one.feasible && one.exact) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
-    table.rows.push_back(std::move(cand));
+    for (const core::WireType w : o.wires) {
+      PlannerOptions ow = o;
+      ow.wire = w;
+      TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, c, p, ow));
+      // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
+      TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, c, p, {0}, ow));
+      if (one.feasible && one.exact) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
+      // A plan on one device sends nothing: the other wires add no row.
+      if (w != o.wires.front() && cand.members.size() == 1) continue;
+      table.rows.push_back(std::move(cand));
+    }
   }
   for (size_t i = 0; i < table.rows.size(); ++i) {
     const Candidate& r = table.rows[i];
-    if (!r.feasible || (!r.exact && !o.lossy_allowed)) continue;
+    const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
+    const bool strategy_ok = (rs != nullptr && rs->exact()) || o.lossy_allowed;
+    const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
+    if (!r.feasible || !strategy_ok || !wire_ok) continue;
     if (table.chosen < 0) {
       table.chosen = static_cast<int>(i);
       continue;

@@ -31,7 +31,7 @@ struct Candidate {
 };
 
 struct PlanTable {
-  std::vector<Candidate> rows;  // one per strategy, in registry order
+  std::vector<Candidate> rows;  // one per strategy and wire, in registry order
   int chosen = -1;              // the row `auto` runs
   std::string reason;           // why that row
   nlohmann::json to_json() const;
@@ -44,6 +44,11 @@ struct PlannerOptions {
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;  // --kv-type
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
+  // How activations travel in the plans made (Plan::wire); plan_all tries
+  // each of `wires` (a lossy one is chosen only with lossy_allowed).
+  core::WireType wire = core::WireType::kF32;
+  std::vector<core::WireType> wires = {core::WireType::kF32};
+  bool wire_given = false;  // the user named a lossy wire: its plans may be chosen
   int refine_steps = 24;       // cost-model refinements of a row partition
   // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the
   // dynamic programme) or the contiguous dynamic programme alone.

@@ -48,6 +48,16 @@ Status copy_out(const Tensor& t, std::span<float> out, int64_t expect) {
   return core::ok_status();
 }
 
+// The wire forms of copy_rows and copy_out (the plan's --wire); for f32 they
+// are the same copies.
+Tensor encode_rows(core::WireType w, std::span<const float> data, int64_t rows, int64_t cols) {
+  return core::wire_encode(w, data.data(), rows, cols);
+}
+Status decode_rows(core::WireType w, const Tensor& t, std::span<float> out, int64_t rows, int64_t cols) {
+  if (static_cast<int64_t>(out.size()) < rows * cols) return core::invalid_argument("receive buffer too short");
+  return core::wire_decode(w, t, rows, cols, out.data());
+}
+
 // Ring AllGather tiles: each tile is a view of the received message, valid
 // until the next call (the layer copies it at most once).
 class RingTiles final : public parallel::TileStream {
@@ -55,7 +65,7 @@ class RingTiles final : public parallel::TileStream {
   RingTiles(CommSynchronizer& sync, std::vector<int64_t> counts, int64_t cols, comm::AllgatherOptions o)
       : sync_(sync), counts_(std::move(counts)), cols_(cols), ring_(sync.group(), o) {}
   Status start(std::span<const float> mine) {
-    return ring_.start(copy_rows(mine, counts_[static_cast<size_t>(sync_.rank())], cols_));
+    return ring_.start(encode_rows(sync_.wire(), mine, counts_[static_cast<size_t>(sync_.rank())], cols_));
   }
   Result<parallel::Tile> next() override {
     core::settle_device_speed();  // the emulated device computes until here
@@ -65,8 +75,13 @@ class RingTiles final : public parallel::TileStream {
     if (tile.index < 0 || tile.index >= static_cast<int>(counts_.size()))
       return core::invalid_argument("allgather tile of an unknown rank");
     const int64_t rows = counts_[static_cast<size_t>(tile.index)];
-    TESSERA_RETURN_IF_ERROR(check_tensor(tile.data, rows * cols_));
-    current_ = std::move(tile.data);
+    if (sync_.wire() == core::WireType::kF32) {
+      TESSERA_RETURN_IF_ERROR(check_tensor(tile.data, rows * cols_));
+      current_ = std::move(tile.data);
+    } else {  // our own tile too, so every rank holds the same rows
+      current_ = Tensor::zeros_f32({rows, cols_});
+      TESSERA_RETURN_IF_ERROR(decode_rows(sync_.wire(), tile.data, floats(current_.f32(), rows * cols_), rows, cols_));
+    }
     return parallel::Tile{tile.index, rows, rows > 0 ? floats(current_.f32(), rows * cols_) : std::span<const float>()};
   }
   bool ready() const override { return ring_.next_ready(); }
@@ -115,7 +130,8 @@ class ScatterTiles final : public parallel::TileStream {
           sync_.mutable_stats().add(CollectiveKind::kScatter, rows * cols_);
           int64_t from = 0;
           for (const int64_t piece : parallel::piece_counts(rows, piece_rows)) {
-            sends_.push_back(sync_.group().isend(dest, kScatterTag, copy_rows(part.subspan(static_cast<size_t>(from * cols_)), piece, cols_)));
+            sends_.push_back(sync_.group().isend(
+                dest, kScatterTag, encode_rows(sync_.wire(), part.subspan(static_cast<size_t>(from * cols_)), piece, cols_)));
             from += piece;
           }
         }
@@ -135,7 +151,7 @@ class ScatterTiles final : public parallel::TileStream {
       core::Timer t;
       TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs_[i].wait(sync_.timeout()));
       sync_.mutable_stats().blocked_ms += t.ms();
-      TESSERA_RETURN_IF_ERROR(copy_out(got, piece, pieces_[i] * cols_));
+      TESSERA_RETURN_IF_ERROR(decode_rows(sync_.wire(), got, piece, pieces_[i], cols_));
     }
     return parallel::Tile{sync_.rank(), pieces_[i], piece};
   }
@@ -171,7 +187,10 @@ class DirectBroadcastTiles final : public parallel::TileStream {
         if (dest != root_)
           for (const int q : parallel::own_part_first(dest, k))
             if (rows(q) > 0)
-              sends_.push_back(sync_.group().isend_op(comm::OpKind::kBroadcast, dest, kTag, copy_rows(part(q), rows(q), cols_)));
+              sends_.push_back(sync_.group().isend_op(comm::OpKind::kBroadcast, dest, kTag,
+                                                      encode_rows(sync_.wire(), part(q), rows(q), cols_)));
+      // The root keeps what the others receive.
+      for (int q = 0; q < k; ++q) core::wire_round_trip(sync_.wire(), part(q).data(), rows(q), cols_);
       return core::ok_status();
     }
     for (const int q : order_)
@@ -186,7 +205,7 @@ class DirectBroadcastTiles final : public parallel::TileStream {
       core::Timer t;
       TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs_[next_recv_++].wait(sync_.timeout()));
       sync_.mutable_stats().blocked_ms += t.ms();
-      TESSERA_RETURN_IF_ERROR(copy_out(got, part(q), rows(q) * cols_));
+      TESSERA_RETURN_IF_ERROR(decode_rows(sync_.wire(), got, part(q), rows(q), cols_));
     }
     return parallel::Tile{q, rows(q), part(q)};
   }
@@ -239,13 +258,22 @@ class RingPartials final : public parallel::PartialStream {
       core::Timer t;
       TESSERA_ASSIGN_OR_RETURN(Tensor got, recvs_[static_cast<size_t>(step_ - 1)].wait(sync_.timeout()));
       sync_.mutable_stats().blocked_ms += t.ms();
-      TESSERA_RETURN_IF_ERROR(check_tensor(got, n));
       float* a = sum_.f32();
-      const float* b = got.f32();
-      for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+      if (sync_.wire() == core::WireType::kF32) {
+        TESSERA_RETURN_IF_ERROR(check_tensor(got, n));
+        const float* b = got.f32();
+        for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+      } else {  // the partial sum is decoded and kept in F32
+        scratch_.resize(static_cast<size_t>(n));
+        TESSERA_RETURN_IF_ERROR(decode_rows(sync_.wire(), got, scratch_, counts_[static_cast<size_t>(d)], cols_));
+        for (int64_t i = 0; i < n; ++i) a[i] += scratch_[static_cast<size_t>(i)];
+      }
     }
     if (step_ < k - 1) {
-      sends_.push_back(sync_.group().isend_op(comm::OpKind::kReduceScatter, (sync_.rank() + 1) % k, kTag, sum_));
+      Tensor out = sync_.wire() == core::WireType::kF32
+                       ? sum_
+                       : encode_rows(sync_.wire(), floats(sum_.f32(), n), counts_[static_cast<size_t>(d)], cols_);
+      sends_.push_back(sync_.group().isend_op(comm::OpKind::kReduceScatter, (sync_.rank() + 1) % k, kTag, std::move(out)));
     } else if (n > 0) {
       std::memcpy(mine_.data(), sum_.f32(), static_cast<size_t>(n) * sizeof(float));
     }
@@ -274,6 +302,7 @@ class RingPartials final : public parallel::PartialStream {
   std::span<float> mine_;
   int step_ = 0;
   Tensor sum_;
+  std::vector<float> scratch_;
   std::vector<comm::RecvHandle> recvs_;
   std::vector<comm::SendHandle> sends_;
 };
@@ -303,6 +332,7 @@ Status CommSynchronizer::allgather_rows(std::span<const float> mine, const std::
   comm::AllgatherOptions o;
   o.timeout = timeout_;
   o.tag = kTag;
+  o.wire = wire_;
   Tensor out;
   TESSERA_RETURN_IF_ERROR(comm::allgatherv(group_, o, copy_rows(mine, counts[static_cast<size_t>(rank())], cols), counts, &out));
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
@@ -322,10 +352,13 @@ Status CommSynchronizer::gather_rows(std::span<const float> mine, const std::vec
   o.tag = kTag;
   o.root = root;
   Tensor out;
-  TESSERA_RETURN_IF_ERROR(comm::gatherv(group_, o, copy_rows(mine, counts[static_cast<size_t>(rank())], cols), counts, &out));
+  // Rows are encoded alone, so the root's concatenation decodes as one block
+  // (its own rows included).
+  TESSERA_RETURN_IF_ERROR(
+      comm::gatherv(group_, o, encode_rows(wire_, mine, counts[static_cast<size_t>(rank())], cols), counts, &out));
   if (rank() == root) {
     const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    TESSERA_RETURN_IF_ERROR(copy_out(out, all, total * cols));
+    TESSERA_RETURN_IF_ERROR(decode_rows(wire_, out, all, total, cols));
   }
   stats_.blocked_ms += t.ms();
   return core::ok_status();
@@ -346,14 +379,14 @@ Status CommSynchronizer::scatter_rows(std::span<const float> all, const std::vec
         if (rows > 0) std::memcpy(mine.data(), all.data() + at * cols, static_cast<size_t>(rows * cols) * sizeof(float));
       } else {
         stats_.add(CollectiveKind::kScatter, rows * cols);
-        sends.push_back(group_.isend(r, kScatterTag, copy_rows(all.subspan(static_cast<size_t>(at * cols)), rows, cols)));
+        sends.push_back(group_.isend(r, kScatterTag, encode_rows(wire_, all.subspan(static_cast<size_t>(at * cols)), rows, cols)));
       }
       at += rows;
     }
     for (auto& s : sends) TESSERA_RETURN_IF_ERROR(s.wait(timeout_));
   } else {
     TESSERA_ASSIGN_OR_RETURN(Tensor got, group_.recv(root, kScatterTag, timeout_));
-    TESSERA_RETURN_IF_ERROR(copy_out(got, mine, mine_rows * cols));
+    TESSERA_RETURN_IF_ERROR(decode_rows(wire_, got, mine, mine_rows, cols));
   }
   stats_.blocked_ms += t.ms();
   return core::ok_status();
@@ -368,6 +401,7 @@ Status CommSynchronizer::reduce_scatter_rows(std::span<const float> full, const 
   comm::ReduceScatterOptions o;
   o.timeout = timeout_;
   o.tag = kTag;
+  o.wire = wire_;
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   Tensor out;
   TESSERA_RETURN_IF_ERROR(comm::reduce_scatterv(group_, o, copy_rows(full, total, cols), counts, &out));
@@ -432,6 +466,7 @@ Status CommSynchronizer::allreduce_sum(std::span<float> data) {
   comm::AllreduceOptions o;
   o.timeout = timeout_;
   o.tag = kTag;
+  o.wire = wire_;
   Tensor x = copy_rows(data, 1, n).reshaped({n});
   TESSERA_RETURN_IF_ERROR(comm::allreduce(group_, o, &x));
   TESSERA_RETURN_IF_ERROR(copy_out(x, data, n));
@@ -448,9 +483,15 @@ Status CommSynchronizer::broadcast(std::span<float> data, int root) {
   o.timeout = timeout_;
   o.tag = kTag;
   o.root = root;
-  Tensor x = rank() == root ? copy_rows(data, 1, n).reshaped({n}) : Tensor();
-  TESSERA_RETURN_IF_ERROR(comm::broadcast(group_, o, &x));
-  if (rank() != root) TESSERA_RETURN_IF_ERROR(copy_out(x, data, n));
+  if (wire_ == core::WireType::kF32) {
+    Tensor x = rank() == root ? copy_rows(data, 1, n).reshaped({n}) : Tensor();
+    TESSERA_RETURN_IF_ERROR(comm::broadcast(group_, o, &x));
+    if (rank() != root) TESSERA_RETURN_IF_ERROR(copy_out(x, data, n));
+  } else {  // the tree passes the encoded tensor on; the root keeps what the others get
+    Tensor x = rank() == root ? encode_rows(wire_, data, 1, n) : Tensor();
+    TESSERA_RETURN_IF_ERROR(comm::broadcast(group_, o, &x));
+    TESSERA_RETURN_IF_ERROR(decode_rows(wire_, x, data, 1, n));
+  }
   stats_.blocked_ms += t.ms();
   return core::ok_status();
 }
@@ -460,7 +501,8 @@ Status CommSynchronizer::send(int peer, std::span<const float> data) {
   const auto n = static_cast<int64_t>(data.size());
   core::Timer t;
   stats_.add(CollectiveKind::kSendRecv, n);
-  TESSERA_RETURN_IF_ERROR(group_.send(peer, kPointTag, copy_rows(data, 1, n).reshaped({n}), timeout_));
+  Tensor x = wire_ == core::WireType::kF32 ? copy_rows(data, 1, n).reshaped({n}) : encode_rows(wire_, data, 1, n);
+  TESSERA_RETURN_IF_ERROR(group_.send(peer, kPointTag, std::move(x), timeout_));
   stats_.blocked_ms += t.ms();
   return core::ok_status();
 }
@@ -469,7 +511,8 @@ Status CommSynchronizer::recv(int peer, std::span<float> data) {
   core::settle_device_speed();  // the emulated device computes until here
   core::Timer t;
   TESSERA_ASSIGN_OR_RETURN(Tensor got, group_.recv(peer, kPointTag, timeout_));
-  TESSERA_RETURN_IF_ERROR(copy_out(got, data, static_cast<int64_t>(data.size())));
+  if (wire_ == core::WireType::kF32) TESSERA_RETURN_IF_ERROR(copy_out(got, data, static_cast<int64_t>(data.size())));
+  else TESSERA_RETURN_IF_ERROR(decode_rows(wire_, got, data, 1, static_cast<int64_t>(data.size())));
   stats_.blocked_ms += t.ms();
   return core::ok_status();
 }

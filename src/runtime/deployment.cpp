@@ -206,6 +206,10 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     o.rows = rows;
     o.ctx_size = r.ctx_size;
     o.kv_dtype = r.kv_dtype;
+    // The wire is the user's: a lossy one only when named (--wire).
+    o.wire = r.plan.wire;
+    o.wires = {r.plan.wire};
+    o.wire_given = r.plan.wire != core::WireType::kF32;
     TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
     out.chosen = t.rows[static_cast<size_t>(t.chosen)];
     out.plan = out.chosen->plan;

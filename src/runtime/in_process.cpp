@@ -113,7 +113,7 @@ Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, con
         chunks[i].pop_front();
         lock.unlock();
         if (!dec) {
-          auto d = strategy->make_decoder(models[i], plan, *sync, spec);
+          auto d = parallel::make_decoder(*strategy, models[i], plan, *sync, spec);
           if (!d.ok()) { status[i] = d.status(); return; }
           dec = std::move(d).value();
         }
@@ -125,7 +125,7 @@ Result<std::vector<int64_t>> generate_in_process(const parallel::Plan& plan, con
   std::unique_ptr<parallel::Decoder> dec0;
   auto seq = model::generate_with(models[0], prompt, opts, nullptr, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     if (!dec0) {
-      TESSERA_ASSIGN_OR_RETURN(dec0, strategy->make_decoder(models[0], plan, *sync0, spec));
+      TESSERA_ASSIGN_OR_RETURN(dec0, parallel::make_decoder(*strategy, models[0], plan, *sync0, spec));
     }
     const int64_t n = x.dim(0);
     {

@@ -351,7 +351,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
     if (!dec) {
-      TESSERA_ASSIGN_OR_RETURN(dec, strategy->make_decoder(*model_, plan_, *sync_, spec));
+      TESSERA_ASSIGN_OR_RETURN(dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
       TESSERA_RETURN_IF_ERROR(tell_workers(msg::Generate{spec.positions, spec.dtype == core::DType::kF16}));
     }
     const int64_t n = x.dim(0);

@@ -82,7 +82,7 @@ class WorkerLoop {
     dec_.reset();
     positions_ = g.positions;
     const model::CacheSpec spec{positions_, g.kv_f16 ? core::DType::kF16 : core::DType::kF32};
-    TESSERA_ASSIGN_OR_RETURN(dec_, strategy_.make_decoder(model_, plan_, sync_, spec));
+    TESSERA_ASSIGN_OR_RETURN(dec_, parallel::make_decoder(strategy_, model_, plan_, sync_, spec));
     core::settle_device_speed();
     return core::ok_status();
   }

@@ -226,6 +226,46 @@ TEST(Planner, FastLinkUsesBothEqualDevicesAndBeatsOne) {
   EXPECT_LT(ch.prediction.latency_ms, single.prediction.latency_ms);
 }
 
+// --wire: a plan's transfers cost what the wire carries (q8 about a quarter
+// of f32's bytes), its compute the same; plan_all tries every wire it is
+// given but chooses a lossy one only when allowed or named by the user.
+TEST(Planner, ALossyWireIsPricedAndChosenOnlyWhenAllowed) {
+  const model::ModelConfig c = bert_like(12);
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.05, 100);
+  PlannerOptions o;
+  o.rows = 128;
+  PlannerOptions oq = o;
+  oq.wire = core::WireType::kQ8;
+  const auto f32 = plan_strategy(*parallel::find_strategy("tp"), c, p, {0, 1}, o);
+  const auto q8 = plan_strategy(*parallel::find_strategy("tp"), c, p, {0, 1}, oq);
+  ASSERT_TRUE(f32.ok() && q8.ok());
+  EXPECT_EQ(q8->plan.wire, core::WireType::kQ8);
+  EXPECT_TRUE(f32->exact);
+  EXPECT_FALSE(q8->exact);
+  EXPECT_NEAR(q8->prediction.compute_ms, f32->prediction.compute_ms, 1e-9 + 1e-6 * f32->prediction.compute_ms);
+  EXPECT_LT(q8->prediction.comm_ms, 0.5 * f32->prediction.comm_ms);
+
+  o.wires = {core::WireType::kF32, core::WireType::kQ8};
+  const auto strict = plan_all(c, p, o);
+  ASSERT_TRUE(strict.ok());
+  const Candidate& s = strict->rows[static_cast<size_t>(strict->chosen)];
+  EXPECT_EQ(s.plan.wire, core::WireType::kF32);
+  bool priced_q8 = false;
+  for (const Candidate& r : strict->rows) priced_q8 = priced_q8 || r.plan.wire == core::WireType::kQ8;
+  EXPECT_TRUE(priced_q8);
+  for (const bool named : {false, true}) {
+    PlannerOptions ol = o;
+    (named ? ol.wire_given : ol.lossy_allowed) = true;
+    if (named) ol.wires = {core::WireType::kQ8};
+    const auto lossy = plan_all(c, p, ol);
+    ASSERT_TRUE(lossy.ok());
+    const Candidate& l = lossy->rows[static_cast<size_t>(lossy->chosen)];
+    EXPECT_EQ(l.plan.wire, core::WireType::kQ8) << named;
+    EXPECT_EQ(l.members.size(), 2u);
+    EXPECT_LT(l.prediction.latency_ms, s.prediction.latency_ms) << named;
+  }
+}
+
 TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
   const model::ModelConfig c = bert_like();
   for (double mbps : {1.0, 10.0, 100.0, 1000.0}) {

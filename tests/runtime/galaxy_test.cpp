@@ -1,8 +1,9 @@
 // Strategies over real comm groups (inproc, ranks as threads), so the ring
 // tile streams of §III-D run: the streamed collectives equal the whole ones;
-// Galaxy and Voltage equal the single device with and without overlap; and
+// Galaxy and Voltage equal the single device with and without overlap;
 // every strategy's estimate() gives exactly the bytes the comm layer counted
-// and the FLOPs the kernels counted.
+// and the FLOPs the kernels counted; and a compressed wire (--wire) gives
+// the in-process emulation's bits, at the bytes estimate() predicts.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -29,6 +30,7 @@ using testing::fixture_input;
 using testing::kData;
 using testing::max_diff;
 using testing::make_plan;
+using testing::run_threads;
 
 // Runs fn(rank, synchronizer) on k threads, each a rank of one inproc group.
 std::vector<core::Status> run_ranks(int k, const std::function<core::Status(int, CommSynchronizer&)>& fn) {
@@ -356,6 +358,65 @@ TEST(EstimateTest, BytesEqualCommStatsAndFlopsEqualTheKernels) {
     }
   }
   EXPECT_GT(checked, 100);
+}
+
+// --wire over the comm layer equals LocalGroup's emulation bit for bit, for
+// every strategy on 2 and 3 ranks: fidelity measured in one process is what
+// the devices get.
+TEST(WireTest, TheCommLayerGivesTheEmulationsBits) {
+  const std::string dir = kData + "/gpt2-tiny";
+  model::ModelInput in;
+  in.ids = {5, 90, 3, 200, 17, 44, 8, 301, 12, 77, 6, 13, 2, 99, 41, 7};
+  int ran = 0;
+  for (const core::WireType w : {core::WireType::kF16, core::WireType::kQ8})
+    for (const Strategy* s : strategies()) {
+      if (s->name() == "single" || s->name().rfind("test-", 0) == 0) continue;
+      for (const std::vector<double>& ratios : {std::vector<double>{1, 2}, std::vector<double>{2, 1, 1}}) {
+        Plan plan = make_plan(s->name(), static_cast<int>(ratios.size()), ratios);
+        plan.wire = w;
+        if (!complete_plan(plan, model::load_config(dir).value()).ok()) continue;
+        const CommRun comm = run_comm_threads(dir, plan, in);
+        const auto local = run_threads(dir, plan, in);
+        ASSERT_FALSE(comm.hidden.empty() || local.hidden.empty()) << s->name();
+        EXPECT_EQ(max_diff(comm.hidden, local.hidden), 0.0f)
+            << s->name() << " on " << ratios.size() << " wire " << core::wire_type_name(w);
+        ++ran;
+      }
+    }
+  EXPECT_GE(ran, 16);
+}
+
+// The bytes each rank sends with a compressed wire are what estimate()
+// says, exactly (rows of whole blocks), and q8 sends at most 0.27x the
+// bytes of f32 (the bound for TP and Voltage).
+TEST(WireTest, BytesAreTheEstimatesAndQ8SendsAQuarter) {
+  const std::string dir = kData + "/gpt2-tiny";
+  const auto cfg = model::load_config(dir).value();
+  model::ModelInput in;
+  in.ids = {5, 90, 3, 200, 17, 44, 8, 301, 12, 77, 6, 13, 2, 99, 41, 7};
+  const int64_t n = static_cast<int64_t>(in.ids.size());
+  for (const char* strategy : {"tp", "voltage", "sp", "galaxy", "pipeline"})
+    for (const int k : {2, 4}) {
+      std::array<uint64_t, 3> total{};
+      for (const core::WireType w : {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8}) {
+        Plan plan = make_plan(strategy, k);
+        plan.wire = w;
+        ASSERT_TRUE(complete_plan(plan, cfg).ok()) << strategy;
+        const auto sched = estimate(plan, cfg, n);
+        ASSERT_TRUE(sched.ok());
+        const CommRun run = run_comm_threads(dir, plan, in);
+        for (int r = 0; r < k; ++r) {
+          const auto& dev = sched->devices[static_cast<size_t>(r)];
+          const auto& st = run.comm[static_cast<size_t>(r)];
+          EXPECT_EQ(static_cast<int64_t>(st.total.bytes_sent), dev.bytes_sent())
+              << strategy << " K=" << k << " rank " << r << " wire " << core::wire_type_name(w);
+          total[static_cast<size_t>(w)] += st.total.bytes_sent;
+        }
+      }
+      EXPECT_GT(total[0], 0u) << strategy;
+      EXPECT_EQ(total[1] * 2, total[0]) << strategy << " K=" << k;
+      EXPECT_LE(static_cast<double>(total[2]), 0.27 * static_cast<double>(total[0])) << strategy << " K=" << k;
+    }
 }
 
 }  // namespace
