@@ -72,6 +72,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", f->serve.port, "port (0: any free port, printed)")->capture_default_str();
   cmd->add_option("--api-key", f->api_key_file, "file holding the key clients must send as 'Authorization: Bearer KEY'");
   cmd->add_option("--queue", f->serve.queue, "requests admitted at once (running or waiting); more get 429")->capture_default_str();
+  cmd->add_option("--max-connections", f->serve.max_connections,
+                  "HTTP connections served at once, each on its own thread (idle or slow clients hold only theirs); more wait")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   cmd->add_option("--max-body", f->serve.max_body_bytes, "largest request body in bytes (413 beyond)")->capture_default_str();
   cmd->add_option("--deadline", f->deadline_s, "seconds a request may take, queueing included")->capture_default_str();
   cmd->add_option("--failover-timeout", f->serve.failover_ms, "ms a device may stay silent during a run before it is dropped")

@@ -39,12 +39,16 @@ class ControlServer {
  private:
   ControlServer() = default;
   void handle_zap();
+  void handle_monitor();
+  void note_refused();
   core::Status open_socket();
   void note_malformed(const std::string& why);
 
   std::unique_ptr<zmq::context_t> ctx_;
   std::unique_ptr<zmq::socket_t> zap_;
   std::unique_ptr<zmq::socket_t> rep_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // rep_'s failed handshakes (a client without our key)
+  int monitor_count_ = 0;
   std::string cluster_public_;  // 32 raw bytes
   std::string endpoint_;
   std::optional<ClusterKey> key_;

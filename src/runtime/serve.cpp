@@ -11,14 +11,17 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -59,6 +62,54 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
 
 namespace {
 thread_local Clock::time_point t_request_start;
+
+// httplib's task queue: every connection on a thread of its own, up to
+// `max` at once (later ones wait for a slot). httplib serves a connection
+// on one thread until it closes, so with a fixed pool a few idle or
+// byte-a-second clients held every thread and starved /health and the
+// completions alike; here they hold only their own.
+class ConnectionThreads final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(size_t max) : max_(std::max<size_t>(max, 1)) {}
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard<std::mutex> l(mu_);
+    waiting_.push_back(std::move(fn));
+    start_locked();
+  }
+  // After the listening socket closed: waits for every connection.
+  void shutdown() override {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return running_ == 0 && waiting_.empty(); });
+  }
+
+ private:
+  void start_locked() {
+    while (running_ < max_ && !waiting_.empty()) {
+      try {
+        std::thread([this, fn = waiting_.front()] {  // a copy: kept if no thread starts
+          fn();
+          std::lock_guard<std::mutex> l(mu_);
+          --running_;
+          start_locked();
+          // Under the lock, so shutdown() returns (and the queue is deleted)
+          // only after this thread has let go of it.
+          cv_.notify_all();
+        }).detach();
+      } catch (const std::system_error& e) {  // out of threads: it waits for the next to end
+        spdlog::warn("serve: no thread for a connection ({}); {} running", e.what(), running_);
+        return;
+      }
+      ++running_;
+      waiting_.pop_front();
+    }
+  }
+
+  const size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> waiting_;
+  size_t running_ = 0;
+};
 }  // namespace
 
 // --- the server --------------------------------------------------------------
@@ -79,6 +130,10 @@ Status Server::run() {
   routes();
   const int port = opts_.port == 0 ? svr_.bind_to_any_port(opts_.host) : (svr_.bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   if (port < 0) return core::network_error("cannot listen on " + opts_.host + ":" + std::to_string(opts_.port));
+  // httplib listens with a backlog of 5: a burst of connections overflows
+  // it and each one past it waits a second for its SYN to be sent again.
+  // listen() again on the bound socket only raises the backlog.
+  if (listen_fd_ >= 0 && ::listen(listen_fd_, 1024) != 0) spdlog::warn("serve: cannot raise the listen backlog");
   if (draining_) {  // SIGTERM while loading
     engine_.stop();
     return core::ok_status();
@@ -112,10 +167,15 @@ void Server::drain() {
 }
 
 void Server::routes() {
-  // One model runs at a time; the HTTP threads beyond the queue answer
-  // 429, /health and /metrics while it is full.
-  const size_t threads = static_cast<size_t>(opts_.queue) + 4;
-  svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // One model runs at a time (--queue admits, the rest get 429); the
+  // connections each have a thread (ConnectionThreads), so slow clients
+  // never hold up /health, /metrics or a completion.
+  const size_t connections = static_cast<size_t>(opts_.max_connections);
+  svr_.new_task_queue = [connections] { return new ConnectionThreads(connections); };
+  svr_.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = sock;
+  });
   svr_.set_payload_max_length(static_cast<size_t>(opts_.max_body_bytes));
   svr_.set_read_timeout(std::chrono::seconds(30));
   svr_.set_write_timeout(std::chrono::seconds(30));

@@ -27,6 +27,7 @@ struct ServeOptions {
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"
   int queue = 16;           // requests admitted at once (running or waiting); more get 429
+  int max_connections = 512;  // HTTP connections served at once, a thread each; more wait
   int64_t max_body_bytes = 8 << 20;
   int64_t deadline_ms = 120000;  // per request, queueing included
   int64_t failover_ms = 1000;    // a device silent this long during a run is dropped

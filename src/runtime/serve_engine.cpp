@@ -157,6 +157,7 @@ void Engine::failover(const Status& why) {
   std::vector<int> lost;
   for (int r : session_->lost_workers()) lost.push_back(members_[static_cast<size_t>(r)]);
   const std::vector<int> members = members_;
+  session_->abandon();  // a stopped worker must not hold the failover for 5 s
   reset_session();
   if (cluster_->has_daemons()) {
     // A daemon answers once its side of the old job has ended, which

@@ -78,6 +78,7 @@ class Server {
   api::ApiLimits limits_;
   std::string model_name_;
   httplib::Server svr_;
+  int listen_fd_ = -1;  // the listening socket, once bound (its backlog is raised)
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{0};
   std::mutex stop_mu_;

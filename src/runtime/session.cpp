@@ -398,10 +398,11 @@ Status Session::stop_workers() {
 
 Session::~Session() {
   stop_heartbeats();
-  (void)stop_workers();
+  (void)stop_workers();  // daemons end their side of the job on it
   if (group_) group_->close();
-  // Give workers a moment to leave by themselves, then make sure.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  // Give workers a moment to leave by themselves, then make sure (at once
+  // when abandoned).
+  const auto deadline = std::chrono::steady_clock::now() + (abandoned_ ? std::chrono::seconds(0) : std::chrono::seconds(5));
   for (pid_t pid : children_) {
     int status = 0;
     while (::waitpid(pid, &status, WNOHANG) == 0) {

@@ -7,6 +7,7 @@
 // (runtime/deployment.h).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,10 @@ class Session {
   core::Result<RunResult> run_input(const model::ModelInput& in, const std::string& dump_path = "");
   // Worker ranks whose connection is lost (crashed, or left).
   std::vector<int> lost_workers() const;
+  // A session given up after a failure: its end kills the local workers at
+  // once instead of waiting up to 5 s for them to leave (a stopped or hung
+  // worker never does; the next session starts its own).
+  void abandon() { abandoned_ = true; }
   // Per-rank figures of the last run (see docs): latency, compute and
   // communication time, bytes per collective kind, weight bytes.
   const nlohmann::json& last_stats() const { return stats_; }
@@ -123,6 +128,7 @@ class Session {
   std::mutex wire_mu_;  // held by a run, a generation's chunk, and by the heartbeat thread between its pings
   std::condition_variable heartbeat_cv_;
   bool stopping_ = false;
+  std::atomic<bool> abandoned_{false};
   std::thread heartbeat_;
 };
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "comm/control.h"
 #include "comm_test_util.h"
 
 using namespace tessera;
@@ -124,6 +125,31 @@ TEST(Security, RankWithWrongKeyCannotJoin) {
   });
   const auto codes = wait_children(c, 30s);
   for (int r = 0; r < k; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A terminal whose key differs from the daemon's learns it from the failed
+// handshakes, not from a whole --timeout of silence; the daemon counts (and
+// logs) the refusals.
+TEST(Security, ControlRequestWithAWrongKeyIsRefusedNotTimedOut) {
+  const std::string ep = pick_local_endpoints(1).value()[0];
+  const ClusterKey a = generate_cluster_key().value(), b = generate_cluster_key().value();
+  auto server = ControlServer::bind(ep, a).value();
+  std::atomic<bool> stop{false};
+  std::thread serve([&] {
+    while (!stop) {
+      auto r = server->receive(50ms);
+      if (r.ok()) (void)server->reply("pong");
+    }
+  });
+  const auto wrong = control_request(ep, b, "ping", 60000ms);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), core::ErrorCode::kUnauthenticated) << wrong.status().to_string();
+  const auto right = control_request(ep, a, "ping", 60000ms);
+  ASSERT_TRUE(right.ok()) << right.status().to_string();
+  EXPECT_EQ(right.value(), "pong");
+  stop = true;
+  serve.join();
+  EXPECT_GE(server->auth_rejections(), 1u);
 }
 
 TEST(Security, IntruderFramesAreNeverAccepted) {
