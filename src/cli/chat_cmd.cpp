@@ -48,6 +48,7 @@ class Chatter {
     }
     TESSERA_ASSIGN_OR_RETURN(runtime::Cluster cluster, runtime::Cluster::open(f.cluster));
     runtime::DeployRequest r;
+    r.lossy = f.plan->lossy;
     if (f.plan->strategy == "auto") {
       TESSERA_ASSIGN_OR_RETURN(r.plan, auto_plan(*f.plan));
     } else {
@@ -181,6 +182,7 @@ void add_chat_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("chat", "an interactive chat with the model's chat template (/reset, /exit)");
   cmd->add_option("--model", f->cluster.model_dir, "Hugging Face model folder with a chat template")->required();
   add_plan_flags(cmd, f->plan);
+  add_lossy_flag(cmd, f->plan);
   add_cluster_flags(cmd, f->cluster, f->timeout_s);
   add_chat_flags(cmd, *f);
   cmd->callback([f] { throw CLI::RuntimeError(chat_loop(*f)); });

@@ -154,6 +154,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   dr.rows = *rows;  // planned for, and budgets checked at, this request's rows
   if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
   dr.kv_dtype = f.req.gen.kv_dtype;
+  dr.lossy = f.plan->lossy;
   if (f.plan->strategy == "auto") {
     auto plan = auto_plan(*f.plan);
     if (!plan.ok()) return fail(plan.status().to_string());
@@ -258,6 +259,7 @@ void add_run(CLI::App& app) {
 
 void add_distributed_options(CLI::App* cmd, const std::shared_ptr<RunFlags>& f) {
   add_plan_flags(cmd, f->plan);
+  add_lossy_flag(cmd, f->plan);
   add_cluster_flags(cmd, f->cluster, f->timeout_s);
   add_quantize_flag(cmd, f->req.weights);
   cmd->add_flag("--stats", f->stats, "print per-rank latency, compute, communication and weight figures as JSON");

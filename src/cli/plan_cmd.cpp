@@ -55,7 +55,7 @@ std::string fmt_ms(double v) {
 }
 
 void print_table(const planner::PlanTable& t) {
-  std::printf("%-3s %-10s %-8s %10s %10s %10s %-6s %-28s %s\n", "", "strategy", "devices", "pred ms", "compute", "comm",
+  std::printf("%-3s %-22s %-8s %10s %10s %10s %-6s %-28s %s\n", "", "strategy", "devices", "pred ms", "compute", "comm",
               "bottl.", "memory per device", "feasible");
   for (size_t i = 0; i < t.rows.size(); ++i) {
     const planner::Candidate& r = t.rows[i];
@@ -64,9 +64,10 @@ void print_table(const planner::PlanTable& t) {
     for (const auto& d : r.prediction.devices) mem += (mem.empty() ? "" : " ") + planner::format_bytes(d.memory_bytes);
     std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: not chosen automatically)") : "no: " + r.why_not;
     const bool priced = !r.prediction.devices.empty();
-    const std::string name =
-        r.plan.strategy + (r.plan.wire == core::WireType::kF32 ? "" : std::string("/") + core::wire_type_name(r.plan.wire));
-    std::printf("%-3s %-10s %-8s %10s %10s %10s %-6s %-28s %s\n", static_cast<int>(i) == t.chosen ? "*" : "",
+    std::string name = r.plan.strategy;
+    if (r.plan.weights != kernels::WeightType::kF32) name += std::string("/") + kernels::weight_type_name(r.plan.weights);
+    if (r.plan.wire != core::WireType::kF32) name += std::string("/wire-") + core::wire_type_name(r.plan.wire);
+    std::printf("%-3s %-22s %-8s %10s %10s %10s %-6s %-28s %s\n", static_cast<int>(i) == t.chosen ? "*" : "",
                 name.c_str(), members.c_str(), priced ? fmt_ms(r.prediction.latency_ms).c_str() : "-",
                 priced ? fmt_ms(r.prediction.compute_ms).c_str() : "-", priced ? fmt_ms(r.prediction.comm_ms).c_str() : "-",
                 priced ? std::to_string(r.members.empty() ? 0 : r.members[static_cast<size_t>(r.prediction.bottleneck)]).c_str() : "-",
@@ -94,6 +95,9 @@ int plan_command(const PlanCmd& f) {
   } else if (f.lossy) {
     o.wires = {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8};
   }
+  // --lossy on an F32 model with no --quantize: quantizing at load is a choice too.
+  if (f.lossy && c->weights == kernels::WeightType::kF32)
+    o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0};
   o.layer_solver = f.pipeline_solver == "dp" ? planner::PlannerOptions::LayerSolver::kDp : planner::PlannerOptions::LayerSolver::kIlp;
   o.units = f.units == "blocks" ? planner::UnitGranularity::kBlocks : planner::UnitGranularity::kLayers;
   o.ilp_lp_file = f.ilp_lp;
@@ -141,7 +145,9 @@ void add_plan_commands(CLI::App& app) {
     add_profile_flags(cmd, *f);
     cmd->add_option("--profile", f->cluster.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
-    cmd->add_flag("--lossy", f->lossy, "let the choice fall on a lossy strategy (PRISM) or wire (f16, q8)");
+    cmd->add_flag("--lossy", f->lossy,
+                  "let the choice fall on a lossy strategy (PRISM), wire (f16, q8) or, without --quantize, weights "
+                  "quantized at load (q8_0, q4_0)");
     cmd->add_option("--wire", f->wire, "price every plan with this wire: f32, f16 or q8 (default f32; with --lossy all three)")
         ->check(CLI::IsMember({"f32", "f16", "q8"}));
     add_quantize_flag(cmd, f->weights);

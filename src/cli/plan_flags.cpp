@@ -104,6 +104,8 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   if (!f.wire.empty()) {
     TESSERA_ASSIGN_OR_RETURN(plan.wire, core::parse_wire_type(f.wire));
   }
+  if (f.lossy && strict)
+    return core::invalid_argument("--lossy lets --strategy auto choose; with a named strategy, name the loss (--wire, --quantize)");
   const auto flags = all_flags();
   std::set<std::string> mine;
   for (const auto& fl : s->flags()) mine.insert(fl.flag);
@@ -121,6 +123,12 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
       }
   }
   return plan;
+}
+
+void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f) {
+  cmd->add_flag("--lossy", f->lossy,
+                "--strategy auto may choose what is not exact: PRISM, a f16/q8 wire (unless --wire names one), "
+                "weights quantized at load (unless --quantize names them)");
 }
 
 Result<parallel::Plan> auto_plan(const PlanFlags& f) {

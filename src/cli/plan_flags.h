@@ -17,7 +17,8 @@ struct PlanFlags {
   std::string strategy = parallel::single_device_plan().strategy;
   int devices = 1;
   std::string partition;  // "r1,r2,..."; empty = equal
-  std::string wire;       // --wire f32|f16|q8; empty = f32 (plan --lossy: the planner's choice)
+  std::string wire;       // --wire f32|f16|q8; empty = f32 (--lossy: the planner's choice)
+  bool lossy = false;     // --lossy: auto may choose a lossy strategy, wire or weight type
   std::map<std::string, std::string> given;  // flag -> value ("" for bare flags), as typed
 };
 
@@ -30,6 +31,9 @@ void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool wit
 // `strict`, a flag the strategy does not take is an error (run); otherwise
 // it is left out (a sweep over several strategies).
 core::Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strategy, int world, bool strict);
+
+// --lossy, on the commands that deploy (`auto` chooses with it).
+void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f);
 
 // `--strategy auto`: the planner chooses everything but the wire, which
 // is the flags' (a lossy wire only when the user names it).

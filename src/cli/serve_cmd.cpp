@@ -41,6 +41,7 @@ int serve_command(ServeFlags& f) {
     auto plan = auto_plan(*f.plan);
     if (!plan.ok()) return fail(plan.status().to_string());
     o.plan = *plan;
+    o.lossy = f.plan->lossy;
   } else {
     // The strategy and its options over every device; after a failover the
     // deployment runs it over the devices left.
@@ -61,6 +62,7 @@ void add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "serve one model over an OpenAI-compatible HTTP API (see docs/serving.md)");
   cmd->add_option("--model", f->cluster.model_dir, "Hugging Face model folder")->required();
   add_plan_flags(cmd, f->plan);
+  add_lossy_flag(cmd, f->plan);
   cmd->add_option("--cluster", f->cluster.cluster_file, "TOML file: terminal endpoint and worker daemons");
   cmd->add_option("--key", f->cluster.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", f->cluster.insecure, "no CURVE encryption between devices (benchmarks)");

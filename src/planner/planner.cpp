@@ -576,17 +576,24 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   PlanTable table;
   double alone_ms = kInf;
   if (o.wires.empty()) return core::invalid_argument("planning needs at least one wire type");
+  const std::vector<kernels::WeightType> types = o.weight_types.empty() ? std::vector<kernels::WeightType>{c.weights}
+                                                                         : o.weight_types;
   for (const Strategy* s : parallel::strategies()) {
-    for (const core::WireType w : o.wires) {
-      PlannerOptions ow = o;
-      ow.wire = w;
-      TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, c, p, ow));
-      // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
-      TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, c, p, {0}, ow));
-      if (one.feasible && one.exact) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
-      // A plan on one device sends nothing: the other wires add no row.
-      if (w != o.wires.front() && cand.members.size() == 1) continue;
-      table.rows.push_back(std::move(cand));
+    for (const kernels::WeightType t : types) {
+      model::ModelConfig ct = c;
+      ct.weights = t;  // every plan below loads (and is priced) in this type
+      for (const core::WireType w : o.wires) {
+        PlannerOptions ow = o;
+        ow.wire = w;
+        TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, ct, p, ow));
+        // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
+        TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, ct, p, {0}, ow));
+        if (one.feasible && one.exact && t == c.weights) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
+        // A plan on one device sends nothing: the other wires add no row.
+        if (w != o.wires.front() && cand.members.size() == 1) continue;
+        cand.exact = cand.exact && t == c.weights;
+        table.rows.push_back(std::move(cand));
+      }
     }
   }
   for (size_t i = 0; i < table.rows.size(); ++i) {
@@ -594,7 +601,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
     const bool strategy_ok = (rs != nullptr && rs->exact()) || o.lossy_allowed;
     const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
-    if (!r.feasible || !strategy_ok || !wire_ok) continue;
+    const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
+    if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok) continue;
     if (table.chosen < 0) {
       table.chosen = static_cast<int>(i);
       continue;

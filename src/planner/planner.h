@@ -31,7 +31,7 @@ struct Candidate {
 };
 
 struct PlanTable {
-  std::vector<Candidate> rows;  // one per strategy and wire, in registry order
+  std::vector<Candidate> rows;  // one per strategy, weight type and wire, in registry order
   int chosen = -1;              // the row `auto` runs
   std::string reason;           // why that row
   nlohmann::json to_json() const;
@@ -49,6 +49,11 @@ struct PlannerOptions {
   core::WireType wire = core::WireType::kF32;
   std::vector<core::WireType> wires = {core::WireType::kF32};
   bool wire_given = false;  // the user named a lossy wire: its plans may be chosen
+  // Weight types plan_all tries (Plan::weights, quantized at load); empty:
+  // the model's own. One other than the model's is lossy: chosen only with
+  // lossy_allowed (plan --lossy: an F32 model that fits no device may still
+  // run quantized).
+  std::vector<kernels::WeightType> weight_types;
   int refine_steps = 24;       // cost-model refinements of a row partition
   // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the
   // dynamic programme) or the contiguous dynamic programme alone.

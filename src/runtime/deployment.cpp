@@ -210,6 +210,10 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     o.wire = r.plan.wire;
     o.wires = {r.plan.wire};
     o.wire_given = r.plan.wire != core::WireType::kF32;
+    o.lossy_allowed = r.lossy;
+    if (r.lossy && !o.wire_given) o.wires = {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8};
+    if (r.lossy && c.weights == kernels::WeightType::kF32)
+      o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0};
     TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
     out.chosen = t.rows[static_cast<size_t>(t.chosen)];
     out.plan = out.chosen->plan;

@@ -23,6 +23,7 @@ struct ServeOptions {
   // profiled once, at start). Otherwise this strategy and its options over
   // the devices left, down to the terminal alone.
   parallel::Plan plan;
+  bool lossy = false;  // --lossy: auto may choose a lossy strategy, wire or weight type
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"

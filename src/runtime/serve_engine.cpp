@@ -201,6 +201,7 @@ Status Engine::start_session(bool first) {
     req.run_timeout_ms = opts_.failover_ms;
     if (config_.causal_lm()) req.ctx_size = model::context_size(config_, opts_.ctx_size);
     req.kv_dtype = opts_.kv_dtype;
+    req.lossy = opts_.lossy;
     auto d = deploy(*cluster_, config_, req, std::vector<int>(avail.begin(), avail.begin() + world));
     if (!d.ok()) {
       last = d.status();

@@ -4,6 +4,8 @@
 // link keeps the run on the terminal, and auto runs and reports its
 // prediction.
 #include <gtest/gtest.h>
+
+#include <set>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,6 +96,24 @@ TEST(PlanCli, MemoryLimitsThatHoldNoPlanAreAnError) {
   const CmdResult junk = run("plan --model " + kData + "/bert-tiny --profile " + kData + "/bert-tiny/config.json");
   EXPECT_EQ(junk.code, 1);
   EXPECT_NE(junk.err.find("error: "), std::string::npos);
+}
+
+// plan --lossy prices every strategy with the weights quantized at load and
+// with each wire (the planner's choice among them: Planner.Lossy* in
+// planner_test); run --lossy is for auto only.
+TEST(PlanCli, LossyPricesQuantizedWeightsAndWires) {
+  const CmdResult table = run("plan --model " + kData + "/gpt2-copy --devices 2 --seq 8 --lossy --json");
+  ASSERT_EQ(table.code, 0) << table.err;
+  const auto rows = nlohmann::json::parse(table.out)["rows"];
+  std::set<std::string> seen;
+  for (const auto& row : rows)
+    seen.insert(row["plan"].value("weights", std::string("f32")) + "/" + row["plan"].value("wire", std::string("f32")));
+  // (Plans on more devices get a row per wire too; on this machine's fast
+  // loopback every strategy keeps to the terminal, where no wire is used.)
+  for (const char* want : {"f32/f32", "q8_0/f32", "q4_0/f32"}) EXPECT_TRUE(seen.count(want)) << want;
+  const CmdResult named = run("run --model " + kData + "/gpt2-copy --ids 1,2,3 --strategy tp --devices 2 --lossy");
+  EXPECT_EQ(named.code, 1);
+  EXPECT_NE(named.err.find("--lossy lets --strategy auto choose"), std::string::npos) << named.err;
 }
 
 TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {

@@ -266,6 +266,31 @@ TEST(Planner, ALossyWireIsPricedAndChosenOnlyWhenAllowed) {
   }
 }
 
+// --lossy may quantize at load: a model that fits no device (nor both) in
+// F32 is planned in Q8_0 or Q4_0, and only when lossy plans are allowed.
+TEST(Planner, LossyMayQuantizeAModelThatFitsNoDeviceInF32) {
+  const model::ModelConfig c = bert_like(12);
+  parallel::Plan one;
+  ASSERT_TRUE(parallel::complete_plan(one, c).ok());
+  const int64_t f32_bytes = parallel::estimate(one, c, 64).value().devices[0].weight_bytes;
+  const int64_t budget = f32_bytes * 4 / 10;  // F32 needs at least half on each of two
+  const ClusterProfile p = cluster({device(10, 1.0, budget), device(10, 1.0, budget)}, 0.05, 1000);
+  PlannerOptions o;
+  o.rows = 64;
+  EXPECT_FALSE(plan_all(c, p, o).ok());
+  o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0};
+  const auto strict = plan_all(c, p, o);
+  EXPECT_FALSE(strict.ok());  // priced, not chosen
+  o.lossy_allowed = true;
+  const auto lossy = plan_all(c, p, o);
+  ASSERT_TRUE(lossy.ok()) << lossy.status().to_string();
+  const Candidate& ch = lossy->rows[static_cast<size_t>(lossy->chosen)];
+  EXPECT_NE(ch.plan.weights, kernels::WeightType::kF32);
+  EXPECT_TRUE(ch.feasible);
+  EXPECT_FALSE(ch.exact);
+  for (const auto& d : ch.prediction.devices) EXPECT_LE(d.memory_bytes, budget);
+}
+
 TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
   const model::ModelConfig c = bert_like();
   for (double mbps : {1.0, 10.0, 100.0, 1000.0}) {
