@@ -10,6 +10,8 @@
 #include "model/generate.h"
 
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <signal.h>
@@ -58,6 +60,51 @@ const char* error_type(int status) {
 void send_error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
   res.set_content(api::error_body(message, error_type(status)).dump(), "application/json");
+}
+
+namespace {
+// An address as cpp-httplib writes it (inet_ntop) and its port.
+bool address_of(const sockaddr_storage& a, std::string* ip, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    if (inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(v4->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(v6->sin6_port);
+  } else {
+    return false;
+  }
+  *ip = buf;
+  return true;
+}
+}  // namespace
+
+int connection_socket(const httplib::Request& req) {
+  // A TCP connection is the one socket with both its addresses; the handler
+  // runs while it is open, so the descriptor stays its own.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(e.path().filename().c_str());
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    std::string lip, pip;
+    int lport = -1, pport = -1;
+    if (address_of(local, &lip, &lport) && address_of(peer, &pip, &pport) && lport == req.local_port &&
+        pport == req.remote_port && pip == req.remote_addr)
+      return fd;
+  }
+  return -1;
+}
+
+bool client_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 namespace {

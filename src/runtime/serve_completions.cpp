@@ -137,7 +137,7 @@ void Server::completions(const httplib::Request& req, httplib::Response& res) {
     return send_error(res, 400, "the prompt's " + std::to_string(g->prompt.size()) + " tokens plus max_tokens " +
                                     std::to_string(r->max_tokens) + " exceed the context of " + std::to_string(ctx) +
                                     " positions");
-  answer(Shape{false, "cmpl-" + std::to_string(++next_id_), model_name_}, *r, g, res);
+  answer(req, Shape{false, "cmpl-" + std::to_string(++next_id_), model_name_}, *r, g, res);
 }
 
 void Server::chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -161,19 +161,30 @@ void Server::chat_completions(const httplib::Request& req, httplib::Response& re
     return send_error(res, 400, "the conversation's " + std::to_string(used) + " tokens" +
                                     (r->max_tokens_given ? " plus max_tokens " + std::to_string(r->sampling.max_tokens) : "") +
                                     " exceed the context of " + std::to_string(ctx) + " positions");
-  answer(Shape{true, "chatcmpl-" + std::to_string(++next_id_), model_name_}, r->sampling, g, res);
+  answer(req, Shape{true, "chatcmpl-" + std::to_string(++next_id_), model_name_}, r->sampling, g, res);
 }
 
-void Server::answer(const Shape& shape, const api::CompletionRequest& r, const std::shared_ptr<Generation>& g,
-                    httplib::Response& res) {
+void Server::answer(const httplib::Request& req, const Shape& shape, const api::CompletionRequest& r,
+                    const std::shared_ptr<Generation>& g, httplib::Response& res) {
   if (!r.stream) {
+    // A client that leaves is seen at the next token (a stream sees it when
+    // a write fails); its request stops there and frees the model.
+    const int conn = connection_socket(req);
     return admitted(res, [&] {
+      if (client_closed(conn)) {  // it left while the request waited in the queue
+        metrics_.abandoned();
+        return send_error(res, 499, "the client closed the connection");
+      }
       std::string text;
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
       const Status st = generate(r, *g, deadline, [&](const std::string& t, int64_t) {
         text += t;
-        return true;
+        return !client_closed(conn);
       });
+      if (client_closed(conn)) {
+        metrics_.abandoned();
+        return send_error(res, 499, "the client closed the connection");
+      }
       if (!st.ok()) return fail(res, st);
       res.set_content(shape.whole(text, *g).dump(), "application/json");
     });

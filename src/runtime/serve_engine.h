@@ -46,6 +46,7 @@ class Metrics {
     bytes_[device] += n;
   }
   void failover() { ++failovers_; }
+  void abandoned() { ++abandoned_; }
   int64_t failovers() const { return failovers_; }
 
   std::string render(int queue_depth, int active, int dropped) const {
@@ -69,6 +70,9 @@ class Metrics {
     for (const auto& [d, n] : bytes_) o << "tessera_device_bytes_sent_total{device=\"" << d << "\"} " << n << '\n';
     o << "# HELP tessera_failovers_total Devices dropped and plans remade.\n# TYPE tessera_failovers_total counter\n"
       << "tessera_failovers_total " << failovers_.load() << '\n';
+    o << "# HELP tessera_requests_abandoned_total Whole (not streamed) generations stopped because the client left.\n"
+         "# TYPE tessera_requests_abandoned_total counter\ntessera_requests_abandoned_total "
+      << abandoned_.load() << '\n';
     o << "# HELP tessera_queue_depth Requests admitted and not yet answered.\n# TYPE tessera_queue_depth gauge\n"
       << "tessera_queue_depth " << queue_depth << '\n';
     o << "# HELP tessera_devices Devices by state.\n# TYPE tessera_devices gauge\n"
@@ -85,6 +89,7 @@ class Metrics {
   int64_t count_ = 0;
   std::map<std::string, int64_t> bytes_;
   std::atomic<int64_t> failovers_{0};
+  std::atomic<int64_t> abandoned_{0};
 };
 
 // --- the engine: devices, the session, failover ------------------------------

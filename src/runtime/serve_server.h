@@ -27,6 +27,13 @@ namespace tessera::runtime::serve_detail {
 int http_status(const Status& st, std::string* message);
 const char* error_type(int status);
 void send_error(httplib::Response& res, int status, const std::string& message);
+// The socket of a request's connection, found by its two addresses
+// (cpp-httplib 0.11 hands a handler no socket); -1 when it is not found.
+int connection_socket(const httplib::Request& req);
+// Whether the client has closed its side of `fd` (false for -1). cpp-httplib
+// itself takes that as gone: it peeks before writing an answer and drops
+// the answer to a half-closed client.
+bool client_closed(int fd);
 
 // --- the server ----------------------------------------------------------------
 
@@ -65,7 +72,8 @@ class Server {
   static json usage(const Generation& g);
   Status check_generates() const;
   // The prompt in `g` generated and answered in `shape`, whole or streamed.
-  void answer(const Shape& shape, const api::CompletionRequest& r, const std::shared_ptr<Generation>& g,
+  void answer(const httplib::Request& req, const Shape& shape, const api::CompletionRequest& r,
+              const std::shared_ptr<Generation>& g,
               httplib::Response& res);
   void completions(const httplib::Request& req, httplib::Response& res);
   // The messages rendered with the model's chat template, then as completions.

@@ -504,6 +504,45 @@ TEST(ServeTest, IdleAndSlowConnectionsDoNotStarveOthers) {
   for (int fd : held) ::close(fd);
 }
 
+// Whole (not streamed) completions whose clients left stop at the next
+// token or, still queued, never start: the model is free for the next
+// client (before, each ran all its tokens for nobody).
+TEST(ServeTest, AbandonedWholeCompletionsStop) {
+  // 5 ms links: every token takes at least 10 ms, 100 tokens a second or more.
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--link", "1gbit,5ms"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 100}, {"temperature", 0}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    fds.push_back(s.connect_raw());
+    ASSERT_GE(fds.back(), 0);
+    ASSERT_EQ(::send(fds.back(), request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  }
+  // All three admitted (one generating, two queued), then their clients leave.
+  bool admitted = false;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); !admitted && Clock::now() < end;) {
+    admitted = s.health().value("queue_depth", 0) >= 3;
+    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(admitted) << s.proc().log();
+  for (int fd : fds) ::close(fd);
+  bool stopped = false;
+  std::string metrics;
+  for (const auto end = Clock::now() + std::chrono::seconds(60); !stopped && Clock::now() < end;) {
+    auto m = s.client().Get("/metrics");
+    metrics = m ? m->body : "";
+    stopped = metrics.find("tessera_requests_abandoned_total 3") != std::string::npos;
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(stopped) << metrics;
+  auto r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 4));
+}
+
 TEST(ServeTest, MissingKeyGets401) {
   const std::string key_file = tmp("api.key");
   ASSERT_TRUE(core::write_file(key_file, "s3cret-key\n").ok());
