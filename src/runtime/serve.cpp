@@ -109,6 +109,11 @@ bool client_closed(int fd) {
 
 namespace {
 thread_local Clock::time_point t_request_start;
+}  // namespace
+
+Clock::time_point request_start() { return t_request_start; }
+
+namespace {
 
 // httplib's task queue: every connection on a thread of its own, up to
 // `max` at once (later ones wait for a slot). httplib serves a connection

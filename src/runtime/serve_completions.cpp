@@ -41,7 +41,12 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   std::string text;
   size_t sent = 0;
   bool stop = false, gone = false, late = false;
+  // Replays after a failover count on from the tokens already made.
+  Clock::time_point last = request_start();
   const auto on_token = [&](int64_t id) {
+    const Clock::time_point now = Clock::now();
+    metrics_.token(g.tokens.empty(), std::chrono::duration<double>(now - last).count());
+    last = now;
     g.tokens.push_back(id);
     std::string delta;
     if (decoder) {

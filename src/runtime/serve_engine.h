@@ -30,16 +30,50 @@ using nlohmann::json;
 
 // --- /metrics --------------------------------------------------------------
 
+// A Prometheus histogram of seconds.
+class Histogram {
+ public:
+  void add(double seconds) {
+    size_t b = 0;
+    while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
+    ++counts_[b];
+    sum_ += seconds;
+    ++count_;
+  }
+  void render(std::ostringstream& o, const char* name, const char* help) const {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " histogram\n";
+    int64_t cum = 0;
+    for (size_t b = 0; b <= kBuckets.size(); ++b) {
+      cum += counts_[b];
+      o << name << "_bucket{le=\"";
+      if (b < kBuckets.size()) o << kBuckets[b];
+      else o << "+Inf";
+      o << "\"} " << cum << '\n';
+    }
+    o << name << "_sum " << sum_ << '\n' << name << "_count " << count_ << '\n';
+  }
+
+ private:
+  static constexpr std::array<double, 15> kBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                    0.5,   1,      2.5,   5,    10,    30,   60};
+  std::array<int64_t, kBuckets.size() + 1> counts_{};
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+};
+
 class Metrics {
  public:
   void request(int status, double seconds) {
     std::lock_guard<std::mutex> l(mu_);
     ++by_status_[status];
-    size_t b = 0;
-    while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
-    ++hist_[b];
-    sum_ += seconds;
-    ++count_;
+    duration_.add(seconds);
+  }
+  // A generated token: the first of a request `since` its arrival (time to
+  // first token), a later one `since` the one before (inter-token latency).
+  void token(bool first, double since) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++tokens_;
+    (first ? ttft_ : itl_).add(since);
   }
   void bytes(const std::string& device, int64_t n) {
     std::lock_guard<std::mutex> l(mu_);
@@ -54,17 +88,12 @@ class Metrics {
     std::ostringstream o;
     o << "# HELP tessera_requests_total Requests answered, by HTTP status.\n# TYPE tessera_requests_total counter\n";
     for (const auto& [s, n] : by_status_) o << "tessera_requests_total{status=\"" << s << "\"} " << n << '\n';
-    o << "# HELP tessera_request_duration_seconds Time from request to the last byte of the answer.\n"
-         "# TYPE tessera_request_duration_seconds histogram\n";
-    int64_t cum = 0;
-    for (size_t b = 0; b <= kBuckets.size(); ++b) {
-      cum += hist_[b];
-      o << "tessera_request_duration_seconds_bucket{le=\"";
-      if (b < kBuckets.size()) o << kBuckets[b];
-      else o << "+Inf";
-      o << "\"} " << cum << '\n';
-    }
-    o << "tessera_request_duration_seconds_sum " << sum_ << "\ntessera_request_duration_seconds_count " << count_ << '\n';
+    duration_.render(o, "tessera_request_duration_seconds", "Time from request to the last byte of the answer.");
+    o << "# HELP tessera_tokens_generated_total Tokens generated (its rate is the tokens/s).\n"
+         "# TYPE tessera_tokens_generated_total counter\ntessera_tokens_generated_total "
+      << tokens_ << '\n';
+    ttft_.render(o, "tessera_time_to_first_token_seconds", "From a generation request's arrival to its first token.");
+    itl_.render(o, "tessera_inter_token_seconds", "Between two tokens of one generation.");
     o << "# HELP tessera_device_bytes_sent_total Bytes each device sent for the requests.\n"
          "# TYPE tessera_device_bytes_sent_total counter\n";
     for (const auto& [d, n] : bytes_) o << "tessera_device_bytes_sent_total{device=\"" << d << "\"} " << n << '\n';
@@ -81,12 +110,10 @@ class Metrics {
   }
 
  private:
-  static constexpr std::array<double, 12> kBuckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   mutable std::mutex mu_;
   std::map<int, int64_t> by_status_;
-  std::array<int64_t, kBuckets.size() + 1> hist_{};
-  double sum_ = 0.0;
-  int64_t count_ = 0;
+  Histogram duration_, ttft_, itl_;
+  int64_t tokens_ = 0;
   std::map<std::string, int64_t> bytes_;
   std::atomic<int64_t> failovers_{0};
   std::atomic<int64_t> abandoned_{0};

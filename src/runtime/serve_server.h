@@ -27,6 +27,8 @@ namespace tessera::runtime::serve_detail {
 int http_status(const Status& st, std::string* message);
 const char* error_type(int status);
 void send_error(httplib::Response& res, int status, const std::string& message);
+// When the request this thread serves arrived (set before routing).
+Clock::time_point request_start();
 // The socket of a request's connection, found by its two addresses
 // (cpp-httplib 0.11 hands a handler no socket); -1 when it is not found.
 int connection_socket(const httplib::Request& req);

@@ -271,6 +271,15 @@ TEST(ServeTest, CompletionsEqualTheSingleDevice) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("tessera_requests_total{status=\"200\"}"), std::string::npos) << metrics->body;
   EXPECT_NE(metrics->body.find("tessera_request_duration_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
+  // Every token generated is a request's first (TTFT) or follows another (inter-token).
+  const auto number = [&](const std::string& name) {
+    const size_t at = metrics->body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::atof(metrics->body.c_str() + at + name.size() + 2);
+  };
+  const double tokens = number("tessera_tokens_generated_total");
+  EXPECT_GE(tokens, 40) << metrics->body;
+  EXPECT_EQ(number("tessera_time_to_first_token_seconds_count") + number("tessera_inter_token_seconds_count"), tokens);
+  EXPECT_GT(number("tessera_time_to_first_token_seconds_count"), 0);
   s.proc().signal(SIGTERM);
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
