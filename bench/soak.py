@@ -2,7 +2,7 @@
 """Soak and failover for `tessera serve` (issue 15), loopback only; run by bench/soak.sh.
 
 A GPT-2 server and a BERT server, each on the terminal plus 2 loopback daemons
-(`tessera worker`, through a cluster file). 4 concurrent clients send REQUESTS
+(`tessera worker`, through a cluster file). CLIENTS concurrent clients (default 4) send REQUESTS
 mixed requests (completions, streamed completions, embeddings, classification,
 5% invalid); about every 100 requests a random daemon is killed (SIGKILL) and
 restarted after a pause. Every valid answer is compared with its single-device
@@ -13,6 +13,7 @@ p50/p99 latency, failovers.
 import json, os, random, signal, socket, struct, subprocess, sys, tempfile, threading, time, urllib.request, urllib.error
 
 bin_, requests_total, data = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+clients_n = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 work = tempfile.mkdtemp(prefix="tessera-soak-")
 rng = random.Random(15)
 procs = []
@@ -247,7 +248,7 @@ t_start = time.monotonic()
 stop = threading.Event()
 ft = threading.Thread(target=faults, args=(stop,))
 ft.start()
-clients = [threading.Thread(target=client, args=(s,)) for s in range(4)]
+clients = [threading.Thread(target=client, args=(s,)) for s in range(clients_n)]
 for c in clients:
     c.start()
 for c in clients:

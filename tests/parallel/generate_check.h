@@ -15,6 +15,7 @@
 #include "fixtures.h"
 #include "model/gen_model.h"
 #include "model/generate.h"
+#include "model/safetensors.h"
 
 namespace tessera::parallel::testing {
 
@@ -64,6 +65,33 @@ inline Compared compare(const std::vector<int64_t>& want, const std::vector<int6
   }
   EXPECT_EQ(got.size(), want.size()) << what;
   return c;
+}
+
+// Case i of the trained copy model (tests/data/gpt2-copy/cases.safetensors).
+inline std::vector<int64_t> copy_case(int i) {
+  auto cases = model::SafeTensorsFile::open(kData + "/gpt2-copy/cases.safetensors").value();
+  return ids_of(cases.get("s" + std::to_string(i) + ".input_ids").value());
+}
+
+// The copy task over its first `cases` cases: from the first 33 ids (32
+// tokens and the separator), greedy decoding must give the ids that follow.
+// The fraction right; `generate` is the generation under test.
+using GenerateFn = std::function<core::Result<std::vector<int64_t>>(const std::vector<int64_t>&, const model::GenerateOptions&)>;
+inline double copy_accuracy(int cases, const GenerateFn& generate) {
+  int64_t right = 0, total = 0;
+  for (int i = 0; i < cases; ++i) {
+    const auto ids = copy_case(i);
+    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
+    model::GenerateOptions opts;
+    opts.greedy = true;
+    opts.max_new_tokens = static_cast<int64_t>(ids.size()) - 33;
+    opts.eos_token_id = -1;
+    auto got = generate(prompt, opts);
+    EXPECT_TRUE(got.ok()) << got.status().to_string();
+    if (!got.ok()) return 0.0;
+    for (size_t j = 33; j < ids.size(); ++j, ++total) right += j < got->size() && (*got)[j] == ids[j];
+  }
+  return static_cast<double>(right) / static_cast<double>(total);
 }
 
 // A 12-layer GPT-2 with a small hidden size, generated once per test binary.

@@ -14,7 +14,6 @@
 #include "fixtures.h"
 #include "generate_check.h"
 #include "model/generate.h"
-#include "model/safetensors.h"
 #include "parallel/strategy.h"
 #include "runtime/in_process.h"
 
@@ -35,17 +34,12 @@ model::Transformer load(const std::string& dir, WeightType t) {
   return std::move(m).value();
 }
 
-std::vector<int64_t> copy_case(int i) {
-  auto cases = model::SafeTensorsFile::open(kData + "/gpt2-copy/cases.safetensors").value();
-  return testing::ids_of(cases.get("s" + std::to_string(i) + ".input_ids").value());
-}
-
 TEST(QuantizedWeights, EveryExactStrategyReproducesTheQuantizedSingleDevice) {
   struct Fixture {
     const char* dir;
     std::vector<int64_t> ids;
   };
-  const std::vector<Fixture> fixtures = {{"gpt2-copy", copy_case(0)},
+  const std::vector<Fixture> fixtures = {{"gpt2-copy", testing::copy_case(0)},
                                          {"gpt2-tiny", {5, 90, 3, 200, 17, 44, 8, 301, 12, 77, 6}},
                                          {"llama-tiny", {5, 90, 3, 200, 17, 44, 8, 301, 12}}};
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
@@ -83,7 +77,7 @@ TEST(QuantizedWeights, EveryExactStrategyReproducesTheQuantizedSingleDevice) {
 
 TEST(QuantizedWeights, TpGalaxyAndPipelineGenerateTheSingleDevicesTokens) {
   const std::string dir = kData + "/gpt2-copy";
-  const auto ids = copy_case(3);
+  const auto ids = testing::copy_case(3);
   const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
     const model::Transformer m = load(dir, t);
@@ -126,22 +120,11 @@ TEST(QuantizedWeights, ThePlannersWeightBytesAreTheLoadedOnes) {
               0.1);
 }
 
-// The copy model's task: from the first 33 ids (32 tokens and the
-// separator), greedy decoding must reproduce the 31 tokens that follow.
+// The copy task on one device.
 double copy_accuracy(const model::Transformer& m) {
-  int64_t right = 0, total = 0;
-  for (int i = 0; i < 16; ++i) {
-    const auto ids = copy_case(i);
-    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
-    model::GenerateOptions opts;
-    opts.greedy = true;
-    opts.max_new_tokens = static_cast<int64_t>(ids.size()) - 33;
-    opts.eos_token_id = -1;
-    auto got = model::generate(m, prompt, opts, nullptr);
-    EXPECT_TRUE(got.ok());
-    for (size_t j = 33; j < ids.size(); ++j, ++total) right += j < got->size() && (*got)[j] == ids[j];
-  }
-  return static_cast<double>(right) / static_cast<double>(total);
+  return testing::copy_accuracy(16, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+    return model::generate(m, prompt, opts, nullptr);
+  });
 }
 
 TEST(QuantizedWeights, TheTrainedCopyModelKeepsItsTask) {

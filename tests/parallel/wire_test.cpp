@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "fixtures.h"
+#include "generate_check.h"
 #include "model/generate.h"
-#include "model/safetensors.h"
 #include "parallel/local_group.h"
 #include "parallel/strategy.h"
 #include "runtime/in_process.h"
@@ -22,31 +22,14 @@ using core::WireType;
 using testing::kData;
 using testing::make_plan;
 
-std::vector<int64_t> copy_case(int i) {
-  auto cases = model::SafeTensorsFile::open(kData + "/gpt2-copy/cases.safetensors").value();
-  auto t = cases.get("s" + std::to_string(i) + ".input_ids").value();
-  return {t.i64(), t.i64() + t.numel()};
-}
-
-// The copy task (32 tokens, a separator, the 31 that follow) on `plan`:
-// the fraction of the continuation's tokens generated right.
+// The copy task on `plan`, ranks as threads.
 double copy_accuracy(const Plan& plan, int cases) {
   auto models = runtime::load_rank_models(kData + "/gpt2-copy", plan);
   EXPECT_TRUE(models.ok()) << models.status().to_string();
-  int64_t right = 0, total = 0;
-  for (int i = 0; i < cases; ++i) {
-    const auto ids = copy_case(i);
-    const std::vector<int64_t> prompt(ids.begin(), ids.begin() + 33);
-    model::GenerateOptions opts;
-    opts.greedy = true;
-    opts.max_new_tokens = static_cast<int64_t>(ids.size()) - 33;
-    opts.eos_token_id = -1;
-    auto got = runtime::generate_in_process(plan, *models, prompt, opts);
-    EXPECT_TRUE(got.ok()) << got.status().to_string();
-    if (!got.ok()) return 0.0;
-    for (size_t j = 33; j < ids.size(); ++j, ++total) right += j < got->size() && (*got)[j] == ids[j];
-  }
-  return static_cast<double>(right) / static_cast<double>(total);
+  if (!models.ok()) return 0.0;
+  return testing::copy_accuracy(cases, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+    return runtime::generate_in_process(plan, *models, prompt, opts);
+  });
 }
 
 TEST(Wire, TheTrainedCopyModelKeepsItsTaskOnALossyWire) {
