@@ -150,6 +150,19 @@ core::Result<std::vector<PlanFlags>> expand_lists(const PlanFlags& f) {
   return out;
 }
 
+// "a,b" parsed item by item; empty: {fallback}.
+template <typename T, typename Parse>
+core::Result<std::vector<T>> parse_list(const std::string& text, Parse parse, T fallback) {
+  std::vector<T> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    TESSERA_ASSIGN_OR_RETURN(T v, parse(item));
+    out.push_back(v);
+  }
+  if (out.empty()) out.push_back(fallback);
+  return out;
+}
+
 int fidelity(const FidelityFlags& f) {
   if (f.samples < 1) return fail("--samples must be >= 1");
   auto cfg = model::load_config(f.model);
@@ -158,27 +171,15 @@ int fidelity(const FidelityFlags& f) {
     return fail("--seq must be in [1, max_position_embeddings]");
   auto variants = expand_lists(*f.plan);
   if (!variants.ok()) return fail(variants.status().to_string());
-  // --quantize a,b: every plan once per weight type (against the F32 reference).
-  std::vector<kernels::WeightType> types;
-  std::stringstream qs(f.quantize);
-  for (std::string item; std::getline(qs, item, ',');) {
-    auto t = kernels::parse_weight_type(item);
-    if (!t.ok()) return fail(t.status().to_string());
-    types.push_back(*t);
-  }
-  if (types.empty()) types.push_back(kernels::WeightType::kF32);
-  // --wire a,b: and once per wire.
-  std::vector<core::WireType> wires;
-  std::stringstream ws(f.wires);
-  for (std::string item; std::getline(ws, item, ',');) {
-    auto w = core::parse_wire_type(item);
-    if (!w.ok()) return fail(w.status().to_string());
-    wires.push_back(*w);
-  }
-  if (wires.empty()) wires.push_back(core::WireType::kF32);
+  // --quantize a,b: every plan once per weight type (against the F32
+  // reference); --wire a,b: and once per wire.
+  auto types = parse_list(f.quantize, kernels::parse_weight_type, kernels::WeightType::kF32);
+  if (!types.ok()) return fail(types.status().to_string());
+  auto wires = parse_list(f.wires, core::parse_wire_type, core::WireType::kF32);
+  if (!wires.ok()) return fail(wires.status().to_string());
   std::vector<parallel::Plan> plans;
-  for (kernels::WeightType t : types)
-    for (core::WireType w : wires)
+  for (kernels::WeightType t : *types)
+    for (core::WireType w : *wires)
       for (const PlanFlags& v : *variants) {
         auto p = build_plan(v, v.strategy, v.devices, true);
         if (!p.ok()) return fail(p.status().to_string());
