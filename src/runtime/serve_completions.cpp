@@ -3,6 +3,7 @@
 // failover) and the answer, whole or streamed, in OpenAI's two shapes. Apart from
 // serve.cpp (routes and admission) and serve_inference.cpp (one-shot passes).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <memory>
@@ -199,10 +200,17 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
   // headers; an error past that point is one last event before [DONE].
   const auto request = std::make_shared<api::CompletionRequest>(r);
   const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
+  // The queue is left once the tokens are made, before the last events are
+  // written: a client that sends its next request on [DONE] must find the
+  // slot free (it raced the releaser below and got 429s).
+  const auto left = std::make_shared<std::atomic<bool>>(false);
+  const auto leave = [this, left] {
+    if (!left->exchange(true)) admission_.leave();
+  };
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, request, g, shape, deadline](size_t, httplib::DataSink& sink) {
+      [this, request, g, shape, deadline, leave](size_t, httplib::DataSink& sink) {
         const auto event = [&](const json& j) {
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
@@ -221,6 +229,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
             });
           admission_.release();
         }
+        leave();
         if (alive) {
           if (st.ok()) {
             json last = shape.chunk("", json::array(), g->finish);
@@ -237,7 +246,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         sink.done();
         return true;
       },
-      [this](bool) { admission_.leave(); });
+      [leave](bool) { leave(); });
 }
 
 }  // namespace tessera::runtime::serve_detail
