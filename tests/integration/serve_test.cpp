@@ -61,15 +61,22 @@ class Proc {
     }
   }
   void signal(int sig) { ::kill(pid_, sig); }
-  // The processes it started (serve's local workers).
+  // The processes it started (serve's local workers): those whose parent
+  // it is, from /proc/PID/stat ("pid (comm) state ppid ...").
   std::vector<pid_t> children() const {
     std::vector<pid_t> out;
     std::error_code ec;
-    for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec)) {
-      auto text = core::read_file(t.path().string() + "/children");
-      if (!text.ok()) continue;
-      std::stringstream ss(*text);
-      for (pid_t p; ss >> p;) out.push_back(p);
+    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      auto stat = core::read_file(e.path().string() + "/stat");
+      if (!stat.ok()) continue;
+      const size_t close = stat->rfind(')');
+      if (close == std::string::npos) continue;
+      std::stringstream ss(stat->substr(close + 1));
+      std::string state;
+      pid_t ppid = 0;
+      if (ss >> state >> ppid && ppid == pid_) out.push_back(static_cast<pid_t>(std::stol(name)));
     }
     return out;
   }
