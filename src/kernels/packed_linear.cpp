@@ -76,10 +76,10 @@ std::shared_ptr<uint8_t[]> alloc_blocks(size_t bytes) {
 // Rows [0, rows) of a quantized view widened to F32, row-major [rows, k1 - k0]
 // from column k0 (both on block boundaries).
 void widen_rows(const PackedLinear& w, int64_t r0, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ld) {
-  const QuantOps& ops = quant_ops();
-  const auto fn = w.type() == WeightType::kQ8_0 ? ops.dequant_q8_0 : ops.dequant_q4_0;
-  const size_t skip = static_cast<size_t>(k0 / kQuantBlock) * block_bytes(w.type());
-  for (int64_t r = 0; r < rows; ++r) fn(w.row_blocks(r0 + r) + skip, (k1 - k0) / kQuantBlock, out + r * ld);
+  const QuantDequantFn fn = dequant_fn(quant_ops(), w.type());
+  const int64_t be = block_elems(w.type());
+  const size_t skip = static_cast<size_t>(k0 / be) * block_bytes(w.type());
+  for (int64_t r = 0; r < rows; ++r) fn(w.row_blocks(r0 + r) + skip, (k1 - k0) / be, out + r * ld);
 }
 
 }  // namespace
@@ -205,9 +205,9 @@ size_t PackedLinear::nbytes() const {
 float PackedLinear::at(int64_t r, int64_t c) const {
   TESSERA_CHECK(!empty() && r >= 0 && r < n_ && c >= 0 && c < k_);
   if (quantized()) {
-    float block[kQuantBlock];
-    const int64_t b0 = c / kQuantBlock * kQuantBlock;
-    widen_rows(*this, r, 1, b0, b0 + kQuantBlock, block, kQuantBlock);
+    float block[kSuperBlock];
+    const int64_t be = block_elems(type_), b0 = c / be * be;
+    widen_rows(*this, r, 1, b0, b0 + be, block, be);
     return block[c - b0];
   }
   if (path_ == GemmPath::kOpenBlas) return base_[r * ldw_ + c];
@@ -301,9 +301,10 @@ namespace {
 void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t k0, int64_t k1) {
   const PackedLinear& w = *a.w;
   const int64_t m = a.m, n = w.rows(), k = k1 - k0;
-  TESSERA_CHECK_MSG(k0 % kQuantBlock == 0 && k1 % kQuantBlock == 0,
+  const int64_t be = block_elems(w.type());
+  TESSERA_CHECK_MSG(k0 % be == 0 && k1 % be == 0,
                     "columns [" << k0 << ", " << k1 << ") of " << weight_type_name(w.type())
-                                << " weights do not fall on 32-column blocks");
+                                << " weights do not fall on " << be << "-column blocks");
   count_flops(2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
   const bool epilogue = a.bias != nullptr || a.act != Activation::kNone || a.residual != nullptr;
   auto finish = [&](int64_t r0, int64_t rows, int64_t c0, int64_t cnt) {
@@ -322,18 +323,18 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   const int64_t panels = (n + P - 1) / P;
   if (m <= kQuantDotRows) {
     const QuantOps& ops = quant_ops();
-    const auto dot = w.type() == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0;
-    const size_t skip = static_cast<size_t>(k0 / kQuantBlock) * block_bytes(w.type());
-    // The inputs as Q8_0 blocks, once for every weight row.
-    const size_t ldq = row_bytes(WeightType::kQ8_0, k);
+    const QuantDotFn dot = dot_fn(ops, w.type());
+    const size_t skip = static_cast<size_t>(k0 / be) * block_bytes(w.type());
+    // The inputs as Q8_0 (Q8_K) blocks, once for every weight row.
+    const size_t ldq = input_row_bytes(w.type(), k);
     std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
-    for (int64_t i = 0; i < m; ++i) ops.quantize_input(a.x + i * a.ldx, k, xq.data() + i * ldq);
+    for (int64_t i = 0; i < m; ++i) quantize_input_for(w.type(), a.x + i * a.ldx, k, xq.data() + i * ldq);
     const size_t ldw = w.rows() > 1 ? static_cast<size_t>(w.row_blocks(1) - w.row_blocks(0)) : 0;
     auto rows_range = [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {  // a panel of rows at a time
         const int64_t r0 = p * P, r1 = std::min(n, r0 + P);
         float out[kQuantDotRows * P];  // [m, r1 - r0], leading dimension P
-        dot(w.row_blocks(r0) + skip, ldw, r1 - r0, k / kQuantBlock, xq.data(), m, ldq, out, P);
+        dot(w.row_blocks(r0) + skip, ldw, r1 - r0, k / be, xq.data(), m, ldq, out, P);
         for (int64_t i = 0; i < m; ++i)
           for (int64_t r = r0; r < r1; ++r) {
             float& y = a.y[i * a.ldy + r];
@@ -347,9 +348,9 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     return;
   }
   const int64_t tiles = (m + kRowTile - 1) / kRowTile;
-  // The inputs rounded to Q8_0 blocks (as the dot kernels see them), in F32.
+  // The inputs rounded to Q8_0 (Q8_K) blocks, as the dot kernels see them, in F32.
   std::vector<float> xr(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m; ++i) quant_ops().round_input(a.x + i * a.ldx, k, xr.data() + i * k);
+  for (int64_t i = 0; i < m; ++i) round_input_for(quant_ops(), w.type(), a.x + i * a.ldx, k, xr.data() + i * k);
   // Panel p widened into `panel` (column-major, leading dimension P).
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);

@@ -13,7 +13,7 @@
 //   Y^T[panel, rows] = W_panel[kPanel, k] . X^T[k, rows].
 // Row form (OpenBLAS path): W stays [n, k] row-major, as OpenBLAS re-packs it
 // per call anyway and keeps its own heuristics for it.
-// Quantized form (Q8_0, Q4_0; quant.h): W's rows as blocks, row-major. Up to
+// Quantized form (Q8_0, Q4_0, Q4_K, Q6_K; quant.h): W's rows as blocks, row-major. Up to
 // kQuantDotRows input rows run on the quantized dot kernels; more rows widen
 // one panel at a time to the panel form above (per thread, in L2) and run
 // the F32 kernel on it, so a prompt costs about what it does in F32.

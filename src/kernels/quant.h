@@ -2,13 +2,22 @@
 // blocks can be used as they are:
 //   Q8_0: 32 weights per 34-byte block {f16 d; int8 q[32]}, w = d * q;
 //   Q4_0: 32 weights per 18-byte block {f16 d; uint8 q[16]}, w = d * (n - 8),
-//         weight j < 16 in q[j]'s low nibble, weight j + 16 in its high one.
+//         weight j < 16 in q[j]'s low nibble, weight j + 16 in its high one;
+//   Q4_K: 256 weights per 144-byte super-block {f16 d, dmin; uint8
+//         scales[12]; uint8 q[128]}: 8 sub-blocks of 32, each with a 6-bit
+//         scale s and min m, w = d * s * n - dmin * m (n in 0..15);
+//   Q6_K: 256 weights per 210-byte super-block {uint8 ql[128], qh[64];
+//         int8 scales[16]; f16 d}: 16 sub-blocks of 16, w = d * s * (n - 32)
+//         (n in 0..63, low 4 bits in ql, high 2 in qh).
+// The K-quant layouts are llama.cpp's (block_q4_K, block_q6_K), so a file's
+// blocks are used as they are.
 // The scalar functions here are the reference (quantisation as llama.cpp's
 // quantize_row_*_ref); the vector kernels (QuantOps, one copy per
 // instruction set from quant_ops.inc) are tested against them.
 //
-// The inputs of a quantized matrix are rounded to Q8_0 blocks, as llama.cpp
-// does, so that a GGUF file computes what it computes in llama.cpp. Each
+// The inputs of a quantized matrix are rounded to Q8_0 blocks (Q8_K blocks
+// of 256 for the K-quants: f32 d, int8 q[256], int16 sums of 16), as
+// llama.cpp does, so that a GGUF file computes what it computes in llama.cpp. Each
 // block of a row is rounded alone: a product split over devices on block
 // boundaries sees the single device's blocks and adds up to its sums within
 // rounding. The decode path (few rows) multiplies the int8 blocks directly;
@@ -25,29 +34,44 @@
 
 namespace tessera::kernels {
 
-enum class WeightType : uint8_t { kF32 = 0, kQ8_0 = 1, kQ4_0 = 2 };
+enum class WeightType : uint8_t { kF32 = 0, kQ8_0 = 1, kQ4_0 = 2, kQ4_K = 3, kQ6_K = 4 };
 
-inline constexpr int64_t kQuantBlock = 32;  // weights per block, both types
+inline constexpr int64_t kQuantBlock = 32;   // weights per Q8_0 / Q4_0 block
+inline constexpr int64_t kSuperBlock = 256;  // weights per Q4_K / Q6_K block (QK_K)
+inline constexpr size_t kQ8KBytes = 4 + 256 + 32;  // one Q8_K input block
 
-const char* weight_type_name(WeightType t);  // "f32", "q8_0", "q4_0"
+const char* weight_type_name(WeightType t);  // "f32", "q8_0", "q4_0", "q4_k", "q6_k"
 [[nodiscard]] core::Result<WeightType> parse_weight_type(const std::string& s);
+// Weights per block: 1 (F32), 32 or 256.
+int64_t block_elems(WeightType t);
 // Bytes of one block (F32: 4 bytes per weight, "block" of one).
 size_t block_bytes(WeightType t);
 // Whether rows of k weights can be held in `t`: k a whole number of blocks.
 bool holds(WeightType t, int64_t k);
 // Bytes of a row of k weights in `t` (F32 when `t` cannot hold k).
 size_t row_bytes(WeightType t, int64_t k);
+// Bytes of an input row of k as the dot kernels of `t` take it (Q8_0 or Q8_K blocks).
+size_t input_row_bytes(WeightType t, int64_t k);
 
-// Scalar reference. k is a multiple of kQuantBlock.
+// Scalar reference. k is a multiple of block_elems(t). The K-quant
+// quantisers are plain min/max ones (not llama.cpp's searched scales): any
+// valid blocks compute the same on both sides.
 void quantize_row_ref(WeightType t, const float* x, int64_t k, uint8_t* out);
 void dequantize_row_ref(WeightType t, const uint8_t* q, int64_t k, float* out);
-// sum_c X[c] * W[c] over nb blocks, X the Q8_0 blocks of an input row:
-// each block's integer sum times the two scales, added in F32 in order.
+// sum_c X[c] * W[c] over nb blocks, X an input row in t's input blocks:
+// each block's integer sums times the scales, added in F32 in order.
 float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq);
 // The inputs of a quantized matrix as Q8_0 blocks, rounded as llama.cpp's
 // vector quantiser rounds them (to nearest, ties to even; d = amax / 127):
 // the scalar reference of QuantOps::quantize_input / round_input.
 void quantize_input_ref(const float* x, int64_t k, uint8_t* out);
+// As Q8_K blocks (quantize_row_q8_K_ref: the value of largest magnitude to
+// -127, d = 1 / iscale in F32), which llama.cpp computes in scalar code on
+// x86 too; the one implementation serves every instruction set.
+void quantize_input_q8_k(const float* x, int64_t k, uint8_t* out);
+void round_input_q8_k(const float* x, int64_t k, float* out);
+// Either, by the weight type's input format.
+void quantize_input_for(WeightType t, const float* x, int64_t k, uint8_t* out);
 
 struct QuantOps {
   // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
@@ -61,6 +85,13 @@ struct QuantOps {
   // nb blocks widened to 32 * nb floats.
   void (*dequant_q8_0)(const uint8_t* w, int64_t nb, float* out);
   void (*dequant_q4_0)(const uint8_t* w, int64_t nb, float* out);
+  // The same for the K-quants: X_i in Q8_K blocks, nb super-blocks of 256.
+  void (*dot_q4_K)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
+                   float* out, int64_t ldo);
+  void (*dot_q6_K)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
+                   float* out, int64_t ldo);
+  void (*dequant_q4_K)(const uint8_t* w, int64_t nb, float* out);
+  void (*dequant_q6_K)(const uint8_t* w, int64_t nb, float* out);
   // rows [32, k] row-major (k a multiple of 8) into panel[c * 32 + r]: the
   // panel form of PackedLinear (packed_linear.h), in 8 x 8 tiles.
   void (*rows_to_panel)(const float* rows, int64_t k, float* panel);
@@ -71,6 +102,14 @@ struct QuantOps {
 };
 const QuantOps& quant_ops(Isa isa);
 inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }
+
+// The kernels of one weight type.
+using QuantDotFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, int64_t, size_t, float*, int64_t);
+using QuantDequantFn = void (*)(const uint8_t*, int64_t, float*);
+QuantDotFn dot_fn(const QuantOps& ops, WeightType t);
+QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t);
+// An input row rounded as t's dot kernels see it, widened to F32.
+void round_input_for(const QuantOps& ops, WeightType t, const float* x, int64_t k, float* out);
 
 // Most x rows one dot call takes (the decode path's row count).
 inline constexpr int64_t kQuantDotRows = 8;

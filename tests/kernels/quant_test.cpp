@@ -33,7 +33,15 @@ std::vector<Isa> isas() {
   return out;
 }
 
-const WeightType kTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0};
+const WeightType kTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ6_K};
+
+// An input row as t's dot kernels see it, widened to F32 (the generic set's
+// rounding, itself checked against the reference below).
+std::vector<float> rounded_input(WeightType t, const float* x, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(k));
+  round_input_for(quant_ops(Isa::kGeneric), t, x, k, out.data());
+  return out;
+}
 
 TEST(QuantFormat, Q8_0BlockAsLlamaCppLaysItOut) {
   // 0, 1, ..., 31 scaled by 0.5: amax 15.5, d = 15.5 / 127, q = round(x / d).
@@ -65,9 +73,119 @@ TEST(QuantFormat, Q4_0BlockAsLlamaCppLaysItOut) {
   EXPECT_EQ(back, x);
 }
 
+TEST(QuantFormat, Q4_KBlockAsLlamaCppLaysItOut) {
+  // d = 1, dmin = 0.5; sub-block j < 4: scale j + 1, min j (bytes j and
+  // j + 4); j >= 4: scale 17 + j, min 20 + j, low 4 bits in byte j + 4 and
+  // the high 2 bits in the top of bytes j - 4 (scale) and j (min).
+  std::vector<uint8_t> b(144, 0);
+  const uint16_t one = core::f32_to_f16(1.0f), half = core::f32_to_f16(0.5f);
+  std::memcpy(b.data(), &one, 2);
+  std::memcpy(b.data() + 2, &half, 2);
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = j < 4 ? j + 1 : 17 + j;
+    mn[j] = j < 4 ? j : 20 + j;
+    uint8_t* s = b.data() + 4;
+    if (j < 4) {
+      s[j] = static_cast<uint8_t>(sc[j]);
+      s[j + 4] = static_cast<uint8_t>(mn[j]);
+    } else {
+      s[j + 4] = static_cast<uint8_t>((sc[j] & 15) | ((mn[j] & 15) << 4));
+      s[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      s[j] |= static_cast<uint8_t>((mn[j] >> 4) << 6);
+    }
+  }
+  // Weight w: n = w % 16. Chunk c of 64: byte 16 + 32c + l holds weight
+  // 64c + l in its low nibble and 64c + 32 + l in its high one.
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) b[static_cast<size_t>(16 + 32 * c + l)] = static_cast<uint8_t>((l % 16) | (((32 + l) % 16) << 4));
+  std::vector<float> y(256);
+  dequantize_row_ref(WeightType::kQ4_K, b.data(), 256, y.data());
+  for (int w = 0; w < 256; ++w)
+    EXPECT_EQ(y[static_cast<size_t>(w)], static_cast<float>(sc[w / 32] * (w % 16)) - 0.5f * static_cast<float>(mn[w / 32])) << w;
+}
+
+TEST(QuantFormat, Q6_KBlockAsLlamaCppLaysItOut) {
+  // d = 0.25, scale of sub-block j (16 weights) j - 8. In each half of 128:
+  // weight l (l < 32) in ql[l]'s low nibble and qh[l] bits 0-1, l + 32 in
+  // ql[l + 32] low and bits 2-3, l + 64 in ql[l] high and bits 4-5, l + 96
+  // in ql[l + 32] high and bits 6-7; the value is n - 32.
+  std::vector<uint8_t> b(210, 0);
+  const uint16_t quarter = core::f32_to_f16(0.25f);
+  std::memcpy(b.data() + 208, &quarter, 2);
+  for (int j = 0; j < 16; ++j) b[static_cast<size_t>(192 + j)] = static_cast<uint8_t>(static_cast<int8_t>(j - 8));
+  auto n_of = [](int w) { return (w * 7) % 64; };
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l) {
+      const int n1 = n_of(128 * h + l), n2 = n_of(128 * h + l + 32), n3 = n_of(128 * h + l + 64), n4 = n_of(128 * h + l + 96);
+      b[static_cast<size_t>(64 * h + l)] = static_cast<uint8_t>((n1 & 15) | ((n3 & 15) << 4));
+      b[static_cast<size_t>(64 * h + l + 32)] = static_cast<uint8_t>((n2 & 15) | ((n4 & 15) << 4));
+      b[static_cast<size_t>(128 + 32 * h + l)] = static_cast<uint8_t>((n1 >> 4) | ((n2 >> 4) << 2) | ((n3 >> 4) << 4) | ((n4 >> 4) << 6));
+    }
+  std::vector<float> y(256);
+  dequantize_row_ref(WeightType::kQ6_K, b.data(), 256, y.data());
+  for (int w = 0; w < 256; ++w)
+    EXPECT_EQ(y[static_cast<size_t>(w)], 0.25f * static_cast<float>(w / 16 - 8) * static_cast<float>(n_of(w) - 32)) << w;
+}
+
+TEST(QuantFormat, Q8_KInputsAsLlamaCppRoundsThem) {
+  // The value of largest magnitude (here negative) maps to -127... and so
+  // d = 1 / (-127 / max); bsums are the sums of 16.
+  std::vector<float> x(256);
+  for (int j = 0; j < 256; ++j) x[static_cast<size_t>(j)] = static_cast<float>(j % 50) * 0.1f;
+  x[77] = -10.0f;
+  uint8_t q[kQ8KBytes];
+  quantize_input_q8_k(x.data(), 256, q);
+  float d;
+  std::memcpy(&d, q, 4);
+  EXPECT_EQ(d, 1.0f / (-127.0f / -10.0f));
+  EXPECT_EQ(static_cast<int8_t>(q[4 + 77]), -127);
+  for (int j = 0; j < 256; ++j)
+    EXPECT_EQ(static_cast<int8_t>(q[4 + j]), static_cast<int>(std::nearbyint(x[static_cast<size_t>(j)] * (-127.0f / -10.0f)))) << j;
+  for (int g = 0; g < 16; ++g) {
+    int s = 0;
+    for (int l = 0; l < 16; ++l) s += static_cast<int8_t>(q[4 + 16 * g + l]);
+    int16_t got;
+    std::memcpy(&got, q + 260 + 2 * g, 2);
+    EXPECT_EQ(got, s) << g;
+  }
+}
+
+TEST(QuantFormat, KQuantsErrorWithinAStep) {
+  const auto x = random_vec(256 * 8, 17);
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ6_K}) {
+    std::vector<uint8_t> q(row_bytes(t, 256 * 8));
+    quantize_row_ref(t, x.data(), 256 * 8, q.data());
+    std::vector<float> back(x.size());
+    dequantize_row_ref(t, q.data(), 256 * 8, back.data());
+    const int64_t sub = t == WeightType::kQ4_K ? 32 : 16;
+    for (size_t s = 0; s < x.size() / static_cast<size_t>(sub); ++s) {
+      float lo = 0, hi = 0, amax = 0;
+      for (int64_t j = 0; j < sub; ++j) {
+        const float v = x[s * static_cast<size_t>(sub) + static_cast<size_t>(j)];
+        lo = std::min(lo, v), hi = std::max(hi, v), amax = std::max(amax, std::fabs(v));
+      }
+      // One step of the sub-block, plus the 6-bit (8-bit) rounding of its
+      // scale against the block's largest one (at most amax over the block).
+      const float step = t == WeightType::kQ4_K ? (hi - lo) / 15.0f : amax / 32.0f;
+      for (int64_t j = 0; j < sub; ++j) {
+        const size_t i = s * static_cast<size_t>(sub) + static_cast<size_t>(j);
+        EXPECT_LE(std::fabs(back[i] - x[i]), step + 0.08f) << weight_type_name(t) << " " << i;
+      }
+    }
+    double err = 0, mag = 0;
+    for (size_t i = 0; i < x.size(); ++i) err += (back[i] - x[i]) * (back[i] - x[i]), mag += x[i] * x[i];
+    EXPECT_LT(std::sqrt(err / mag), t == WeightType::kQ4_K ? 0.15 : 0.04) << weight_type_name(t);
+  }
+  EXPECT_EQ(row_bytes(WeightType::kQ4_K, 512), 288u);
+  EXPECT_EQ(row_bytes(WeightType::kQ6_K, 256), 210u);
+  EXPECT_FALSE(holds(WeightType::kQ4_K, 128));
+  EXPECT_EQ(input_row_bytes(WeightType::kQ6_K, 512), 2 * kQ8KBytes);
+}
+
 TEST(QuantFormat, ErrorWithinHalfAStep) {
   const auto x = random_vec(32 * 64, 7);
-  for (WeightType t : kTypes) {
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
     std::vector<uint8_t> q(row_bytes(t, 32 * 64));
     quantize_row_ref(t, x.data(), 32 * 64, q.data());
     std::vector<float> back(x.size());
@@ -113,36 +231,52 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
         for (int64_t c = 0; c < k; ++c)
           ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], rows[static_cast<size_t>(r * k + c)]) << isa_name(isa) << " " << r << "," << c;
     }
+    for (int64_t k : {256, 512}) {  // Q8_K rounding: the same widened, by every set
+      const auto x = random_vec(static_cast<size_t>(k), 50 + static_cast<uint32_t>(k));
+      std::vector<float> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
+      round_input_for(ops, WeightType::kQ4_K, x.data(), k, a.data());
+      round_input_q8_k(x.data(), k, b.data());
+      EXPECT_EQ(a, b);
+    }
     for (WeightType t : kTypes) {
+      const int64_t be = block_elems(t);
       for (int64_t nb : {1, 2, 5, 24}) {
-        const int64_t k = nb * 32;
+        if (be > 32 && nb == 24) continue;  // enough K-quant blocks at 5
+        const int64_t k = nb * be;
         std::vector<uint8_t> q(row_bytes(t, k));
         quantize_row_ref(t, random_vec(static_cast<size_t>(k), 11 + static_cast<uint32_t>(nb)).data(), k, q.data());
         std::vector<float> ref(static_cast<size_t>(k)), got(static_cast<size_t>(k));
         dequantize_row_ref(t, q.data(), k, ref.data());
-        (t == WeightType::kQ8_0 ? ops.dequant_q8_0 : ops.dequant_q4_0)(q.data(), nb, got.data());
-        EXPECT_EQ(got, ref) << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb;
+        dequant_fn(ops, t)(q.data(), nb, got.data());
+        if (be == 32) {
+          EXPECT_EQ(got, ref) << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb;
+        } else {  // d * s * n - dmin * m may be one fused multiply-add here
+          for (size_t c = 0; c < got.size(); ++c)
+            ASSERT_NEAR(got[c], ref[c], 1e-6f * (1.0f + std::fabs(ref[c]))) << isa_name(isa) << " " << weight_type_name(t) << " " << c;
+        }
         for (int64_t m = 1; m <= kQuantDotRows; ++m) {
-          // Input rows as Q8_0 blocks, 2 bytes apart beyond their length.
-          const size_t ldq = row_bytes(WeightType::kQ8_0, k) + 2;
+          // Input rows in t's input blocks, 2 bytes apart beyond their length.
+          const size_t ldq = input_row_bytes(t, k) + 2;
           const auto x = random_vec(static_cast<size_t>(m * k), 5 + static_cast<uint32_t>(m));
           std::vector<uint8_t> xq(static_cast<size_t>(m) * ldq);
-          for (int64_t i = 0; i < m; ++i) quantize_input_ref(x.data() + i * k, k, xq.data() + i * ldq);
+          for (int64_t i = 0; i < m; ++i) {
+            if (be == 32) quantize_input_ref(x.data() + i * k, k, xq.data() + i * ldq);
+            else quantize_input_q8_k(x.data() + i * k, k, xq.data() + i * ldq);
+          }
           std::vector<float> out(static_cast<size_t>(m), -1.0f);
-          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(q.data(), 0, 1, nb, xq.data(), m, ldq, out.data(), 1);
+          dot_fn(ops, t)(q.data(), 0, 1, nb, xq.data(), m, ldq, out.data(), 1);
           // Several weight rows at once (tiles of 4 and 2 and the rest): row r of a
           // 7-row matrix is the same row, again.
           std::vector<uint8_t> seven;
           for (int r = 0; r < 7; ++r) seven.insert(seven.end(), q.begin(), q.end());
           std::vector<float> many(static_cast<size_t>(m * 7), -1.0f);
-          (t == WeightType::kQ8_0 ? ops.dot_q8_0 : ops.dot_q4_0)(seven.data(), q.size(), 7, nb, xq.data(), m, ldq, many.data(), 7);
+          dot_fn(ops, t)(seven.data(), q.size(), 7, nb, xq.data(), m, ldq, many.data(), 7);
           for (int64_t i = 0; i < m; ++i)
             for (int r = 0; r < 7; ++r) EXPECT_EQ(many[static_cast<size_t>(i * 7 + r)], out[static_cast<size_t>(i)]) << r;
           for (int64_t i = 0; i < m; ++i) {
             const float r = dot_row_ref(t, q.data(), nb, xq.data() + i * ldq);
             // Against the widened blocks in double: the same products.
-            std::vector<float> xr(static_cast<size_t>(k));
-            dequantize_row_ref(WeightType::kQ8_0, xq.data() + i * ldq, k, xr.data());
+            const std::vector<float> xr = rounded_input(t, x.data() + i * k, k);
             double want = 0, scale = 0;
             for (int64_t c = 0; c < k; ++c) {
               want += static_cast<double>(ref[static_cast<size_t>(c)]) * xr[static_cast<size_t>(c)];
@@ -180,9 +314,8 @@ void check(const Case& c, WeightType t, GemmPath path, core::ThreadPool* pool) {
   for (int64_t i = 0; i < c.n; ++i) dequantize_row_ref(t, p.row_blocks(i), c.k, deq.data() + i * c.k);
   std::vector<float> xr(x.size());
   for (int64_t i = 0; i < c.m; ++i) {  // the reference's blocks, widened
-    std::vector<uint8_t> q(row_bytes(WeightType::kQ8_0, kk));
-    quantize_input_ref(x.data() + i * ldx, kk, q.data());
-    dequantize_row_ref(WeightType::kQ8_0, q.data(), kk, xr.data() + i * ldx);
+    const std::vector<float> v = rounded_input(t, x.data() + i * ldx, kk);
+    std::copy(v.begin(), v.end(), xr.begin() + i * ldx);
   }
   std::vector<float> y0 = random_vec(static_cast<size_t>(c.m * ldy), 9), y = y0;
   PackedLinearArgs a;
@@ -218,6 +351,14 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
     for (GemmPath path : {GemmPath::kLibxsmm, GemmPath::kOpenBlas}) {
       if (path == GemmPath::kLibxsmm && gemm_path() != GemmPath::kLibxsmm) continue;
       for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool}) {
+        if (block_elems(t) == kSuperBlock) {  // rows of whole super-blocks
+          check({1, 70, 512, 0, 512, false, Activation::kNone}, t, path, tp);
+          check({5, 100, 768, 256, 768, true, Activation::kGeluErf}, t, path, tp);
+          check({8, 40, 256, 0, 256, false, Activation::kGeluErf}, t, path, tp);
+          check({9, 70, 512, 0, 512, false, Activation::kNone}, t, path, tp);
+          check({45, 130, 768, 256, 512, true, Activation::kNone}, t, path, tp);
+          continue;
+        }
         check({1, 70, 64, 0, 64, false, Activation::kNone}, t, path, tp);
         check({5, 100, 128, 32, 96, true, Activation::kGeluErf}, t, path, tp);
         check({8, 300, 256, 0, 256, false, Activation::kGeluErf}, t, path, tp);
@@ -229,7 +370,7 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
 }
 
 TEST(QuantPackedLinear, FromBlocksAndMatmulRows) {
-  const int64_t n = 40, k = 96, m = 3;
+  const int64_t n = 40, k = 512, m = 3;
   const auto w = random_vec(static_cast<size_t>(n * k), 21, 0.2f);
   for (WeightType t : kTypes) {
     std::vector<uint8_t> blocks(static_cast<size_t>(n) * row_bytes(t, k));
