@@ -460,8 +460,8 @@ void add_quantize(CLI::App& app) {
   auto f = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand("quantize", "write a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2/3) as a GGUF file llama.cpp loads");
   cmd->add_option("--model", f->model, "Hugging Face model folder")->required();
-  cmd->add_option("--type", f->type, "f32, f16, q8_0 or q4_0 (2-D weight matrices)")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}))
+  cmd->add_option("--type", f->type, "f32, f16, q8_0, q4_0, q4_k_m (Q4_K with Q6_K where llama.cpp puts it), q4_k or q6_k")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0", "q4_k_m", "q4_k", "q6_k"}))
       ->capture_default_str();
   cmd->add_option("--out", f->out, "the GGUF file to write")->required();
   cmd->callback([f] {
@@ -469,7 +469,12 @@ void add_quantize(CLI::App& app) {
     if (!r.ok()) throw CLI::RuntimeError(fail(r.status().to_string()));
     for (const auto& note : r->notes) std::printf("note: %s\n", note.c_str());
     std::printf("wrote %s: %lld tensors", f->out.c_str(), static_cast<long long>(r->tensors));
-    if (r->quantized > 0) std::printf(", %lld of them %s", static_cast<long long>(r->quantized), f->type.c_str());
+    if (r->quantized > 0) {
+      std::printf(", %lld of them quantized (", static_cast<long long>(r->quantized));
+      const char* sep = "";
+      for (const auto& [type, n] : r->types) std::printf("%s%lld %s", sep, static_cast<long long>(n), type.c_str()), sep = ", ";
+      std::printf(")");
+    }
     std::printf(", %.1f MB\n", static_cast<double>(r->bytes) / 1e6);
   });
 }

@@ -107,9 +107,52 @@ PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, 
                                 WeightType type) {
   TESSERA_CHECK(k >= 0);
   int64_t n = 0;
+  bool any_blocks = false, all_blocks = !parts.empty();
   for (const auto& s : parts) {
-    TESSERA_CHECK(s.rows >= 0 && (s.data != nullptr || s.rows == 0 || k == 0));
+    const bool b = s.blocks != nullptr;
+    TESSERA_CHECK(s.rows >= 0 && (b || s.data != nullptr || s.rows == 0 || k == 0));
+    TESSERA_CHECK(!b || (s.block_type != WeightType::kF32 && holds(s.block_type, k) &&
+                         s.block_stride >= row_bytes(s.block_type, k)));
+    any_blocks |= b;
+    all_blocks &= b && s.block_type == parts[0].block_type;
     n += s.rows;
+  }
+  bool blocks_only = !parts.empty();
+  for (const auto& s : parts) blocks_only &= s.blocks != nullptr;
+  if (blocks_only && !all_blocks && n > 0) {  // runs of one block type each, stacked
+    std::vector<PackedLinear> runs;
+    for (size_t i = 0; i < parts.size();) {
+      size_t j = i + 1;
+      while (j < parts.size() && parts[j].block_type == parts[i].block_type) ++j;
+      runs.push_back(pack(parts.subspan(i, j - i), k, path, consumed, type));
+      i = j;
+    }
+    return stacked(std::move(runs));
+  }
+  if (all_blocks && n > 0) {  // a file's blocks, copied row by row
+    PackedLinear w = blocks(parts[0].block_type, n, k, path);
+    int64_t r = 0;
+    for (const auto& s : parts) {
+      for (int64_t i = 0; i < s.rows; ++i, ++r)
+        std::memcpy(w.q_.get() + static_cast<size_t>(r) * w.qrow_, s.blocks + static_cast<size_t>(i) * s.block_stride, w.qrow_);
+      if (consumed && s.rows > 0) consumed(s.blocks, static_cast<size_t>(s.rows) * s.block_stride);
+    }
+    return w;
+  }
+  if (any_blocks) {  // mixed with F32 rows: every block part widened
+    std::vector<std::vector<float>> widened;
+    std::vector<WeightSource> f32;
+    for (const auto& s : parts) {
+      if (s.blocks == nullptr) {
+        f32.push_back(s);
+        continue;
+      }
+      widened.emplace_back(static_cast<size_t>(std::max<int64_t>(s.rows * k, 1)));
+      for (int64_t i = 0; i < s.rows; ++i)
+        dequantize_row_ref(s.block_type, s.blocks + static_cast<size_t>(i) * s.block_stride, k, widened.back().data() + i * k);
+      f32.push_back({widened.back().data(), s.rows, k, 1});
+    }
+    return pack(f32, k, path, {}, type);
   }
   if (type != WeightType::kF32 && holds(type, k) && n > 0) {
     PackedLinear w = blocks(type, n, k, path);
@@ -184,6 +227,29 @@ PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, 
   return w;
 }
 
+PackedLinear PackedLinear::stacked(std::vector<PackedLinear> parts) {
+  std::vector<PackedLinear> kept;
+  for (auto& p : parts)
+    if (p.rows() > 0) kept.push_back(std::move(p));
+  if (kept.size() == 1) return kept[0];
+  TESSERA_CHECK(!kept.empty());
+  PackedLinear w;
+  w.k_ = kept[0].k_;
+  w.path_ = kept[0].path_;
+  w.type_ = kept[0].type_;
+  for (const auto& p : kept) {
+    TESSERA_CHECK(p.k_ == w.k_ && p.parts_ == nullptr);
+    w.n_ += p.n_;
+  }
+  w.parts_ = std::make_shared<const std::vector<PackedLinear>>(std::move(kept));
+  return w;
+}
+
+const std::vector<PackedLinear>& PackedLinear::parts() const {
+  static const std::vector<PackedLinear> none;
+  return parts_ ? *parts_ : none;
+}
+
 PackedLinear PackedLinear::pack(const core::Tensor& w, GemmPath path) {
   TESSERA_CHECK(w.rank() == 2);
   const WeightSource src{w.numel() > 0 ? w.f32() : nullptr, w.dim(0), w.dim(1), 1};
@@ -197,6 +263,11 @@ int64_t PackedLinear::dim(size_t i) const {
 
 size_t PackedLinear::nbytes() const {
   if (empty()) return 0;
+  if (parts_) {
+    size_t s = 0;
+    for (const auto& p : *parts_) s += p.nbytes();
+    return s;
+  }
   if (quantized()) return static_cast<size_t>(n_) * qrow_;
   const int64_t stored = path_ == GemmPath::kLibxsmm ? (off_ + n_ + P - 1) / P * P : n_;
   return static_cast<size_t>(stored * k_) * sizeof(float);
@@ -204,6 +275,12 @@ size_t PackedLinear::nbytes() const {
 
 float PackedLinear::at(int64_t r, int64_t c) const {
   TESSERA_CHECK(!empty() && r >= 0 && r < n_ && c >= 0 && c < k_);
+  if (parts_) {
+    for (const auto& p : *parts_) {
+      if (r < p.n_) return p.at(r, c);
+      r -= p.n_;
+    }
+  }
   if (quantized()) {
     float block[kSuperBlock];
     const int64_t be = block_elems(type_), b0 = c / be * be;
@@ -217,6 +294,12 @@ float PackedLinear::at(int64_t r, int64_t c) const {
 
 void PackedLinear::copy_row(int64_t r, float* dst) const {
   TESSERA_CHECK(!empty() && r >= 0 && r < n_ && dst != nullptr);
+  if (parts_) {
+    for (const auto& p : *parts_) {
+      if (r < p.n_) return p.copy_row(r, dst);
+      r -= p.n_;
+    }
+  }
   if (quantized()) {
     widen_rows(*this, r, 1, 0, k_, dst, k_);
     return;
@@ -239,6 +322,17 @@ core::Tensor PackedLinear::unpack() const {
 
 PackedLinear PackedLinear::out_rows(int64_t r0, int64_t r1) const {
   TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_);
+  if (parts_) {  // the ranges the rows fall in, cut
+    std::vector<PackedLinear> cut;
+    int64_t at = 0;
+    for (const auto& p : *parts_) {
+      const int64_t b = std::max(r0, at), e = std::min(r1, at + p.n_);
+      if (b < e) cut.push_back(p.out_rows(b - at, e - at));
+      at += p.n_;
+    }
+    if (cut.empty()) return parts_->front().out_rows(0, 0);
+    return stacked(std::move(cut));
+  }
   PackedLinear v = *this;
   v.n_ = r1 - r0;
   if (quantized()) {
@@ -256,6 +350,26 @@ PackedLinear PackedLinear::out_rows(int64_t r0, int64_t r1) const {
 void PackedLinear::matmul_rows(const float* a, int64_t m, int64_t lda, int64_t r0, int64_t r1, float* c,
                                int64_t ldc) const {
   TESSERA_CHECK(!empty() && 0 <= r0 && r0 <= r1 && r1 <= n_ && m >= 0);
+  if (parts_) {  // each range's share of the sum, added
+    std::vector<float> part(static_cast<size_t>(std::max<int64_t>(m * k_, 1)));
+    bool first = true;
+    int64_t at = 0;
+    for (const auto& p : *parts_) {
+      const int64_t b = std::max(r0, at), e = std::min(r1, at + p.n_);
+      if (b < e) {
+        float* out = first ? c : part.data();
+        p.matmul_rows(a + (b - r0), m, lda, b - at, e - at, out, first ? ldc : k_);
+        if (!first)
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < k_; ++j) c[i * ldc + j] += part[static_cast<size_t>(i * k_ + j)];
+        first = false;
+      }
+      at += p.n_;
+    }
+    if (first)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + k_, 0.0f);
+    return;
+  }
   if (quantized()) {  // the rows widened, then as the row form
     std::vector<float> rows(static_cast<size_t>(std::max<int64_t>((r1 - r0) * k_, 1)));
     widen_rows(*this, r0, r1 - r0, 0, k_, rows.data(), k_);
@@ -405,6 +519,19 @@ void packed_linear_f32(core::ThreadPool* pool, const PackedLinearArgs& a) {
   TESSERA_CHECK(m >= 0 && (a.x != nullptr || m == 0) && (a.y != nullptr || m == 0 || n == 0));
   TESSERA_CHECK(a.ldx >= k && a.ldy >= n && (a.residual == nullptr || a.ldr >= n));
   if (m == 0 || n == 0) return;
+  if (!w.parts().empty()) {  // each row range into its columns of y
+    int64_t at = 0;
+    for (const PackedLinear& p : w.parts()) {
+      PackedLinearArgs pa = a;
+      pa.w = &p;
+      pa.y = a.y + at;
+      if (a.bias != nullptr) pa.bias = a.bias + at;
+      if (a.residual != nullptr) pa.residual = a.residual + at;
+      packed_linear_f32(pool, pa);
+      at += p.rows();
+    }
+    return;
+  }
   if (w.quantized()) {
     quantized_linear(pool, a, k0, k1);
     return;

@@ -42,11 +42,16 @@ const char* gemm_path_name(GemmPath path);
 
 // Rows of a weight matrix in any layout: element (r, c) at
 // data[r * row_stride + c * col_stride]. Linear [out, in]: (ld, 1); GPT-2's
-// Conv1D [in, out]: (1, ld).
+// Conv1D [in, out]: (1, ld). Or rows already in quantized blocks (a GGUF
+// file's): `blocks` of type `block_type`, row r at blocks + r * block_stride
+// bytes, holding just the k columns being packed.
 struct WeightSource {
   const float* data = nullptr;
   int64_t rows = 0;
   int64_t row_stride = 0, col_stride = 1;
+  const uint8_t* blocks = nullptr;
+  WeightType block_type = WeightType::kF32;
+  size_t block_stride = 0;
 };
 
 class PackedLinear {
@@ -60,18 +65,18 @@ class PackedLinear {
   // drops those pages of its mapped file: peak memory stays ~1x the weights).
   using Consumed = std::function<void(const void* begin, size_t bytes)>;
   // W = the rows of `parts` stacked, k columns each (k >= 0; parts may be empty).
-  // With `type` Q8_0 or Q4_0, the rows are quantized (k must be a whole
-  // number of blocks: holds(type, k); otherwise they stay F32).
+  // With `type` quantized, the rows are quantized (k must be a whole
+  // number of blocks: holds(type, k); otherwise they stay F32). Parts that
+  // are all blocks of one type are copied as they are, whatever `type`
+  // says; block parts among others are widened first.
   static PackedLinear pack(std::span<const WeightSource> parts, int64_t k, GemmPath path = gemm_path(),
                            const Consumed& consumed = {}, WeightType type = WeightType::kF32);
-  // Rows already in `type`'s blocks, copied. (GGUF loading does not use it
-  // yet: it widens a file's blocks and quantizes them again, which gives the
-  // same blocks back but costs a pass at load; tests build layers from it.)
+  // Rows already in `type`'s blocks, copied.
   static PackedLinear from_blocks(WeightType type, const uint8_t* rows, int64_t n, int64_t k, GemmPath path = gemm_path());
   // A Linear-layout tensor [n, k].
   static PackedLinear pack(const core::Tensor& w, GemmPath path = gemm_path());
 
-  bool empty() const { return !data_ && !q_; }   // nothing loaded (a shard with 0 rows is not empty)
+  bool empty() const { return !data_ && !q_ && !parts_; }   // nothing loaded (a shard with 0 rows is not empty)
   int64_t rows() const { return n_; }     // outputs (n)
   int64_t cols() const { return k_; }     // inputs (k)
   int64_t dim(size_t i) const;            // as a [n, k] tensor
@@ -80,6 +85,10 @@ class PackedLinear {
   bool quantized() const { return type_ != WeightType::kF32; }
   // Quantized form: row r's blocks.
   const uint8_t* row_blocks(int64_t r) const { return qbase_ + static_cast<size_t>(r) * qrow_; }
+  // Row ranges in different block types, stacked (a GGUF file's Q and K in
+  // Q4_K with V in Q6_K): each range its own matrix, run one after another;
+  // empty otherwise. type() is then the first range's.
+  const std::vector<PackedLinear>& parts() const;
   // The packed buffer (weights, padding included), for paging hints.
   const void* raw() const { return quantized() ? static_cast<const void*>(qbase_) : base_; }
   size_t nbytes() const;
@@ -99,6 +108,9 @@ class PackedLinear {
 
  private:
   friend struct PackedAccess;
+  // The row ranges stacked as one matrix (two or more; the same k).
+  static PackedLinear stacked(std::vector<PackedLinear> parts);
+  std::shared_ptr<const std::vector<PackedLinear>> parts_;  // stacked form
   // An empty quantized form of n rows (allocated, not filled).
   static PackedLinear blocks(WeightType type, int64_t n, int64_t k, GemmPath path);
   std::shared_ptr<float[]> data_;   // owner

@@ -292,18 +292,39 @@ Result<core::Tensor> GgufFile::get_f32(const std::string& name) const {
         dst[i] = t->type == GgmlType::kF16 ? core::f16_to_f32(h) : core::bf16_to_f32(h);
       }
       break;
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0: {
-      const auto qt = t->type == GgmlType::kQ8_0 ? kernels::WeightType::kQ8_0 : kernels::WeightType::kQ4_0;
-      const size_t row = kernels::row_bytes(qt, cols);
-      for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row_ref(qt, t->data + r * row, cols, dst + r * cols);
+    default: {
+      const auto qt = kernel_type(t->type);
+      if (!qt)
+        return core::unimplemented("tensor '" + name + "' is " + ggml_type_name(t->type) +
+                                   "; Tessera reads F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K tensors");
+      // parse() checked that rows are whole blocks and the bytes are in the file.
+      const size_t row = kernels::row_bytes(*qt, cols);
+      for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row_ref(*qt, t->data + r * row, cols, dst + r * cols);
       break;
     }
-    default:
-      return core::unimplemented("tensor '" + name + "' is " + ggml_type_name(t->type) +
-                                 "; Tessera reads F32, F16, BF16, Q8_0 and Q4_0 tensors");
   }
   return out;
+}
+
+std::optional<kernels::WeightType> kernel_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ8_0: return kernels::WeightType::kQ8_0;
+    case GgmlType::kQ4_0: return kernels::WeightType::kQ4_0;
+    case GgmlType::kQ4_K: return kernels::WeightType::kQ4_K;
+    case GgmlType::kQ6_K: return kernels::WeightType::kQ6_K;
+    default: return std::nullopt;
+  }
+}
+
+GgmlType ggml_type_of(kernels::WeightType t) {
+  switch (t) {
+    case kernels::WeightType::kQ8_0: return GgmlType::kQ8_0;
+    case kernels::WeightType::kQ4_0: return GgmlType::kQ4_0;
+    case kernels::WeightType::kQ4_K: return GgmlType::kQ4_K;
+    case kernels::WeightType::kQ6_K: return GgmlType::kQ6_K;
+    case kernels::WeightType::kF32: break;
+  }
+  return GgmlType::kF32;
 }
 
 void GgufFile::release(const std::string& name) const {

@@ -10,21 +10,26 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/quant.h"
 
 namespace tessera::model {
 
 // The ggml tensor types this reader knows the sizes of; get_f32 reads F32,
-// F16, BF16, Q8_0 and Q4_0.
+// F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K.
 enum class GgmlType : uint32_t {
   kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ8_1 = 9,
   kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kQ8_K = 15, kBF16 = 30,
 };
 const char* ggml_type_name(GgmlType t);
+// The kernels' block type a ggml type is (Q8_0, Q4_0, Q4_K, Q6_K), if any; and back.
+std::optional<kernels::WeightType> kernel_type(GgmlType t);
+GgmlType ggml_type_of(kernels::WeightType t);
 
 // The metadata value types.
 enum class GgufValueType : uint32_t {
@@ -58,7 +63,7 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* tensor(const std::string& name) const;
   // A tensor as F32 [rows, row_length] (rank 1 for one dimension): F32,
-  // F16, BF16, Q8_0 and Q4_0 are read; other types get a clear error.
+  // F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K are read; other types get a clear error.
   core::Result<core::Tensor> get_f32(const std::string& name) const;
   // Drops the tensor's pages from resident memory (mmap'd files).
   void release(const std::string& name) const;

@@ -131,12 +131,17 @@ bool is_gguf_path(const std::string& path) {
 }
 
 kernels::WeightType gguf_weight_type(const GgufFile& f) {
+  // The most common block type of the layers' matrices: a Q4_K_M file's
+  // Q4_K (its Q6_K and fall-back matrices keep their own blocks at load).
+  std::map<kernels::WeightType, int> count;
   for (const GgufTensor& t : f.tensors()) {
     if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2) continue;
-    if (t.type == GgmlType::kQ8_0) return kernels::WeightType::kQ8_0;
-    if (t.type == GgmlType::kQ4_0) return kernels::WeightType::kQ4_0;
+    if (const auto k = kernel_type(t.type)) ++count[*k];
   }
-  return kernels::WeightType::kF32;
+  kernels::WeightType best = kernels::WeightType::kF32;
+  for (const auto& [type, n] : count)
+    if (best == kernels::WeightType::kF32 || n > count[best]) best = type;
+  return best;
 }
 
 Result<std::string> gguf_config_json(const GgufFile& f) {
@@ -270,6 +275,36 @@ Result<core::Tensor> gguf_read(const GgufFile& f, const GgufMapped& m) {
     case GgufMapped::Layout::kUnpermute: return interleave(t, m.heads, true);
   }
   return t;
+}
+
+Result<std::optional<GgufBlocks>> gguf_blocks(const GgufFile& f, const GgufMapped& m) {
+  const GgufTensor* t = f.tensor(m.gguf_name);
+  if (t == nullptr) return core::not_found("tensor '" + m.gguf_name + "' not in '" + f.path() + "'");
+  const auto type = kernel_type(t->type);
+  if (!type || t->ne.size() != 2) return std::optional<GgufBlocks>();
+  GgufBlocks b;
+  b.type = *type;
+  b.rows = t->rows();
+  b.k = t->row_length();
+  const size_t rb = kernels::row_bytes(b.type, b.k);
+  // parse() checked the size; the kernels read rows of whole blocks.
+  if (!kernels::holds(b.type, b.k) || static_cast<size_t>(b.rows) * rb != t->nbytes)
+    return core::invalid_argument("GGUF: tensor '" + m.gguf_name + "' is not whole rows of " + ggml_type_name(t->type) + " blocks");
+  b.data = t->data;
+  if (m.layout == GgufMapped::Layout::kUnpermute) {
+    const int64_t d = m.heads > 0 ? b.rows / m.heads : 0;
+    if (m.heads <= 0 || b.rows % m.heads != 0 || d % 2 != 0)
+      return core::invalid_argument("GGUF: tensor '" + m.gguf_name + "' rows are not whole heads");
+    auto copy = std::shared_ptr<uint8_t[]>(new uint8_t[static_cast<size_t>(b.rows) * rb]);
+    for (int64_t h = 0; h < m.heads; ++h)
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < d / 2; ++j)
+          std::memcpy(copy.get() + static_cast<size_t>(h * d + i * (d / 2) + j) * rb,
+                      t->data + static_cast<size_t>(h * d + 2 * j + i) * rb, rb);
+    b.data = copy.get();
+    b.keep = copy;
+  }
+  return std::optional<GgufBlocks>(std::move(b));
 }
 
 // ---------------------------------------------------------------- tokenizer
@@ -491,10 +526,38 @@ Result<Vocab> folder_vocab(const std::string& dir, int64_t n) {
   return v;
 }
 
+// llama.cpp's use_more_bits: the first and last eighth of the layers and
+// every third one between get more bits in its _M mixes.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// The block type of one matrix (GGUF name) in a file of type `q`; `mixed`:
+// Q4_K_M, whose mix is llama.cpp's (Q6_K for the output matrix, and for
+// attn_v and ffn_down in use_more_bits layers; it would give 70B models'
+// attn_v and fused QKV matrices Q5_K, which Tessera does not read). A row
+// length that is not whole blocks falls back as llama.cpp's does, except
+// that Q4_K's Q5_0 becomes Q8_0 (no Q5_0 here); then F16.
+kernels::WeightType matrix_type(kernels::WeightType q, bool mixed, const std::string& gname, int64_t layers,
+                                bool has_output, int64_t ne0) {
+  using WT = kernels::WeightType;
+  WT t = q;
+  if (mixed) {
+    const bool head = gname == "output.weight" || (!has_output && gname == "token_embd.weight");
+    int64_t layer = -1;
+    if (gname.rfind("blk.", 0) == 0) layer = std::atoll(gname.c_str() + 4);
+    const bool more = layer >= 0 && use_more_bits(layer, layers) &&
+                      (gname.find(".attn_v.") != std::string::npos || gname.find(".ffn_down.") != std::string::npos);
+    if (head || more) t = WT::kQ6_K;
+  }
+  if (kernels::holds(t, ne0)) return t;
+  if (kernels::block_elems(t) > kernels::kQuantBlock && kernels::holds(WT::kQ8_0, ne0)) return WT::kQ8_0;
+  return WT::kF32;  // written as F16
+}
+
 Result<QuantizeReport> write_model(const std::string& dir, const std::string& type, const std::string& out) {
   kernels::WeightType q = kernels::WeightType::kF32;
-  bool f16 = false;
+  bool f16 = false, mixed = false;
   if (type == "f16") f16 = true;
+  else if (type == "q4_k_m") q = kernels::WeightType::kQ4_K, mixed = true;
   else if (type != "f32") {
     TESSERA_ASSIGN_OR_RETURN(q, kernels::parse_weight_type(type));
   }
@@ -546,6 +609,8 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
   // llama.cpp wants nothing in particular, but a stable order keeps files comparable.
   std::sort(order.begin(), order.end());
   const int64_t heads = c.heads, kv_heads = c.kv_head_count();
+  bool has_output = false;
+  for (const auto& o : order) has_output |= o.first == "output.weight";
   for (const auto& [gname, name] : order) {
     std::string hf = name;
     if (!to_gguf.count(hf) && name != "lm_head.weight") hf = wrapper + name;
@@ -557,10 +622,16 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
     const bool matrix = t.rank() == 2 && gname != "position_embd.weight" && gname.find("_norm") == std::string::npos;
     GgmlType gt = GgmlType::kF32;
     std::string bytes;
-    if (matrix && q != kernels::WeightType::kF32 && kernels::holds(q, ne[0])) {
-      gt = q == kernels::WeightType::kQ8_0 ? GgmlType::kQ8_0 : GgmlType::kQ4_0;
-      bytes = quant_bytes(t, q);
+    const kernels::WeightType mt =
+        matrix && q != kernels::WeightType::kF32 ? matrix_type(q, mixed, gname, c.layers, has_output, ne[0]) : q;
+    if (matrix && mt != kernels::WeightType::kF32) {
+      gt = ggml_type_of(mt);
+      if (mt != q && kernels::block_elems(mt) < kernels::block_elems(q))
+        rep.notes.push_back(gname + ": rows of " + std::to_string(ne[0]) + " are not whole blocks of " +
+                            std::to_string(kernels::block_elems(q)) + "; " + ggml_type_name(gt) + " instead");
+      bytes = quant_bytes(t, mt);
       ++rep.quantized;
+      ++rep.types[ggml_type_name(gt)];
     } else if (matrix && (f16 || q != kernels::WeightType::kF32)) {
       if (!f16) rep.notes.push_back(gname + ": rows of " + std::to_string(ne[0]) + " are not whole blocks of 32; F16 instead");
       gt = GgmlType::kF16;
@@ -589,7 +660,13 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
   std::string base = dir;
   while (!base.empty() && base.back() == '/') base.pop_back();
   w.add_string("general.name", base.substr(base.find_last_of('/') + 1));
-  const uint32_t ftype = f16 ? 1 : q == kernels::WeightType::kQ8_0 ? 7 : q == kernels::WeightType::kQ4_0 ? 2 : 0;
+  // llama_ftype: MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_S 14, Q4_K_M 15, Q6_K 18.
+  const uint32_t ftype = f16 ? 1
+                         : q == kernels::WeightType::kQ8_0 ? 7
+                         : q == kernels::WeightType::kQ4_0 ? 2
+                         : q == kernels::WeightType::kQ4_K ? (mixed ? 15 : 14)
+                         : q == kernels::WeightType::kQ6_K ? 18
+                                                           : 0;
   w.add_u32("general.file_type", ftype);
   if (q != kernels::WeightType::kF32) w.add_u32("general.quantization_version", 2);
   w.add_u32(p + "block_count", static_cast<uint32_t>(c.layers));

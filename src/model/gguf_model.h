@@ -7,7 +7,9 @@
 // load_tokenizer and ChatTemplate::load send such a path here.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -41,6 +43,19 @@ struct GgufMapped {
 core::Result<std::vector<GgufMapped>> gguf_tensor_map(const GgufFile& f);
 // The tensor in its Hugging Face layout, F32.
 core::Result<core::Tensor> gguf_read(const GgufFile& f, const GgufMapped& m);
+// A matrix as the file's own blocks (Q8_0, Q4_0, Q4_K, Q6_K), in Linear
+// layout [out, in]: the Hugging Face tensor's rows, llama.cpp's Q/K
+// interleave undone on a copy (it moves whole rows); for GPT-2's Conv1D
+// tensors (kTranspose) the file's rows, which are the Hugging Face columns.
+// nullopt for other types. Loading copies these blocks as they are:
+// requantising widened K-quant blocks would not give them back.
+struct GgufBlocks {
+  kernels::WeightType type = kernels::WeightType::kF32;
+  int64_t rows = 0, k = 0;
+  const uint8_t* data = nullptr;      // rows * row_bytes(type, k) bytes
+  std::shared_ptr<const void> keep;   // the copy `data` points into, if any
+};
+core::Result<std::optional<GgufBlocks>> gguf_blocks(const GgufFile& f, const GgufMapped& m);
 
 // tokenizer.ggml.model "gpt2" (byte-level BPE: GPT-2, Llama 3, Qwen2/3).
 core::Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f);
@@ -49,11 +64,13 @@ core::Result<std::string> gguf_chat_template(const GgufFile& f);
 
 // `tessera quantize`: a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2,
 // Qwen3) written as a GGUF file llama.cpp loads. 2-D weight matrices are
-// held in `type` (f32, f16, q8_0, q4_0); a matrix whose rows are not whole
-// blocks falls back to F16 (as llama.cpp's quantizer does), GPT-2's position
-// table and every norm and bias stay F32. `notes` hears of each fallback.
+// held in `type` (f32, f16, q8_0, q4_0, q4_k, q6_k, or q4_k_m: llama.cpp's
+// mix of Q4_K and Q6_K); a matrix whose rows are not whole blocks falls back
+// (K-quants to Q8_0, then F16, as llama.cpp's quantizer falls back), GPT-2's
+// position table and every norm and bias stay F32. `notes` hears of each fallback.
 struct QuantizeReport {
   int64_t tensors = 0, quantized = 0;
+  std::map<std::string, int64_t> types;  // quantized matrices by GGUF type name
   std::vector<std::string> notes;
   size_t bytes = 0;
 };

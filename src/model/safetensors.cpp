@@ -212,12 +212,20 @@ Status TensorStore::add_gguf(const std::string& path) {
   TESSERA_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
   auto f = std::make_shared<const GgufFile>(std::move(file));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<GgufMapped> map, gguf_tensor_map(*f));
+  block_type_ = gguf_weight_type(*f);
   for (const GgufMapped& m : map) {
     Virtual v;
     v.info.dtype = core::DType::kF32;
     v.info.shape = m.shape;
     v.read = [f, m] { return gguf_read(*f, m); };
     v.drop = [f, m] { f->release(m.gguf_name); };
+    v.blocks = [f, m]() -> Result<std::optional<Blocks>> {
+      TESSERA_ASSIGN_OR_RETURN(std::optional<GgufBlocks> b, gguf_blocks(*f, m));
+      if (!b) return std::optional<Blocks>();
+      // The file stays mapped while the blocks are in use.
+      std::shared_ptr<const void> keep = b->keep ? b->keep : std::shared_ptr<const void>(f, f.get());
+      return std::optional<Blocks>(Blocks{b->type, b->rows, b->k, b->data, std::move(keep)});
+    };
     if (!virtual_.emplace(m.hf_name, std::move(v)).second)
       return core::invalid_argument("GGUF: two tensors map to '" + m.hf_name + "'");
   }
@@ -281,6 +289,12 @@ Result<Tensor> TensorStore::get_f32(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end()) return core::not_found("missing tensor '" + name + "'");
   return files_[it->second].get_f32(name);
+}
+
+Result<std::optional<TensorStore::Blocks>> TensorStore::blocks(const std::string& name) const {
+  if (auto v = virtual_.find(name); v != virtual_.end() && v->second.blocks) return v->second.blocks();
+  if (!contains(name)) return core::not_found("missing tensor '" + name + "'");
+  return std::optional<Blocks>();
 }
 
 void TensorStore::release(const std::string& name) const {

@@ -6,11 +6,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/quant.h"
 
 namespace tessera::model {
 
@@ -75,6 +77,17 @@ class TensorStore {
   core::Result<core::Tensor> get_f32(const std::string& name) const;
   void release(const std::string& name) const;  // see SafeTensorsFile::release
   void release_bytes(const void* p, size_t bytes) const;
+  // A GGUF file's most common block type of the layers' matrices (F32 for
+  // other files), and a matrix as the file's own blocks in Linear layout
+  // [out, in] where it has them (gguf_blocks), else nullopt.
+  kernels::WeightType block_type() const { return block_type_; }
+  struct Blocks {
+    kernels::WeightType type = kernels::WeightType::kF32;
+    int64_t rows = 0, k = 0;
+    const uint8_t* data = nullptr;
+    std::shared_ptr<const void> keep;  // what `data` points into
+  };
+  core::Result<std::optional<Blocks>> blocks(const std::string& name) const;
 
  private:
   core::Status add_gguf(const std::string& path);
@@ -82,7 +95,9 @@ class TensorStore {
     TensorInfo info;
     std::function<core::Result<core::Tensor>()> read;
     std::function<void()> drop;
+    std::function<core::Result<std::optional<Blocks>>()> blocks;
   };
+  kernels::WeightType block_type_ = kernels::WeightType::kF32;
   std::vector<SafeTensorsFile> files_;
   std::map<std::string, size_t> where_;
   std::map<std::string, Virtual> virtual_;

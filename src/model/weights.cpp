@@ -181,7 +181,27 @@ struct RawMatrix {
   std::vector<Tensor> held;
   std::vector<kernels::WeightSource> parts;
   int64_t k = 0;
+  std::vector<std::shared_ptr<const void>> keep;  // what block parts point into
 };
+
+RawMatrix blocks_of(const TensorStore::Blocks& b) {  // a file's quantized rows [rows, k]
+  kernels::WeightSource s;
+  s.rows = b.rows;
+  s.blocks = b.data;
+  s.block_type = b.type;
+  s.block_stride = kernels::row_bytes(b.type, b.k);
+  return {{}, {s}, b.k, {b.keep}};
+}
+
+// A block part widened to F32 [rows, k] (held by `into`): a cut that does
+// not fall on its blocks.
+kernels::WeightSource widened(const kernels::WeightSource& s, int64_t k, RawMatrix& into) {
+  Tensor t = Tensor::zeros_f32({std::max<int64_t>(s.rows, 1), k});
+  for (int64_t i = 0; i < s.rows; ++i)
+    kernels::dequantize_row_ref(s.block_type, s.blocks + static_cast<size_t>(i) * s.block_stride, k, t.f32() + i * k);
+  into.held.push_back(t);
+  return {t.f32(), s.rows, k, 1};
+}
 
 RawMatrix linear_of(const Tensor& t) {  // Linear [out, in]
   return {{t}, {{t.f32(), t.dim(0), t.dim(1), 1}}, t.dim(1)};
@@ -193,28 +213,51 @@ RawMatrix conv1d_of(const Tensor& t) {  // GPT-2 Conv1D [in, out]: a row is a co
 
 // Rows [r0, r1) of the stacked parts.
 RawMatrix rows_of(const RawMatrix& m, int64_t r0, int64_t r1) {
-  RawMatrix out{m.held, {}, m.k};
+  RawMatrix out{m.held, {}, m.k, m.keep};
   int64_t at = 0;
   for (const auto& s : m.parts) {
     const int64_t b = std::max(r0, at), e = std::min(r1, at + s.rows);
-    if (b < e) out.parts.push_back({s.data + (b - at) * s.row_stride, e - b, s.row_stride, s.col_stride});
+    if (b < e) {
+      kernels::WeightSource p = s;
+      p.rows = e - b;
+      if (s.blocks != nullptr) p.blocks = s.blocks + static_cast<size_t>(b - at) * s.block_stride;
+      else p.data = s.data + (b - at) * s.row_stride;
+      out.parts.push_back(p);
+    }
     at += s.rows;
   }
   return out;
 }
 
-// Columns [c0, c1).
+// Columns [c0, c1): block parts cut on whole blocks, else widened.
 RawMatrix cols_of(const RawMatrix& m, int64_t c0, int64_t c1) {
-  RawMatrix out{m.held, {}, c1 - c0};
-  for (const auto& s : m.parts) out.parts.push_back({s.data + c0 * s.col_stride, s.rows, s.row_stride, s.col_stride});
+  RawMatrix out{m.held, {}, c1 - c0, m.keep};
+  for (const auto& s : m.parts) {
+    if (s.blocks == nullptr) {
+      out.parts.push_back({s.data + c0 * s.col_stride, s.rows, s.row_stride, s.col_stride});
+      continue;
+    }
+    const int64_t be = kernels::block_elems(s.block_type);
+    if (c1 == c0) {
+      out.parts.push_back({nullptr, s.rows, 0, 1});
+    } else if (c0 % be == 0 && (c1 - c0) % be == 0) {
+      kernels::WeightSource p = s;
+      p.blocks = s.blocks + static_cast<size_t>(c0 / be) * kernels::block_bytes(s.block_type);
+      out.parts.push_back(p);
+    } else {
+      const kernels::WeightSource w = widened(s, m.k, out);
+      out.parts.push_back({w.data + c0, w.rows, w.row_stride, 1});
+    }
+  }
   return out;
 }
 
 RawMatrix stack(const std::vector<RawMatrix>& ms, int64_t k) {
-  RawMatrix out{{}, {}, k};
+  RawMatrix out{{}, {}, k, {}};
   for (const auto& m : ms) {
     out.held.insert(out.held.end(), m.held.begin(), m.held.end());
     out.parts.insert(out.parts.end(), m.parts.begin(), m.parts.end());
+    out.keep.insert(out.keep.end(), m.keep.begin(), m.keep.end());
   }
   return out;
 }
@@ -315,6 +358,21 @@ class Loader {
     into.names.push_back(p_ + layer_name(c_, l, leaf));
     return get(into.names.back());
   }
+  // A Linear-layout matrix of layer l: the file's own blocks when the load
+  // keeps the file's type (a quantized GGUF), else read as F32.
+  Result<RawMatrix> linear(int64_t l, const std::string& leaf, RawLayer& into) {
+    const std::string name = p_ + layer_name(c_, l, leaf);
+    if (file_blocks()) {
+      TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
+      if (b) {
+        into.names.push_back(name);
+        return blocks_of(*b);
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, into));
+    return linear_of(t);
+  }
+  bool file_blocks() const { return type_ != kernels::WeightType::kF32 && type_ == store_.block_type(); }
   // An owned copy of a tensor; its pages in the mapping are dropped.
   Result<Tensor> owned(const std::string& name) {
     TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
@@ -326,6 +384,15 @@ class Loader {
   // A Linear-layout matrix, packed (with `quantize`, in the load's type);
   // its pages in the mapping are dropped.
   Result<kernels::PackedLinear> packed(const std::string& name, bool quantize = false) {
+    if (quantize && file_blocks()) {
+      TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
+      if (b) {
+        const RawMatrix m = blocks_of(*b);
+        kernels::PackedLinear w = pack(m, {}, type_);
+        store_.release(name);
+        return w;
+      }
+    }
     TESSERA_ASSIGN_OR_RETURN(Tensor t, get(name));
     TESSERA_CHECK(t.rank() == 2);
     const kernels::WeightSource src{t.f32(), t.dim(0), t.dim(1), 1};
@@ -364,8 +431,8 @@ Result<RawLayer> Loader::load_llama_layer(int64_t l) {
     std::vector<RawMatrix> ms;
     std::vector<Tensor> bt;
     for (size_t i = 0; i < ws.size(); ++i) {
-      TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, ws[i], w));
-      ms.push_back(linear_of(t));
+      TESSERA_ASSIGN_OR_RETURN(RawMatrix m, linear(l, ws[i], w));
+      ms.push_back(std::move(m));
       if (biased) {
         TESSERA_ASSIGN_OR_RETURN(Tensor b, layer(l, bs[i], w));
         bt.push_back(b);
@@ -393,6 +460,14 @@ Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F
   RawLayer w;
   auto layer = [&](int64_t li, const std::string& leaf, RawLayer& into) { return this->layer(li, sub + leaf, into); };
   auto matrix = [&](const std::string& leaf) -> Result<RawMatrix> {
+    if (file_blocks()) {  // a GGUF file's blocks, Linear rows whichever way the folder holds it
+      const std::string name = p_ + layer_name(c_, l, sub + leaf);
+      TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
+      if (b) {
+        w.names.push_back(name);
+        return blocks_of(*b);
+      }
+    }
     TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, w));
     return n.conv1d ? conv1d_of(t) : linear_of(t);
   };

@@ -323,7 +323,8 @@ std::vector<Range> split_in_units(int64_t n, int64_t unit, const std::vector<dou
 // holds the single device's blocks and their sums agree (quant.h).
 int64_t column_unit(const model::ModelConfig& c, int64_t width) {
   if (c.weights == kernels::WeightType::kF32) return 1;
-  return kernels::kQuantBlock / std::gcd(width, kernels::kQuantBlock);
+  const int64_t block = kernels::block_elems(c.weights);
+  return block / std::gcd(width, block);
 }
 
 }  // namespace

@@ -369,6 +369,71 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
     }
 }
 
+// Block parts of two types (a GGUF fused QKV: Q and K in Q4_K, V in Q6_K)
+// stack as ranges of rows, each its own matrix: the product is each range's
+// product in its columns of y, bit for bit, on both row-count paths; views
+// and row access cross the boundary.
+TEST(QuantPackedLinear, StackedBlockTypes) {
+  const int64_t k = 512, n1 = 40, n2 = 24, n = n1 + n2;
+  const auto w = random_vec(static_cast<size_t>(n * k), 31, 0.2f);
+  std::vector<uint8_t> b1(static_cast<size_t>(n1) * row_bytes(WeightType::kQ4_K, k)),
+      b2(static_cast<size_t>(n2) * row_bytes(WeightType::kQ6_K, k));
+  for (int64_t r = 0; r < n1; ++r)
+    quantize_row_ref(WeightType::kQ4_K, w.data() + r * k, k, b1.data() + r * row_bytes(WeightType::kQ4_K, k));
+  for (int64_t r = 0; r < n2; ++r)
+    quantize_row_ref(WeightType::kQ6_K, w.data() + (n1 + r) * k, k, b2.data() + r * row_bytes(WeightType::kQ6_K, k));
+  auto src = [&](const std::vector<uint8_t>& b, int64_t rows, WeightType t) {
+    WeightSource s;
+    s.rows = rows, s.blocks = b.data(), s.block_type = t, s.block_stride = row_bytes(t, k);
+    return s;
+  };
+  const WeightSource parts[] = {src(b1, n1, WeightType::kQ4_K), src(b2, n2, WeightType::kQ6_K)};
+  const PackedLinear p = PackedLinear::pack(parts, k, gemm_path(), {}, WeightType::kQ4_K);
+  ASSERT_EQ(p.parts().size(), 2u);
+  ASSERT_EQ(p.rows(), n);
+  EXPECT_EQ(p.nbytes(), b1.size() + b2.size());
+  const PackedLinear a = PackedLinear::from_blocks(WeightType::kQ4_K, b1.data(), n1, k);
+  const PackedLinear c = PackedLinear::from_blocks(WeightType::kQ6_K, b2.data(), n2, k);
+  core::ThreadPool pool(2);
+  for (int64_t m : {3, 20}) {
+    const auto x = random_vec(static_cast<size_t>(m * k), 32);
+    const auto bias = random_vec(static_cast<size_t>(n), 33);
+    const auto res = random_vec(static_cast<size_t>(m * n), 34);
+    std::vector<float> y(static_cast<size_t>(m * n)), want(y.size());
+    PackedLinearArgs args;
+    args.x = x.data(), args.m = m, args.ldx = k, args.w = &p, args.bias = bias.data(), args.act = Activation::kGeluErf;
+    args.residual = res.data(), args.ldr = n, args.y = y.data(), args.ldy = n;
+    packed_linear_f32(&pool, args);
+    PackedLinearArgs one = args;
+    one.w = &a, one.y = want.data();
+    packed_linear_f32(&pool, one);
+    one.w = &c, one.y = want.data() + n1, one.bias = bias.data() + n1, one.residual = res.data() + n1;
+    packed_linear_f32(&pool, one);
+    EXPECT_EQ(y, want) << "m=" << m;
+  }
+  std::vector<float> row(static_cast<size_t>(k)), back(static_cast<size_t>(k));
+  p.copy_row(n1 + 5, row.data());
+  dequantize_row_ref(WeightType::kQ6_K, b2.data() + 5 * row_bytes(WeightType::kQ6_K, k), k, back.data());
+  EXPECT_EQ(row, back);
+  EXPECT_EQ(p.at(n1 + 5, 7), back[7]);
+  const PackedLinear v = p.out_rows(n1 - 2, n1 + 3);  // across the boundary
+  ASSERT_EQ(v.rows(), 5);
+  EXPECT_EQ(v.at(3, 7), c.at(1, 7));
+  EXPECT_EQ(v.at(0, 9), a.at(n1 - 2, 9));
+  EXPECT_EQ(p.out_rows(0, 10).parts().size(), 0u);  // within one range: that range
+  // C = A . W[r0:r1, :] across the boundary, against the widened rows.
+  const auto am = random_vec(static_cast<size_t>(2 * 20), 35);
+  std::vector<float> cm(static_cast<size_t>(2 * k));
+  p.matmul_rows(am.data(), 2, 20, n1 - 10, n1 + 10, cm.data(), k);
+  const core::Tensor full = p.unpack();
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      double s = 0;
+      for (int64_t r = 0; r < 20; ++r) s += static_cast<double>(am[static_cast<size_t>(i * 20 + r)]) * full.f32()[(n1 - 10 + r) * k + j];
+      EXPECT_NEAR(cm[static_cast<size_t>(i * k + j)], s, 1e-4);
+    }
+}
+
 TEST(QuantPackedLinear, FromBlocksAndMatmulRows) {
   const int64_t n = 40, k = 512, m = 3;
   const auto w = random_vec(static_cast<size_t>(n * k), 21, 0.2f);

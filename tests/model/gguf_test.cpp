@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "model/chat_template.h"
+#include "model/gen_model.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/tokenizer.h"
@@ -206,6 +207,57 @@ TEST(Gguf, ModelsLoadAsTheirFolders) {
     auto fb = b->forward(in, {}, nullptr);
     ASSERT_TRUE(fa.ok() && fb.ok());
     for (int64_t i = 0; i < fa->logits.numel(); ++i) EXPECT_EQ(fa->logits.f32()[i], fb->logits.f32()[i]) << type << " " << i;
+    std::remove(gguf.c_str());
+  }
+}
+
+// A Q4_K_M file (Q4_K and Q6_K matrices, a fused QKV holding both) and a
+// Q6_K one load with every matrix in the file's own blocks, byte for byte:
+// llama.cpp computes on those, and quantising widened K-quant blocks again
+// would not give them back. GPT-2's Conv1D matrices are the file's rows too.
+TEST(Gguf, KQuantFilesKeepTheirBlocks) {
+  GenModelOptions o;
+  o.preset = "llama-3.2-1b";
+  o.out_dir = ::testing::TempDir() + "/gguf-kq-" + std::to_string(::getpid());
+  o.layers = 1, o.hidden = 512, o.heads = 8, o.kv_heads = 2, o.intermediate = 1024, o.vocab = 300, o.seed = 5;
+  ASSERT_TRUE(gen_model(o).ok());
+  for (const char* type : {"q4_k_m", "q6_k"}) {
+    const std::string gguf = o.out_dir + "-" + type + ".gguf";
+    auto rep = write_gguf_model(o.out_dir, type, gguf);
+    ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+    auto f = GgufFile::open(gguf);
+    auto m = Transformer::load(gguf);
+    ASSERT_TRUE(f.ok() && m.ok()) << m.status().to_string();
+    const bool mix = std::string(type) == "q4_k_m";
+    EXPECT_EQ(m->config().weights, mix ? kernels::WeightType::kQ4_K : kernels::WeightType::kQ6_K);
+    const LayerWeights& l = m->weights().layers[0];
+    auto same = [&](const kernels::PackedLinear& p, int64_t row0, const char* name, int64_t rows) {
+      const GgufTensor* t = f->tensor(name);
+      ASSERT_NE(t, nullptr) << name;
+      ASSERT_EQ(p.type(), kernel_type(t->type).value()) << name;
+      const size_t rb = kernels::row_bytes(p.type(), p.cols());
+      for (int64_t r = 0; r < rows; ++r)
+        ASSERT_EQ(0, std::memcmp(p.row_blocks(row0 + r), t->data + static_cast<size_t>(r) * rb, rb)) << type << " " << name << " row " << r;
+    };
+    // QKV: Q and K rows (llama.cpp's interleave undone), then V's.
+    const int64_t q = 512, kv = 2 * 64;
+    if (mix) {
+      ASSERT_EQ(l.qkv_w.parts().size(), 2u);
+      EXPECT_EQ(l.qkv_w.parts()[0].type(), kernels::WeightType::kQ4_K);
+      same(l.qkv_w.parts()[1], 0, "blk.0.attn_v.weight", kv);
+    } else {
+      ASSERT_TRUE(l.qkv_w.parts().empty());
+      same(l.qkv_w, q + kv, "blk.0.attn_v.weight", kv);
+    }
+    same(l.attn_out_w, 0, "blk.0.attn_output.weight", 512);
+    same(l.ffn_out_w, 0, "blk.0.ffn_down.weight", 512);
+    same(m->weights().lm_head_w, 0, "token_embd.weight", 300);
+    // (kernels' QuantPackedLinear.StackedBlockTypes checks the stacked product.)
+    ModelInput in;
+    in.ids = {5, 90, 3, 200, 17, 44};
+    auto out = m->forward(in, {}, nullptr);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    for (int64_t i = 0; i < out->logits.numel(); ++i) ASSERT_TRUE(std::isfinite(out->logits.f32()[i]));
     std::remove(gguf.c_str());
   }
 }
