@@ -3,7 +3,9 @@
 #include <benchmark/benchmark.h>
 #include <libxsmm.h>
 
+#include <algorithm>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -133,6 +135,35 @@ void BM_StreamRead(benchmark::State& st) {
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(n) * 4, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_StreamRead)->Arg(512)->Unit(benchmark::kMillisecond);
+
+// A decode step's quantized product: one input row against a [n, k] matrix
+// in each block type (range 0: 1 q8_0, 2 q4_0, 3 q4_k, 4 q6_k; range 1: k,
+// range 2: n), one thread, read from memory: 64 matrices of 4-16 MB in turn,
+// so no matrix stays in cache. GB/s counts the weight bytes.
+void BM_QuantDecode(benchmark::State& st) {
+  const auto t = static_cast<WeightType>(st.range(0));
+  const int64_t k = st.range(1), n = st.range(2);
+  const auto w = random_vec(static_cast<size_t>(n * k));
+  const WeightSource src{w.data(), n, k, 1};
+  const PackedLinear one = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, gemm_path(), {}, t);
+  const int copies = static_cast<int>(std::max<int64_t>(4, (256LL << 20) / static_cast<int64_t>(one.nbytes())));
+  std::vector<PackedLinear> mats(static_cast<size_t>(copies), one);
+  for (auto& m : mats) m = PackedLinear::from_blocks(t, one.row_blocks(0), n, k);
+  const auto x = random_vec(static_cast<size_t>(k));
+  std::vector<float> y(static_cast<size_t>(n));
+  size_t i = 0;
+  for (auto _ : st) {
+    PackedLinearArgs a;
+    a.x = x.data(), a.m = 1, a.ldx = k, a.w = &mats[i++ % mats.size()], a.y = y.data(), a.ldy = n;
+    packed_linear_f32(nullptr, a);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(static_cast<double>(one.nbytes()), benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_QuantDecode)
+    ->Args({1, 2048, 2048})->Args({2, 2048, 2048})->Args({3, 2048, 2048})->Args({4, 2048, 2048})
+    ->Args({3, 768, 3072})->Args({4, 768, 3072})->Args({3, 1024, 2048})->Args({3, 1536, 2048})->Args({3, 4096, 1024});
 
 // The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).
 void BM_GeluErfIsa(benchmark::State& st) {
