@@ -101,8 +101,22 @@ struct ModelConfig {
   // rows (full_k inputs; -1: k) are not whole blocks stays F32.
   int64_t matrix_bytes(int64_t rows, int64_t k, int64_t full_k = -1) const {
     const bool q = kernels::holds(weights, full_k < 0 ? k : full_k);
-    return rows * static_cast<int64_t>(kernels::row_bytes(q ? weights : kernels::WeightType::kF32, k));
+    const int64_t b = rows * static_cast<int64_t>(kernels::row_bytes(q ? weights : kernels::WeightType::kF32, k));
+    return q && mixed() ? static_cast<int64_t>(static_cast<double>(b) * mix_layer_scale + 0.5) : b;
   }
+  // The LM head's (or tied table's) packed matrix: a mixed file's head type.
+  int64_t head_bytes(int64_t rows, int64_t k) const {
+    const kernels::WeightType t = mixed() && mix_head != kernels::WeightType::kF32 ? mix_head : weights;
+    return rows * static_cast<int64_t>(kernels::row_bytes(kernels::holds(t, k) ? t : kernels::WeightType::kF32, k));
+  }
+  // A GGUF file whose matrices mix block types (Q4_K_M: Q4_K with Q6_K).
+  // Loading keeps each matrix's own blocks, so while `weights` is the file's
+  // type the layers' matrices take mix_layer_scale times the bytes `weights`
+  // alone would (the file's average), and the head is held in mix_head.
+  kernels::WeightType mix_weights = kernels::WeightType::kF32;
+  double mix_layer_scale = 1.0;
+  kernels::WeightType mix_head = kernels::WeightType::kF32;
+  bool mixed() const { return weights != kernels::WeightType::kF32 && weights == mix_weights; }
   std::vector<int64_t> bp_original;  // sorted, distinct
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads; }

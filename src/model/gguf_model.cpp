@@ -206,6 +206,21 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
 
 Status gguf_adjust_config(const GgufFile& f, ModelConfig& c) {
   c.weights = gguf_weight_type(f);
+  if (c.weights != kernels::WeightType::kF32) {
+    // What the layers' matrices take in their own types against the main
+    // type alone, and the head's type: the estimates of a mixed file.
+    double own = 0, main = 0;
+    for (const GgufTensor& t : f.tensors()) {
+      if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2 || !kernel_type(t.type)) continue;
+      own += static_cast<double>(t.nbytes);
+      main += static_cast<double>(t.rows()) * static_cast<double>(kernels::row_bytes(c.weights, t.row_length()));
+    }
+    c.mix_weights = c.weights;
+    c.mix_layer_scale = main > 0 ? own / main : 1.0;
+    const GgufTensor* head = f.tensor("output.weight") != nullptr ? f.tensor("output.weight") : f.tensor("token_embd.weight");
+    if (head != nullptr)
+      if (const auto t = kernel_type(head->type)) c.mix_head = *t;
+  }
   // llama.cpp's rope_freqs: per-frequency divisors (Llama 3.1's scaling).
   if (f.tensor("rope_freqs.weight") == nullptr) return core::ok_status();
   TESSERA_ASSIGN_OR_RETURN(const core::Tensor div, f.get_f32("rope_freqs.weight"));

@@ -203,7 +203,7 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
     // A decoder's packed matrix (the LM head, or the tied table that is
     // both) is held in the deployment's type; a separate table stays F32.
     if (c.causal()) {
-      bytes += c.matrix_bytes(c.vocab, W);
+      bytes += c.head_bytes(c.vocab, W);
       if (c.head == model::HeadKind::kLmHead && !c.tied_head) floats += c.vocab * W;
     } else {
       floats += c.vocab * W;

@@ -252,6 +252,14 @@ TEST(Gguf, KQuantFilesKeepTheirBlocks) {
     same(l.attn_out_w, 0, "blk.0.attn_output.weight", 512);
     same(l.ffn_out_w, 0, "blk.0.ffn_down.weight", 512);
     same(m->weights().lm_head_w, 0, "token_embd.weight", 300);
+    // Estimates count each matrix in its own type: the layer's matrices
+    // (one layer: the file's average is this layer's) and the head.
+    const ModelConfig& c = m->config();
+    const int64_t predicted = c.matrix_bytes(c.qkv_width(), 512) + c.matrix_bytes(512, c.q_width()) +
+                              c.matrix_bytes(2 * 1024, 512) + c.matrix_bytes(512, 1024);
+    const auto loaded = static_cast<double>(l.qkv_w.nbytes() + l.attn_out_w.nbytes() + l.ffn_in_w.nbytes() + l.ffn_out_w.nbytes());
+    EXPECT_NEAR(static_cast<double>(predicted), loaded, 1e-6 * loaded) << type;
+    EXPECT_EQ(c.head_bytes(300, 512), static_cast<int64_t>(m->weights().lm_head_w.nbytes())) << type;
     // (kernels' QuantPackedLinear.StackedBlockTypes checks the stacked product.)
     ModelInput in;
     in.ids = {5, 90, 3, 200, 17, 44};
