@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <span>
+#include <string_view>
 
 #include "core/dtype.h"
 #include "core/io.h"
@@ -356,6 +357,7 @@ Result<std::string> gguf_chat_template(const GgufFile& f) {
 
 namespace {
 Result<std::unique_ptr<Tokenizer>> tokenizer_of(const GgufFile& f);
+Result<std::unique_ptr<Tokenizer>> finish_gguf_tokenizer(const GgufFile& f, const json& tokens, json& vocab, json& tj, bool add_bos);
 Result<QuantizeReport> write_model(const std::string& dir, const std::string& type, const std::string& out);
 }  // namespace
 
@@ -379,11 +381,102 @@ Result<QuantizeReport> write_gguf_model(const std::string& dir, const std::strin
 
 namespace {
 
+constexpr int kTokNormal = 1, kTokUnknown = 2, kTokByte = 6;
+
+// The index of each UTF-8 character boundary of s after the first (split points).
+std::vector<size_t> utf8_splits(const std::string& s) {
+  std::vector<size_t> out;
+  for (size_t i = 1; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) out.push_back(i);
+  return out;
+}
+
+// tokenizer.ggml.model "llama": a SentencePiece vocabulary with scores and
+// <0xXX> byte tokens (Llama 2, Mistral, TinyLlama). SentencePiece merges the
+// adjacent pair whose union has the highest score; that is a BPE whose merges
+// are every (left, right) split of a token into two tokens, ranked by the
+// token's score (ties by token id, then the pieces' ids), with byte fallback,
+// as Hugging Face's tokenizer.json for these models has it. Spaces become
+// U+2581, and a text starts with one unless add_space_prefix is false.
+Result<std::unique_ptr<Tokenizer>> spm_tokenizer_of(const GgufFile& f) {
+  const json& m = f.metadata();
+  const json& tokens = m.value("tokenizer.ggml.tokens", json());
+  const json& scores = m.value("tokenizer.ggml.scores", json());
+  const json& types = m.value("tokenizer.ggml.token_type", json::array());
+  if (!tokens.is_array() || tokens.empty()) return core::invalid_argument("GGUF: tokenizer.ggml.tokens is missing");
+  if (!scores.is_array() || scores.size() != tokens.size())
+    return core::invalid_argument("GGUF: tokenizer.ggml.scores must hold one number per token");
+  json vocab = json::object(), added = json::array();
+  std::map<std::string, int64_t, std::less<>> id_of;
+  std::string unk;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!tokens[i].is_string() || !scores[i].is_number()) return core::invalid_argument("GGUF: a token or score of the wrong type");
+    const std::string& t = tokens[i].get_ref<const std::string&>();
+    if (id_of.count(t)) continue;  // the first id wins, as in SentencePiece
+    id_of[t] = static_cast<int64_t>(i);
+    vocab[t] = i;
+    const int type = i < types.size() && types[i].is_number_integer() ? types[i].get<int>() : kTokNormal;
+    if (type == kTokUnknown && unk.empty()) unk = t;
+    if (type == kTokControl || type == kTokUserDefined || type == kTokUnknown)
+      added.push_back({{"id", i}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", false}, {"special", type != kTokUserDefined}});
+  }
+  struct Merge {
+    double score;
+    int64_t id, left, right;
+    std::string l, r;
+  };
+  std::vector<Merge> ms;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int type = i < types.size() && types[i].is_number_integer() ? types[i].get<int>() : kTokNormal;
+    if (type != kTokNormal && type != kTokUserDefined) continue;  // control, unknown and byte tokens are never merged into
+    const std::string& t = tokens[i].get_ref<const std::string&>();
+    // SentencePiece's pieces are at most 16 characters (its trainer's
+    // max_sentencepiece_length), 64 bytes; a longer token in a hostile file
+    // would make this quadratic, and it gets no merges.
+    if (id_of.find(t)->second != static_cast<int64_t>(i) || t.size() > 64) continue;
+    const std::string_view tv = t;
+    for (size_t cut : utf8_splits(t)) {
+      const auto a = id_of.find(tv.substr(0, cut)), b = id_of.find(tv.substr(cut));
+      if (a != id_of.end() && b != id_of.end())
+        ms.push_back({scores[i].get<double>(), static_cast<int64_t>(i), a->second, b->second, a->first, b->first});
+    }
+  }
+  std::sort(ms.begin(), ms.end(), [](const Merge& x, const Merge& y) {
+    if (x.score != y.score) return x.score > y.score;
+    if (x.id != y.id) return x.id < y.id;
+    return x.left != y.left ? x.left < y.left : x.right < y.right;
+  });
+  json merges = json::array();
+  for (const Merge& x : ms) merges.push_back(json::array({x.l, x.r}));
+  const std::string space = "\u2581";
+  const bool prefix = m.value("tokenizer.ggml.add_space_prefix", true) == true;
+  json norm = json::array();
+  if (prefix) norm.push_back({{"type", "Prepend"}, {"prepend", space}});
+  norm.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}});
+  json dec = json::array({{{"type", "Replace"}, {"pattern", {{"String", space}}}, {"content", " "}},
+                          {{"type", "ByteFallback"}},
+                          {{"type", "Fuse"}}});
+  if (prefix) dec.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  json tj = {{"version", "1.0"},
+             {"added_tokens", added},
+             {"normalizer", {{"type", "Sequence"}, {"normalizers", norm}}},
+             {"pre_tokenizer", nullptr},
+             {"post_processor", nullptr},
+             {"decoder", {{"type", "Sequence"}, {"decoders", dec}}},
+             {"model",
+              {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk.empty() ? json(nullptr) : json(unk)},
+               {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", true},
+               {"byte_fallback", true}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}}}};
+  return finish_gguf_tokenizer(f, tokens, vocab, tj, m.value("tokenizer.ggml.add_bos_token", true) == true);
+}
+
 Result<std::unique_ptr<Tokenizer>> tokenizer_of(const GgufFile& f) {
   const json& m = f.metadata();
   TESSERA_ASSIGN_OR_RETURN(const std::string kind, meta_string(f, "tokenizer.ggml.model"));
+  if (kind == "llama") return spm_tokenizer_of(f);
   if (kind != "gpt2")
-    return core::unimplemented("GGUF tokenizer '" + kind + "' is not supported yet (gpt2-style byte-level BPE); give token ids");
+    return core::unimplemented("GGUF tokenizer '" + kind + "' is not supported (gpt2-style byte-level BPE, llama-style SentencePiece); give token ids");
   const json& tokens = m.value("tokenizer.ggml.tokens", json());
   if (!tokens.is_array() || tokens.empty()) return core::invalid_argument("GGUF: tokenizer.ggml.tokens is missing");
   const json& merges = m.value("tokenizer.ggml.merges", json::array());
@@ -417,7 +510,12 @@ Result<std::unique_ptr<Tokenizer>> tokenizer_of(const GgufFile& f) {
               {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
                {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
                {"ignore_merges", pre == "llama-bpe" || pre == "llama3"}, {"vocab", vocab}, {"merges", merges}}}};
-  const bool add_bos = m.value("tokenizer.ggml.add_bos_token", false) == true;
+  return finish_gguf_tokenizer(f, tokens, vocab, tj, m.value("tokenizer.ggml.add_bos_token", false) == true);
+}
+
+// The BOS template (when the file adds BOS) and the special tokens' names.
+Result<std::unique_ptr<Tokenizer>> finish_gguf_tokenizer(const GgufFile& f, const json& tokens, json& vocab, json& tj, bool add_bos) {
+  const json& m = f.metadata();
   json cfg = json::object();
   auto name_of = [&](const char* key) -> std::string {
     if (!m.contains(key) || !m[key].is_number_unsigned()) return "";

@@ -7,7 +7,9 @@
 // chat template.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <unistd.h>
@@ -252,6 +254,12 @@ TEST(Gguf, KQuantFilesKeepTheirBlocks) {
     same(l.attn_out_w, 0, "blk.0.attn_output.weight", 512);
     same(l.ffn_out_w, 0, "blk.0.ffn_down.weight", 512);
     same(m->weights().lm_head_w, 0, "token_embd.weight", 300);
+    // get_f32 widens K-quant blocks as the kernels do.
+    auto v = f->get_f32("blk.0.attn_v.weight");
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    std::vector<float> row(512);
+    (mix ? l.qkv_w.parts()[1] : l.qkv_w).copy_row(mix ? 3 : q + 2 * 64 + 3, row.data());
+    for (int64_t c = 0; c < 512; ++c) ASSERT_EQ(v->f32()[3 * 512 + c], row[static_cast<size_t>(c)]) << c;
     // Estimates count each matrix in its own type: the layer's matrices
     // (one layer: the file's average is this layer's) and the head.
     const ModelConfig& c = m->config();
@@ -268,6 +276,75 @@ TEST(Gguf, KQuantFilesKeepTheirBlocks) {
     for (int64_t i = 0; i < out->logits.numel(); ++i) ASSERT_TRUE(std::isfinite(out->logits.f32()[i]));
     std::remove(gguf.c_str());
   }
+}
+
+// tokenizer.ggml.model "llama": SentencePiece pieces with scores and byte
+// tokens. The expected ids are SentencePiece's by hand: "the cat" becomes
+// "▁the▁cat", then the adjacent pair whose union scores highest merges
+// first: ▁t (-3), he (-4), ▁the (-1), ▁c (-5), at (-6), ▁cat (-2). A
+// character without a piece falls back to its UTF-8 bytes.
+TEST(Gguf, SentencePieceVocabulariesTokenizeAsSentencePiece) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    tokens.push_back(name);
+    types.push_back(6);
+  }
+  std::vector<float> scores(tokens.size(), 0.0f);
+  const std::vector<std::pair<std::string, float>> pieces = {
+      {"\u2581", -10}, {"t", -10}, {"h", -10}, {"e", -10}, {"c", -10}, {"a", -10}, {"\u2581t", -3}, {"he", -4},
+      {"\u2581the", -1}, {"\u2581c", -5}, {"at", -6}, {"\u2581cat", -2}, {"th", -20}};
+  for (const auto& [p, s] : pieces) tokens.push_back(p), types.push_back(1), scores.push_back(s);
+  auto id = [&](const std::string& p) { return static_cast<int64_t>(std::find(tokens.begin(), tokens.end(), p) - tokens.begin()); };
+  GgufWriter w;
+  w.add_string("general.architecture", "llama");
+  w.add_string("tokenizer.ggml.model", "llama");
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_f32s("tokenizer.ggml.scores", scores);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_u32("tokenizer.ggml.bos_token_id", 1);
+  w.add_u32("tokenizer.ggml.eos_token_id", 2);
+  w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.add_bool("tokenizer.ggml.add_bos_token", true);
+  const std::string path = ::testing::TempDir() + "/spm-" + std::to_string(::getpid()) + ".gguf";
+  ASSERT_TRUE(w.write(path).ok());
+  auto f = GgufFile::open(path);
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  auto tok = gguf_tokenizer(*f);
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  auto ids = (*tok)->encode("the cat");
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  EXPECT_EQ(*ids, (std::vector<int64_t>{1, id("\u2581the"), id("\u2581cat")}));
+  // "th" (-20) loses to "▁t" (-3): SentencePiece's order, not the text's.
+  ids = (*tok)->encode("the", false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int64_t>{id("\u2581the")}));
+  // é has no piece: its two UTF-8 bytes, 0xC3 0xA9 (ids 3 + byte).
+  ids = (*tok)->encode("cat\xC3\xA9", false);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(*ids, (std::vector<int64_t>{id("\u2581cat"), 3 + 0xC3, 3 + 0xA9}));
+  auto text = (*tok)->decode(*ids);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "cat\xC3\xA9");
+  text = (*tok)->decode({1, id("\u2581the"), id("\u2581cat")});
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(*text, "the cat");
+  EXPECT_EQ((*tok)->bos_id(), 1);
+  // A score array of the wrong length is a clear error.
+  GgufWriter bad;
+  bad.add_string("general.architecture", "llama");
+  bad.add_string("tokenizer.ggml.model", "llama");
+  bad.add_strings("tokenizer.ggml.tokens", tokens);
+  bad.add_f32s("tokenizer.ggml.scores", {0.0f});
+  ASSERT_TRUE(bad.write(path).ok());
+  auto g = GgufFile::open(path);
+  ASSERT_TRUE(g.ok());
+  auto none = gguf_tokenizer(*g);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().to_string().find("scores"), std::string::npos) << none.status().to_string();
+  std::remove(path.c_str());
 }
 
 TEST(Gguf, TokenizerAndChatTemplateTravelInTheFile) {
