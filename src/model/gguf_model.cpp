@@ -590,6 +590,11 @@ struct Vocab {
   std::vector<std::string> merges;
   std::string pre = "default";
   bool placeholder = true;
+  // A SentencePiece-style BPE (byte_fallback, U+2581 spaces: Llama 2,
+  // Mistral) goes out as tokenizer.ggml.model "llama": scores instead of
+  // merges, each merged token scored minus the rank of its first merge.
+  bool spm = false, space_prefix = true;
+  std::vector<float> scores;
 };
 
 // The folder's byte-level BPE vocabulary (tokenizer.json), or a placeholder
@@ -621,6 +626,28 @@ Result<Vocab> folder_vocab(const std::string& dir, int64_t n) {
         if (mg.is_string()) v.merges.push_back(mg.get<std::string>());
         else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string())
           v.merges.push_back(mg[0].get<std::string>() + " " + mg[1].get<std::string>());
+      }
+      if (tj["model"].value("byte_fallback", false) == true) {
+        v.spm = true;
+        v.space_prefix = tj.value("normalizer", json()).dump().find("\"Prepend\"") != std::string::npos;
+        std::map<std::string, size_t> id;
+        for (size_t i = 0; i < v.tokens.size(); ++i) id.emplace(v.tokens[i], i);
+        const std::string unk = tj["model"].value("unk_token", json()).is_string() ? tj["model"]["unk_token"].get<std::string>() : "";
+        v.scores.assign(v.tokens.size(), 0.0f);
+        std::vector<bool> scored(v.tokens.size(), false);
+        for (size_t r = 0; r < v.merges.size(); ++r) {
+          const size_t sp = v.merges[r].find(' ');
+          const auto it = id.find(v.merges[r].substr(0, sp) + v.merges[r].substr(sp + 1));
+          if (it != id.end() && !scored[it->second]) v.scores[it->second] = -static_cast<float>(r + 1), scored[it->second] = true;
+        }
+        for (size_t i = 0; i < v.tokens.size(); ++i) {
+          const std::string& t = v.tokens[i];
+          if (t == unk) v.types[i] = kTokUnknown;
+          else if (t.size() == 6 && t.rfind("<0x", 0) == 0 && t[5] == '>') v.types[i] = kTokByte;
+        }
+        v.merges.clear();
+        v.placeholder = false;
+        return v;
       }
       const json pt = tj.value("pre_tokenizer", json());
       const std::string dumped = pt.dump();
@@ -804,12 +831,22 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
     }
   }
   TESSERA_ASSIGN_OR_RETURN(const Vocab v, folder_vocab(dir, c.vocab));
-  if (v.placeholder) rep.notes.push_back("no byte-level BPE tokenizer.json: a placeholder vocabulary (give token ids)");
-  w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", v.pre);
-  w.add_strings("tokenizer.ggml.tokens", v.tokens);
-  w.add_i32s("tokenizer.ggml.token_type", v.types);
-  w.add_strings("tokenizer.ggml.merges", v.merges);
+  if (v.placeholder) rep.notes.push_back("no BPE tokenizer.json: a placeholder vocabulary (give token ids)");
+  if (v.spm) {
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_strings("tokenizer.ggml.tokens", v.tokens);
+    w.add_f32s("tokenizer.ggml.scores", v.scores);
+    w.add_i32s("tokenizer.ggml.token_type", v.types);
+    w.add_bool("tokenizer.ggml.add_space_prefix", v.space_prefix);
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.types[i] == kTokUnknown) w.add_u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(i));
+  } else {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", v.pre);
+    w.add_strings("tokenizer.ggml.tokens", v.tokens);
+    w.add_i32s("tokenizer.ggml.token_type", v.types);
+    w.add_strings("tokenizer.ggml.merges", v.merges);
+  }
   const auto id_of = [&](const char* key) -> int64_t {
     if (!cj.contains(key)) return -1;
     const json& x = cj[key].is_array() && !cj[key].empty() ? cj[key][0] : cj[key];

@@ -6,7 +6,9 @@
 // had (no npm registry), the test is skipped, not passed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -20,6 +22,7 @@
 #include "model/gen_model.h"
 #include "model/generate.h"
 #include "model/gguf_model.h"
+#include "model/tokenizer.h"
 #include "model/transformer.h"
 #include "parallel/strategy.h"
 #include "runtime/in_process.h"
@@ -163,6 +166,93 @@ TEST(LlamaCppAgreement, GgufFilesTesseraWritesComputeTheSameInLlamaCpp) {
                         {"qwen2-tiny", "q4_0", 1e-2}, {"qwen3-tiny", "q8_0", 1e-2},    {"qwen3-tiny", "q4_0", 1e-2},
                         {"qwen3-mqa-tiny", "q8_0", 1e-2}};
   for (const Case& c : cases) agree(kData + "/" + c.fixture, c.type, c.tolerance, c.fixture);
+}
+
+// A SentencePiece vocabulary (Llama 2, Mistral): a folder whose
+// tokenizer.json is Hugging Face's form of one (a BPE with byte fallback,
+// U+2581 for spaces, merges ranked by the merged piece's score) goes into
+// the GGUF as tokenizer.ggml.model "llama" with scores. llama.cpp's
+// SentencePiece tokenizer, Tessera on the GGUF and Tessera on the folder
+// give the same ids.
+TEST(LlamaCppAgreement, SentencePieceVocabulariesTokenizeAsLlamaCpp) {
+  if (const std::string why = setup_peer(); !why.empty()) GTEST_SKIP() << why;
+  const std::string tmp = ::testing::TempDir() + "/spm-" + std::to_string(::getpid());
+  const std::string u = "\u2581";
+  // Pieces and scores; every character of the texts below is a piece or falls back to bytes.
+  const std::vector<std::pair<std::string, double>> pieces = {
+      {u, -10}, {"t", -10}, {"h", -10}, {"e", -10}, {"c", -10}, {"a", -10}, {"s", -10}, {"o", -10}, {"n", -10},
+      {"d", -10}, {"r", -10}, {"i", -10}, {"g", -10}, {u + "t", -3}, {"he", -4}, {u + "the", -1}, {u + "c", -5},
+      {"at", -6}, {u + "cat", -2}, {u + "a", -7}, {"nd", -8}, {u + "and", -2.5}, {"th", -20}, {"er", -9},
+      {"in", -9.5}, {"ing", -4.5}, {u + "s", -7.5}, {"on", -8.5}, {u + "on", -3.5}, {"ca", -30}, {u + u, -12}};
+  nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array();
+  std::map<std::string, int64_t> id;
+  auto add = [&](const std::string& t) { id[t] = static_cast<int64_t>(id.size()); vocab[t] = id[t]; };
+  for (const char* s : {"<unk>", "<s>", "</s>"}) {
+    added.push_back({{"id", id.size()}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                     {"normalized", false}, {"special", true}});
+    add(s);
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    add(name);
+  }
+  for (const auto& p : pieces) add(p.first);
+  // Every split of a piece into two pieces, ranked by the piece's score.
+  std::vector<std::tuple<double, int64_t, std::string, std::string>> ms;
+  for (const auto& [p, score] : pieces)
+    for (size_t cut = 1; cut < p.size(); ++cut) {
+      if ((static_cast<unsigned char>(p[cut]) & 0xC0) == 0x80) continue;
+      if (id.count(p.substr(0, cut)) && id.count(p.substr(cut))) ms.push_back({-score, id[p], p.substr(0, cut), p.substr(cut)});
+    }
+  std::sort(ms.begin(), ms.end());
+  nlohmann::json merges = nlohmann::json::array();
+  for (const auto& m : ms) merges.push_back(nlohmann::json::array({std::get<2>(m), std::get<3>(m)}));
+  const nlohmann::json tj = {
+      {"version", "1.0"}, {"added_tokens", added}, {"pre_tokenizer", nullptr}, {"post_processor", nullptr},
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", u}},
+                                                           {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", u}}}}}},
+      {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", u}}}, {"content", " "}},
+                                                     {{"type", "ByteFallback"}}, {{"type", "Fuse"}},
+                                                     {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"continuing_subword_prefix", nullptr},
+                 {"end_of_word_suffix", nullptr}, {"fuse_unk", true}, {"byte_fallback", true}, {"ignore_merges", false},
+                 {"vocab", vocab}, {"merges", merges}}}};
+  ASSERT_TRUE(sh("mkdir -p '" + tmp + "-tok'"));
+  { std::ofstream(tmp + "-tok/tokenizer.json") << tj.dump(); }
+  { std::ofstream(tmp + "-tok/tokenizer_config.json") << R"({"add_bos_token": true, "bos_token": "<s>", "eos_token": "</s>"})"; }
+  model::GenModelOptions o;
+  o.preset = "llama-3.2-1b";
+  o.out_dir = tmp + "-model";
+  o.layers = 1, o.hidden = 64, o.heads = 2, o.kv_heads = 1, o.intermediate = 128, o.tokenizer_dir = tmp + "-tok";
+  ASSERT_TRUE(model::gen_model(o).ok());
+  const std::string gguf = tmp + ".gguf";
+  auto w = model::write_gguf_model(o.out_dir, "f32", gguf);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  auto folder = model::load_tokenizer(o.out_dir);
+  auto file = model::load_tokenizer(gguf);
+  ASSERT_TRUE(folder.ok() && file.ok()) << file.status().to_string();
+  for (const std::string text : {"the cat", "the cat and the cats", "  a cat  sat on the thing", "caté 猫 and ending",
+                                 "then\nthe\tcat", "ing inging thethe"}) {
+    auto a = (*folder)->encode(text, false);
+    auto b = (*file)->encode(text, false);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(*b, *a) << text;
+    { std::ofstream(tmp + ".txt", std::ios::binary) << text; }
+    const std::string out = tmp + ".ids.json";
+    ASSERT_TRUE(sh("cd '" + peer_dir() + "' && node llama_peer.mjs tokenize '" + gguf + "' --file '" + tmp + ".txt' > '" + out + "' 2>/dev/null"));
+    std::ifstream in(out);
+    std::string line, last;
+    while (std::getline(in, line))
+      if (!line.empty()) last = line;
+    const auto j = nlohmann::json::parse(last, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("ids")) << last;
+    EXPECT_EQ(j["ids"].get<std::vector<int64_t>>(), *b) << text;
+    auto back = (*file)->decode(*b);
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, text);
+  }
+  std::remove(gguf.c_str());
 }
 
 // K-quants need rows of 256: a Llama-3.2-1B-shaped decoder cut to 512 wide
