@@ -73,25 +73,22 @@ void round_input_q8_k(const float* x, int64_t k, float* out);
 // Either, by the weight type's input format.
 void quantize_input_for(WeightType t, const float* x, int64_t k, uint8_t* out);
 
+// dot(w, ldw, rows, nb, xq, m, ldxq, out, ldo) and dequant(w, nb, out); see QuantOps.
+using QuantDotFn = void (*)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m,
+                            size_t ldxq, float* out, int64_t ldo);
+using QuantDequantFn = void (*)(const uint8_t* w, int64_t nb, float* out);
+
 struct QuantOps {
   // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
   // i < m (m <= 8): W_r the blocks at w + r * ldw bytes, X_i the Q8_0 blocks
   // of input row i at xq + i * ldxq. Several weight rows at once keep
   // independent sums in flight.
-  void (*dot_q8_0)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
-                   float* out, int64_t ldo);
-  void (*dot_q4_0)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
-                   float* out, int64_t ldo);
+  QuantDotFn dot_q8_0, dot_q4_0;
   // nb blocks widened to 32 * nb floats.
-  void (*dequant_q8_0)(const uint8_t* w, int64_t nb, float* out);
-  void (*dequant_q4_0)(const uint8_t* w, int64_t nb, float* out);
+  QuantDequantFn dequant_q8_0, dequant_q4_0;
   // The same for the K-quants: X_i in Q8_K blocks, nb super-blocks of 256.
-  void (*dot_q4_K)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
-                   float* out, int64_t ldo);
-  void (*dot_q6_K)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m, size_t ldxq,
-                   float* out, int64_t ldo);
-  void (*dequant_q4_K)(const uint8_t* w, int64_t nb, float* out);
-  void (*dequant_q6_K)(const uint8_t* w, int64_t nb, float* out);
+  QuantDotFn dot_q4_K, dot_q6_K;
+  QuantDequantFn dequant_q4_K, dequant_q6_K;
   // rows [32, k] row-major (k a multiple of 8) into panel[c * 32 + r]: the
   // panel form of PackedLinear (packed_linear.h), in 8 x 8 tiles.
   void (*rows_to_panel)(const float* rows, int64_t k, float* panel);
@@ -104,8 +101,6 @@ const QuantOps& quant_ops(Isa isa);
 inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }
 
 // The kernels of one weight type.
-using QuantDotFn = void (*)(const uint8_t*, size_t, int64_t, int64_t, const uint8_t*, int64_t, size_t, float*, int64_t);
-using QuantDequantFn = void (*)(const uint8_t*, int64_t, float*);
 QuantDotFn dot_fn(const QuantOps& ops, WeightType t);
 QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t);
 // An input row rounded as t's dot kernels see it, widened to F32.

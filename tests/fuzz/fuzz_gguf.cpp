@@ -21,7 +21,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (auto map = tessera::model::gguf_tensor_map(*f); map.ok())
     for (const auto& m : *map)
-      if (f->tensor(m.gguf_name)->nbytes <= (size_t{1} << 20)) (void)tessera::model::gguf_read(*f, m);
+      if (f->tensor(m.gguf_name)->nbytes <= (size_t{1} << 20)) {
+        (void)tessera::model::gguf_read(*f, m);
+        (void)tessera::model::gguf_blocks(*f, m);  // a quantized matrix's rows, Q/K order undone
+      }
   if (auto text = tessera::model::gguf_config_json(*f); text.ok()) (void)tessera::model::parse_config(*text);
   (void)tessera::model::gguf_tokenizer(*f);
   (void)tessera::model::gguf_chat_template(*f);
