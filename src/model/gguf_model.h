@@ -25,11 +25,14 @@ bool is_gguf_path(const std::string& path);
 
 // config.json's text for the file: general.architecture gpt2, llama, qwen2 or qwen3.
 core::Result<std::string> gguf_config_json(const GgufFile& f);
-// The type of the layers' matrices in the file (F32 for F32/F16/BF16 files):
-// loading keeps a Q8_0 or Q4_0 file's blocks (kernels/quant.h) unless told otherwise.
+// The most common block type of the layers' matrices in the file (F32 for
+// F32/F16/BF16 files): a deployment in that type keeps every matrix's own
+// blocks (gguf_blocks), whatever its type; another type widens and
+// quantizes them again.
 kernels::WeightType gguf_weight_type(const GgufFile& f);
-// What config.json cannot say, set on the parsed config: the weight type and
-// llama.cpp's rope_freqs divisors (Llama 3.1 rope scaling) on the frequencies.
+// What config.json cannot say, set on the parsed config: the weight type (and
+// a mixed file's byte scale and head type), and llama.cpp's rope_freqs
+// divisors (Llama 3.1 rope scaling) on the frequencies.
 core::Status gguf_adjust_config(const GgufFile& f, ModelConfig& c);
 
 // One tensor under its Hugging Face name, as TensorStore hands it out.
