@@ -361,16 +361,20 @@ class Loader {
   // A Linear-layout matrix of layer l: the file's own blocks when the load
   // keeps the file's type (a quantized GGUF), else read as F32.
   Result<RawMatrix> linear(int64_t l, const std::string& leaf, RawLayer& into) {
-    const std::string name = p_ + layer_name(c_, l, leaf);
-    if (file_blocks()) {
-      TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
-      if (b) {
-        into.names.push_back(name);
-        return blocks_of(*b);
-      }
-    }
+    TESSERA_ASSIGN_OR_RETURN(std::optional<RawMatrix> b, file_matrix(l, leaf, into));
+    if (b) return std::move(*b);
     TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, into));
     return linear_of(t);
+  }
+  // Layer l's matrix as the file's own blocks (Linear rows whichever way the
+  // folder holds it), or nullopt where the load does not keep them.
+  Result<std::optional<RawMatrix>> file_matrix(int64_t l, const std::string& leaf, RawLayer& into) {
+    if (!file_blocks()) return std::optional<RawMatrix>();
+    const std::string name = p_ + layer_name(c_, l, leaf);
+    TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
+    if (!b) return std::optional<RawMatrix>();
+    into.names.push_back(name);
+    return std::optional<RawMatrix>(blocks_of(*b));
   }
   bool file_blocks() const { return type_ != kernels::WeightType::kF32 && type_ == store_.block_type(); }
   // An owned copy of a tensor; its pages in the mapping are dropped.
@@ -460,14 +464,8 @@ Result<RawLayer> Loader::load_layer(int64_t l, const std::string& sub, int64_t F
   RawLayer w;
   auto layer = [&](int64_t li, const std::string& leaf, RawLayer& into) { return this->layer(li, sub + leaf, into); };
   auto matrix = [&](const std::string& leaf) -> Result<RawMatrix> {
-    if (file_blocks()) {  // a GGUF file's blocks, Linear rows whichever way the folder holds it
-      const std::string name = p_ + layer_name(c_, l, sub + leaf);
-      TESSERA_ASSIGN_OR_RETURN(std::optional<TensorStore::Blocks> b, store_.blocks(name));
-      if (b) {
-        w.names.push_back(name);
-        return blocks_of(*b);
-      }
-    }
+    TESSERA_ASSIGN_OR_RETURN(std::optional<RawMatrix> b, file_matrix(l, sub + leaf, w));
+    if (b) return std::move(*b);
     TESSERA_ASSIGN_OR_RETURN(Tensor t, layer(l, leaf, w));
     return n.conv1d ? conv1d_of(t) : linear_of(t);
   };
