@@ -1,5 +1,6 @@
 #include "planner/profile.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,7 +185,10 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   const std::vector<int64_t> rows = profile_row_counts(n, max_devices);
   // Resident memory that outlives the GEMM and attention sections' own
   // buffers is the libraries' (libxsmm's JIT code, OpenBLAS's packing
-  // buffers): every device running the model pays it.
+  // buffers): every device running the model pays it. Freed heap pages
+  // are handed back before each reading: whether malloc kept them varied
+  // from run to run (10-20 MB here), and they are not the libraries'.
+  ::malloc_trim(0);
   const int64_t resident_before = core::resident_bytes();
   for (auto [k, cols] : shapes) {
     core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
@@ -227,6 +231,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     const double s = time_best(5, [&] { kernels::attention_f32(pool, a, scratch.f32(), sf); });
     d.attention_gflops = 4.0 * static_cast<double>(n * n * Q) / s / 1e9;
   }
+  ::malloc_trim(0);
   d.runtime_bytes = std::max<int64_t>(0, core::resident_bytes() - resident_before);
   {
     core::Tensor x = core::Tensor::zeros_f32({n, F}), y = core::Tensor::zeros_f32({n, F});
@@ -257,7 +262,7 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  return base + "/tessera/profile5-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  return base + "/tessera/profile6-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 
