@@ -49,6 +49,8 @@ class Chatter {
     TESSERA_ASSIGN_OR_RETURN(runtime::Cluster cluster, runtime::Cluster::open(f.cluster));
     runtime::DeployRequest r;
     r.lossy = f.plan->lossy;
+    r.max_loss = f.plan->max_loss;
+    r.calibration = f.plan->calibration;
     if (f.plan->strategy == "auto") {
       TESSERA_ASSIGN_OR_RETURN(r.plan, auto_plan(*f.plan));
     } else {

@@ -3,18 +3,15 @@
 // process with one thread per device (run_in_process), so no network is involved;
 // the figures depend only on the arithmetic.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
-#include "runtime/in_process.h"
+#include "runtime/fidelity.h"
 #include "kernels/gemm.h"
 #include "model/transformer.h"
 #include "parallel/strategy.h"
@@ -34,96 +31,12 @@ struct FidelityFlags {
   std::string wires;     // "f16,q8": each wire a setting of its own
 };
 
-// What the exact forward gives for one input, kept small: hidden.L and the
-// top-1 class of each logits row (GPT-2's full logits would be N x vocab).
-struct Reference {
-  core::Tensor hidden;
-  std::vector<int64_t> top1;
-  std::vector<double> last_logp;  // log-softmax of the last row's logits (the next token)
-};
-
-struct Scores {
-  double cosine_sum = 0.0, min_cosine = 1.0, max_abs_err = 0.0;
-  int64_t rows = 0, top1_same = 0, top1_rows = 0;
-  double kl_sum = 0.0, kl_max = 0.0;
-  int64_t kl_count = 0;
-};
-
-std::vector<double> last_row_logp(const core::Tensor& logits) {
-  if (logits.empty()) return {};
-  const int64_t rows = logits.dim(0), cols = logits.dim(1);
-  const float* x = logits.f32() + (rows - 1) * cols;
-  double mx = x[0];
-  for (int64_t c = 1; c < cols; ++c) mx = std::max(mx, static_cast<double>(x[c]));
-  double sum = 0;
-  for (int64_t c = 0; c < cols; ++c) sum += std::exp(x[c] - mx);
-  std::vector<double> out(static_cast<size_t>(cols));
-  for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c)] = x[c] - mx - std::log(sum);
-  return out;
-}
-
 // The default strategy: the registry's first lossy one (fidelity is what it
 // trades for speed); the one-device plan when every strategy is exact.
 std::string default_strategy() {
   for (const parallel::Strategy* s : parallel::strategies())
     if (!s->exact()) return s->name();
   return parallel::single_device_plan().strategy;
-}
-
-std::vector<int64_t> top1_rows(const core::Tensor& logits) {
-  std::vector<int64_t> out;
-  if (logits.empty()) return out;
-  const int64_t rows = logits.dim(0), cols = logits.dim(1);
-  for (int64_t r = 0; r < rows; ++r) out.push_back(kernels::argmax_f32(logits.f32() + r * cols, cols));
-  return out;
-}
-
-std::vector<model::ModelInput> random_inputs(const model::ModelConfig& c, int samples, int64_t seq, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<model::ModelInput> out(static_cast<size_t>(samples));
-  for (auto& in : out) {
-    if (c.takes_images()) {
-      in.pixels = core::Tensor::zeros_f32({1, c.channels, c.image_size, c.image_size});
-      for (int64_t i = 0; i < in.pixels.numel(); ++i) in.pixels.f32()[i] = nd(rng);
-    } else {
-      for (int64_t i = 0; i < seq; ++i) in.ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.vocab)));
-    }
-  }
-  return out;
-}
-
-void score(const Reference& ref, const model::ForwardOutput& got, Scores& s) {
-  const core::Tensor& a = ref.hidden;
-  const core::Tensor& b = got.hidden.back();
-  const int64_t rows = a.dim(0), cols = a.dim(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    double dot = 0, na = 0, nb = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double x = a.f32()[r * cols + c], y = b.f32()[r * cols + c];
-      dot += x * y;
-      na += x * x;
-      nb += y * y;
-      s.max_abs_err = std::max(s.max_abs_err, std::fabs(x - y));
-    }
-    const double cos = na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : (na == nb ? 1.0 : 0.0);
-    s.cosine_sum += cos;
-    s.min_cosine = std::min(s.min_cosine, cos);
-    ++s.rows;
-  }
-  // KL(reference || got) of the next-token distribution.
-  if (const auto lp = last_row_logp(got.logits); !lp.empty() && lp.size() == ref.last_logp.size()) {
-    double kl = 0;
-    for (size_t c = 0; c < lp.size(); ++c) kl += std::exp(ref.last_logp[c]) * (ref.last_logp[c] - lp[c]);
-    s.kl_sum += kl;
-    s.kl_max = std::max(s.kl_max, kl);
-    ++s.kl_count;
-  }
-  const auto top = top1_rows(got.logits);
-  for (size_t r = 0; r < std::min(top.size(), ref.top1.size()); ++r) {
-    s.top1_same += top[r] == ref.top1[r] ? 1 : 0;
-    ++s.top1_rows;
-  }
 }
 
 // A numeric strategy flag given as a list ("--cr 2,4,8") makes one plan per
@@ -188,42 +101,16 @@ int fidelity(const FidelityFlags& f) {
         if (auto st = parallel::complete_plan(*p, *cfg); !st.ok()) return fail(st.to_string());
         plans.push_back(*p);
       }
-  auto full = model::Transformer::load(f.model);
-  if (!full.ok()) return fail(full.status().to_string());
-  auto models = runtime::load_rank_models(f.model, plans[0]);
-  if (!models.ok()) return fail(models.status().to_string());
-  kernels::WeightType loaded = plans[0].weights;
-  kernels::set_blas_threads(1);  // ranks are threads; each runs its GEMMs on one core
-  const auto inputs = random_inputs(*cfg, f.samples, f.seq, f.seed);
-  std::vector<Reference> refs;
-  for (const auto& in : inputs) {
-    auto out = full->forward(in, {}, nullptr);
-    if (!out.ok()) return fail(out.status().to_string());
-    refs.push_back({out->hidden.back(), top1_rows(out->logits), last_row_logp(out->logits)});
-  }
+  auto meter = runtime::FidelityMeter::create(f.model, runtime::random_inputs(*cfg, f.samples, f.seq, f.seed));
+  if (!meter.ok()) return fail(meter.status().to_string());
   for (const auto& plan : plans) {
-    if (plan.weights != loaded) {  // the ranks again, in this plan's weight type
-      models = runtime::load_rank_models(f.model, plan);
-      if (!models.ok()) return fail(models.status().to_string());
-      loaded = plan.weights;
-    }
-    Scores s;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto got = runtime::run_in_process(plan, *models, inputs[i]);
-      if (!got.ok()) return fail(got.status().to_string());
-      score(refs[i], got->output, s);
-    }
-    const double cosine = s.cosine_sum / static_cast<double>(std::max<int64_t>(s.rows, 1));
-    const int64_t rows = refs[0].hidden.dim(0);
-    nlohmann::json j = {{"model", f.model}, {"model_type", cfg->family},
-                        {"strategy", plan.strategy}, {"options", plan.options}, {"devices", plan.world},
-                        {"samples", f.samples}, {"rows", rows}, {"cosine", cosine}, {"min_cosine", s.min_cosine},
-                        {"max_abs_err", s.max_abs_err}, {"weights", kernels::weight_type_name(plan.weights)},
-                        {"wire", core::wire_type_name(plan.wire)}};
-    j["next_token_kl"] = s.kl_count > 0 ? nlohmann::json(s.kl_sum / static_cast<double>(s.kl_count)) : nlohmann::json(nullptr);
-    j["next_token_kl_max"] = s.kl_count > 0 ? nlohmann::json(s.kl_max) : nlohmann::json(nullptr);
-    j["top1_agreement"] = s.top1_rows > 0 ? nlohmann::json(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows))
-                                          : nlohmann::json(nullptr);
+    auto s = meter->measure(plan);
+    if (!s.ok()) return fail(s.status().to_string());
+    const int64_t rows = s->rows / std::max<int64_t>(s->samples, 1);
+    nlohmann::json j = s->to_json();
+    j.update({{"model", f.model}, {"model_type", cfg->family}, {"strategy", plan.strategy}, {"options", plan.options},
+              {"devices", plan.world}, {"rows", rows}, {"weights", kernels::weight_type_name(plan.weights)},
+              {"wire", core::wire_type_name(plan.wire)}});
     if (f.json) {
       std::cout << j.dump() << '\n';
       continue;
@@ -232,10 +119,9 @@ int fidelity(const FidelityFlags& f) {
                         " wire=" + core::wire_type_name(plan.wire);
     for (const auto& [k, v] : plan.options.items()) label += " " + k + "=" + v.dump();
     std::printf("%s devices=%d samples=%d rows=%lld: cosine %.6f (min %.6f)  max_abs_err %.3g  top1 %s", label.c_str(),
-                plan.world, f.samples, static_cast<long long>(rows), cosine, s.min_cosine, s.max_abs_err,
-                s.top1_rows > 0 ? std::to_string(static_cast<double>(s.top1_same) / static_cast<double>(s.top1_rows)).c_str()
-                                : "n/a (no head)");
-    if (s.kl_count > 0) std::printf("  next-token KL %.3g (max %.3g)", s.kl_sum / static_cast<double>(s.kl_count), s.kl_max);
+                plan.world, f.samples, static_cast<long long>(rows), s->cosine, s->min_cosine, s->max_abs_err,
+                s->top1_agreement >= 0 ? std::to_string(s->top1_agreement).c_str() : "n/a (no head)");
+    if (s->next_token_kl >= 0) std::printf("  next-token KL %.3g (max %.3g)", s->next_token_kl, s->next_token_kl_max);
     std::printf("\n");
   }
   return 0;

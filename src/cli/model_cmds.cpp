@@ -155,6 +155,8 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
   dr.kv_dtype = f.req.gen.kv_dtype;
   dr.lossy = f.plan->lossy;
+  dr.max_loss = f.plan->max_loss;
+  dr.calibration = f.plan->calibration;
   if (f.plan->strategy == "auto") {
     auto plan = auto_plan(*f.plan);
     if (!plan.ok()) return fail(plan.status().to_string());
@@ -196,9 +198,21 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   } else if (f.json) {
     std::cout << runtime::to_json(*r).dump() << '\n';
   } else {
-    if (chosen)
-      std::cout << "plan: " << deployment->plan.strategy << " on " << deployment->plan.world << " device(s), predicted "
-                << chosen->prediction.latency_ms << " ms\n";
+    if (chosen) {
+      const parallel::Plan& p = deployment->plan;
+      std::cout << "plan: " << p.strategy;
+      if (p.weights != kernels::WeightType::kF32) std::cout << " weights=" << kernels::weight_type_name(p.weights);
+      if (p.wire != core::WireType::kF32) std::cout << " wire=" << core::wire_type_name(p.wire);
+      // A lossy strategy's setting (PRISM's rate), as `plan` prints it.
+      if (const auto* s = parallel::find_strategy(p.strategy); s != nullptr && !s->exact() && p.options.is_object())
+        for (const auto& [k, v] : p.options.items())
+          if (!v.is_array() && !v.is_object()) std::cout << ' ' << k << '=' << v.dump();
+      std::cout << " on " << p.world << " device(s), predicted " << chosen->prediction.latency_ms << " ms";
+      if (chosen->measured_loss >= 0)
+        std::cout << ", measured top-1 disagreement " << 100.0 * chosen->measured_loss << "% (--max-loss "
+                  << 100.0 * f.plan->max_loss << "%)";
+      std::cout << '\n';
+    }
     r->latency_ms = core::median(latencies);
     std::cout << runtime::format_human(*r);
     if (f.reps > 1) std::cout << "(median of " << f.reps << " runs)\n";

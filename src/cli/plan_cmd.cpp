@@ -8,6 +8,7 @@
 
 #include "cli/cluster_flags.h"
 #include "cli/commands.h"
+#include "cli/plan_flags.h"
 #include "core/io.h"
 #include "comm/keys.h"
 #include "core/json.h"
@@ -25,6 +26,8 @@ struct PlanCmd {
   std::string out;
   bool json = false;
   bool lossy = false;
+  double max_loss = 0.01;
+  std::string calibration;
   std::string wire;  // empty: f32, or with --lossy every wire
   kernels::WeightType weights = kernels::WeightType::kF32;  // --quantize
   std::string pipeline_solver = "ilp";
@@ -62,11 +65,15 @@ void print_table(const planner::PlanTable& t) {
     std::string members, mem;
     for (int m : r.members) members += (members.empty() ? "" : ",") + std::to_string(m);
     for (const auto& d : r.prediction.devices) mem += (mem.empty() ? "" : " ") + planner::format_bytes(d.memory_bytes);
-    std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: not chosen automatically)") : "no: " + r.why_not;
+    std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: chosen only with --lossy)") : "no: " + r.why_not;
     const bool priced = !r.prediction.devices.empty();
     std::string name = r.plan.strategy;
     if (r.plan.weights != kernels::WeightType::kF32) name += std::string("/") + kernels::weight_type_name(r.plan.weights);
     if (r.plan.wire != core::WireType::kF32) name += std::string("/wire-") + core::wire_type_name(r.plan.wire);
+    // A lossy strategy's setting (PRISM's rate) tells its rows apart.
+    if (const auto* s = parallel::find_strategy(r.plan.strategy); s != nullptr && !s->exact() && r.plan.options.is_object())
+      for (const auto& [k, v] : r.plan.options.items())
+        if (!v.is_array() && !v.is_object()) name += " " + k + "=" + v.dump();
     std::printf("%-3s %-22s %-8s %10s %10s %10s %-6s %-28s %s\n", static_cast<int>(i) == t.chosen ? "*" : "",
                 name.c_str(), members.c_str(), priced ? fmt_ms(r.prediction.latency_ms).c_str() : "-",
                 priced ? fmt_ms(r.prediction.compute_ms).c_str() : "-", priced ? fmt_ms(r.prediction.comm_ms).c_str() : "-",
@@ -103,6 +110,12 @@ int plan_command(const PlanCmd& f) {
   o.ilp_lp_file = f.ilp_lp;
   o.ilp_time_limit_s = f.ilp_time_limit;
   o.ilp_load_time = f.load_time;
+  if (f.lossy) {
+    o.max_loss = f.max_loss;
+    auto measure = cluster->loss_measure(c.value(), o.rows, f.calibration);
+    if (!measure.ok()) return fail(measure.status().to_string());
+    o.measure_loss = *measure;
+  }
   auto t = runtime::plan_table(*cluster, c.value(), o);
   if (!t.ok()) return fail(t.status().to_string());
   if (f.json) {
@@ -145,9 +158,10 @@ void add_plan_commands(CLI::App& app) {
     add_profile_flags(cmd, *f);
     cmd->add_option("--profile", f->cluster.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
-    cmd->add_flag("--lossy", f->lossy,
+    CLI::Option* lossy = cmd->add_flag("--lossy", f->lossy,
                   "let the choice fall on a lossy strategy (PRISM), wire (f16, q8) or, without --quantize, weights "
-                  "quantized at load (q8_0, q4_0)");
+                  "quantized at load (q8_0, q4_0), each only within --max-loss");
+    add_max_loss_flags(cmd, lossy, f->max_loss, f->calibration);
     cmd->add_option("--wire", f->wire, "price every plan with this wire: f32, f16 or q8 (default f32; with --lossy all three)")
         ->check(CLI::IsMember({"f32", "f16", "q8"}));
     add_quantize_flag(cmd, f->weights);

@@ -125,10 +125,25 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   return plan;
 }
 
+void add_max_loss_flags(CLI::App* cmd, CLI::Option* lossy, double& max_loss, std::string& calibration) {
+  cmd->add_option("--max-loss", max_loss,
+                  "with --lossy: a lossy plan is chosen only when its measured top-1 disagreement with the exact model "
+                  "on the calibration inputs is at most this fraction (PRISM: the highest rate that meets it)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(lossy)
+      ->capture_default_str();
+  cmd->add_option("--calibration", calibration,
+                  "with --lossy: a text file, one prompt per line, to measure the loss on (default: 8 seeded random "
+                  "inputs of the planned length)")
+      ->check(CLI::ExistingFile)
+      ->needs(lossy);
+}
+
 void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f) {
-  cmd->add_flag("--lossy", f->lossy,
+  CLI::Option* lossy = cmd->add_flag("--lossy", f->lossy,
                 "--strategy auto may choose what is not exact: PRISM, a f16/q8 wire (unless --wire names one), "
-                "weights quantized at load (unless --quantize names them)");
+                "weights quantized at load (unless --quantize names them), each only within --max-loss");
+  add_max_loss_flags(cmd, lossy, f->max_loss, f->calibration);
 }
 
 Result<parallel::Plan> auto_plan(const PlanFlags& f) {

@@ -19,6 +19,8 @@ struct PlanFlags {
   std::string partition;  // "r1,r2,..."; empty = equal
   std::string wire;       // --wire f32|f16|q8; empty = f32 (--lossy: the planner's choice)
   bool lossy = false;     // --lossy: auto may choose a lossy strategy, wire or weight type
+  double max_loss = 0.01;   // --max-loss: the top-1 disagreement a lossy choice may have
+  std::string calibration;  // --calibration: prompts it is measured on (default: seeded random ids)
   std::map<std::string, std::string> given;  // flag -> value ("" for bare flags), as typed
 };
 
@@ -32,8 +34,11 @@ void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool wit
 // it is left out (a sweep over several strategies).
 core::Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strategy, int world, bool strict);
 
-// --lossy, on the commands that deploy (`auto` chooses with it).
+// --lossy, on the commands that deploy (`auto` chooses with it), with
+// --max-loss and --calibration.
 void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f);
+// --max-loss X and --calibration FILE, which need `lossy` (plan's own --lossy).
+void add_max_loss_flags(CLI::App* cmd, CLI::Option* lossy, double& max_loss, std::string& calibration);
 
 // `--strategy auto`: the planner chooses everything but the wire, which
 // is the flags' (a lossy wire only when the user names it).

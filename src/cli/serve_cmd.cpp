@@ -42,6 +42,8 @@ int serve_command(ServeFlags& f) {
     if (!plan.ok()) return fail(plan.status().to_string());
     o.plan = *plan;
     o.lossy = f.plan->lossy;
+    o.max_loss = f.plan->max_loss;
+    o.calibration = f.plan->calibration;
   } else {
     // The strategy and its options over every device; after a failover the
     // deployment runs it over the devices left.

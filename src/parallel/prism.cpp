@@ -86,6 +86,12 @@ class Prism final : public Strategy {
   ShareKind share_kind() const override { return ShareKind::kRows; }
   std::string summary() const override { return "PRISM: position-wise rows, segment means instead of rows (lossy)"; }
   bool exact() const override { return false; }
+  // The paper's sweep (Fig. 4, CR 2-64); loss grows with the rate.
+  std::vector<nlohmann::json> lossy_settings() const override {
+    std::vector<nlohmann::json> out;
+    for (double r : {2.0, 4.0, 8.0, 16.0, 32.0, 64.0}) out.push_back({{"rate", r}});
+    return out;
+  }
   std::vector<OptionFlag> flags() const override {
     return {{"--cr", "rate", OptionFlag::Kind::kNumber, "compression rate R, floor(N_p / R) means per partition"},
             {"--segments", "segments", OptionFlag::Kind::kNumber, "segment means per partition"}};

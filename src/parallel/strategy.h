@@ -103,6 +103,11 @@ class Strategy {
   // Choices a completed plan leaves to the planner, each an options patch
   // (default: none); planner::choose_variant prices them on the profiles.
   virtual std::vector<nlohmann::json> variants(const Plan&) const { return {}; }
+  // A lossy strategy's settings the planner prices when auto may choose
+  // lossy plans (--lossy), each an options object, least loss first
+  // (PRISM: its compression rates). The --max-loss gate picks among them by
+  // measured loss. Default: none (the strategy's plans start from no options).
+  virtual std::vector<nlohmann::json> lossy_settings() const { return {}; }
   // Fills defaults into plan.options, checks them against the config and
   // writes them back in canonical form (so the plan round-trips).
   [[nodiscard]] virtual core::Status complete(Plan& plan, const model::ModelConfig& c) const = 0;

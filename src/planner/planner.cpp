@@ -38,16 +38,19 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   return pred;
 }
 
-Plan base_plan(const Strategy& s, int world, core::WireType wire = core::WireType::kF32) {
+// The options' wire (a plan on one device sends nothing) and the setting
+// of a lossy strategy being priced (PlannerOptions::strategy_options).
+Plan base_plan(const Strategy& s, int world, const PlannerOptions& o) {
   Plan plan;
   plan.strategy = s.name();
   plan.world = world;
-  plan.wire = world > 1 ? wire : core::WireType::kF32;
+  plan.wire = world > 1 ? o.wire : core::WireType::kF32;
+  if (o.strategy_options.is_object()) plan.options = o.strategy_options;
   return plan;
 }
 
-Plan with_partition(const Strategy& s, int world, const Partition& part, core::WireType wire) {
-  Plan plan = base_plan(s, world, wire);
+Plan with_partition(const Strategy& s, int world, const Partition& part, const PlannerOptions& o) {
+  Plan plan = base_plan(s, world, o);
   s.apply_partition(plan, part);
   return plan;
 }
@@ -56,16 +59,20 @@ std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(
 
 std::string join_counts(const std::vector<int64_t>& v) {
   std::string out;
-  for (int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  for (int64_t x : v) {
+    if (!out.empty()) out += ',';  // (a prefix concatenated here trips GCC 12's -Wrestrict)
+    out += std::to_string(x);
+  }
   return out;
 }
 
 // Each device's capacity for this strategy: 1 / its predicted latency
 // running the strategy alone.
-std::vector<double> capacities(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
+std::vector<double> capacities(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
+                               const PlannerOptions& o) {
   std::vector<double> cap;
   for (int d = 0; d < p.size(); ++d) {
-    Plan plan = base_plan(s, 1);
+    Plan plan = base_plan(s, 1, o);
     const auto pred = evaluate(plan, c, p.subset({d}), n, 0);
     double v = pred.ok() && pred.value().latency_ms > 0 ? 1.0 / pred.value().latency_ms : 0.0;
     if (!(v > 0)) {  // the strategy does not run alone: the device's GEMM speed
@@ -110,9 +117,9 @@ void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterPr
                  Best& best, std::vector<std::string>& notes) {
   const int K = p.size();
   const int64_t n = o.rows;
-  std::vector<int64_t> counts = proportional_counts(n, capacities(s, c, p, n));
+  std::vector<int64_t> counts = proportional_counts(n, capacities(s, c, p, n, o));
   auto eval_counts = [&](const std::vector<int64_t>& cnt) -> Result<std::pair<Plan, Prediction>> {
-    Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}}, o.wire);
+    Plan plan = with_partition(s, K, Partition{as_doubles(cnt), {}, {}}, o);
     TESSERA_ASSIGN_OR_RETURN(const Prediction pr, evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype));
     return std::make_pair(plan, pr);
   };
@@ -169,7 +176,7 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
   const int64_t n = o.rows, H = c.heads, I = c.intermediate;
   const int64_t group = c.kv_group() > 1 && K <= c.kv_head_count() ? c.kv_group() : 1;
   const int64_t units = H / group;  // attention units: heads, or K/V groups
-  const std::vector<double> cap = capacities(s, c, p, n);
+  const std::vector<double> cap = capacities(s, c, p, n, o);
   auto one_hot = [&](int d) {
     std::vector<double> v(static_cast<size_t>(K), 0.0);
     v[static_cast<size_t>(d)] = 1.0;
@@ -179,7 +186,7 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
   for (int d = 0; d < K; ++d) budget[static_cast<size_t>(d)] = budget_of(p, d);
   if (K > 1) {
     auto sched = [&](int heads_on, int cols_on) -> Result<parallel::Schedule> {
-      Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}}, o.wire);
+      Plan plan = with_partition(s, K, Partition{one_hot(heads_on), one_hot(cols_on), {}}, o);
       TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
       TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sc, parallel::estimate(plan, c, n));
       parallel::add_kv_cache(sc, plan, c, o.ctx_size, o.kv_dtype);
@@ -220,11 +227,11 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
     why = balanced_cols.status().message();
   }
   for (int64_t& h : heads) h *= group;  // back to query heads
-  Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}}, o.wire);
+  Plan plan = with_partition(s, K, Partition{as_doubles(heads), as_doubles(cols), {}}, o);
   const auto pred = evaluate(plan, c, p, n, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   // The equal split, for comparison: taken only when it fits and is faster.
-  Plan equal = base_plan(s, K, o.wire);
+  Plan equal = base_plan(s, K, o);
   const auto eq = evaluate(equal, c, p, n, o.ctx_size, o.kv_dtype);
   const bool equal_won = eq.ok() && best.offer(equal, eq.value());
   notes.push_back(equal_won ? "equal heads and columns (faster than Algorithm 1's)"
@@ -264,7 +271,7 @@ void search_layers_ilp(const Strategy& s, const model::ModelConfig& c, const Clu
   notes.push_back(r.value().summary());
   if (r.value().device_of_unit.empty()) return;
   const std::vector<int> map = model_unit_map(pr.value(), r.value().device_of_unit);
-  Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks}, o.wire);
+  Plan plan = with_partition(s, K, Partition{{}, {}, map, blocks}, o);
   const auto pred = evaluate(plan, c, p, o.rows, o.ctx_size, o.kv_dtype);
   if (pred.ok()) best.offer(plan, pred.value());
   std::vector<int64_t> per(static_cast<size_t>(K), 0);
@@ -285,7 +292,7 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
   const int K = p.size();
   const int64_t n = o.rows, L = c.layers;
   auto map_plan = [&](std::vector<int> map) {
-    return with_partition(s, K, Partition{{}, {}, std::move(map)}, o.wire);
+    return with_partition(s, K, Partition{{}, {}, std::move(map)}, o);
   };
   if (K == 1 || L < 1) {
     Plan plan = map_plan(std::vector<int>(static_cast<size_t>(std::max<int64_t>(L, 0)), 0));
@@ -458,7 +465,7 @@ Result<Candidate> plan_strategy(const Strategy& s, const model::ModelConfig& c, 
     case ShareKind::kNone: break;
   }
   if (!best.have) {
-    Plan plan = base_plan(s, K, o.wire);
+    Plan plan = base_plan(s, K, o);
     auto pred = evaluate(plan, c, sub, o.rows, o.ctx_size, o.kv_dtype);
     if (!pred.ok()) {
       cand.plan = plan;
@@ -578,47 +585,94 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   if (o.wires.empty()) return core::invalid_argument("planning needs at least one wire type");
   const std::vector<kernels::WeightType> types = o.weight_types.empty() ? std::vector<kernels::WeightType>{c.weights}
                                                                          : o.weight_types;
+  // Per row, how lossy each of its choices is: the index of its setting in
+  // the strategy's list, of its weight type and of its wire in the options'
+  // lists (each least loss first).
+  struct Lossiness {
+    int setting = 0, type = 0, wire = 0;
+  };
+  std::vector<Lossiness> lossiness;
   for (const Strategy* s : parallel::strategies()) {
-    for (const kernels::WeightType t : types) {
+    std::vector<nlohmann::json> settings = o.lossy_allowed ? s->lossy_settings() : std::vector<nlohmann::json>{};
+    if (settings.empty()) settings.push_back(nullptr);
+    for (size_t ti = 0; ti < types.size(); ++ti) {
+      const kernels::WeightType t = types[ti];
       model::ModelConfig ct = c;
       ct.weights = t;  // every plan below loads (and is priced) in this type
-      for (const core::WireType w : o.wires) {
-        PlannerOptions ow = o;
-        ow.wire = w;
-        TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, ct, p, ow));
-        // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
-        TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, ct, p, {0}, ow));
-        if (one.feasible && one.exact && t == c.weights) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
-        // A plan on one device sends nothing: the other wires add no row.
-        if (w != o.wires.front() && cand.members.size() == 1) continue;
-        cand.exact = cand.exact && t == c.weights;
-        table.rows.push_back(std::move(cand));
+      for (size_t wi = 0; wi < o.wires.size(); ++wi) {
+        const core::WireType w = o.wires[wi];
+        for (size_t si = 0; si < settings.size(); ++si) {
+          PlannerOptions ow = o;
+          ow.wire = w;
+          ow.strategy_options = settings[si];
+          TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, ct, p, ow));
+          // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
+          TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, ct, p, {0}, ow));
+          if (one.feasible && one.exact && t == c.weights) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
+          // A plan on one device sends nothing: the other wires add no row.
+          // Nor do the settings of a lossy strategy: one device has no rows to compress.
+          if ((w != o.wires.front() || si > 0) && cand.members.size() == 1) continue;
+          cand.exact = cand.exact && t == c.weights;
+          table.rows.push_back(std::move(cand));
+          lossiness.push_back({static_cast<int>(si), static_cast<int>(ti), static_cast<int>(wi)});
+        }
       }
     }
   }
-  for (size_t i = 0; i < table.rows.size(); ++i) {
-    const Candidate& r = table.rows[i];
-    const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
-    const bool strategy_ok = (rs != nullptr && rs->exact()) || o.lossy_allowed;
-    const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
-    const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
-    if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok) continue;
-    if (table.chosen < 0) {
-      table.chosen = static_cast<int>(i);
-      continue;
+  // Rows the --max-loss gate measured above the limit.
+  std::vector<bool> rejected(table.rows.size(), false);
+  const bool gate = o.lossy_allowed && o.measure_loss != nullptr;
+  for (;;) {
+    table.chosen = -1;
+    for (size_t i = 0; i < table.rows.size(); ++i) {
+      const Candidate& r = table.rows[i];
+      const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
+      const bool strategy_ok = (rs != nullptr && rs->exact()) || o.lossy_allowed;
+      const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
+      const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
+      if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok || rejected[i]) continue;
+      if (table.chosen < 0) {
+        table.chosen = static_cast<int>(i);
+        continue;
+      }
+      // On as many devices, 1% faster wins (among equals the earlier strategy
+      // of the registry); more devices must be o.min_gain faster, and fewer
+      // devices win unless the others are (less to go wrong).
+      const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
+      const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
+      const double gain = std::max(0.01, o.min_gain);
+      const bool wins = r.members.size() == b.members.size() ? x < y * 0.99
+                        : r.members.size() > b.members.size() ? x < y * (1.0 - gain)
+                                                              : y >= x * (1.0 - gain);
+      if (wins) table.chosen = static_cast<int>(i);
     }
-    // On as many devices, 1% faster wins (among equals the earlier strategy
-    // of the registry); more devices must be o.min_gain faster, and fewer
-    // devices win unless the others are (less to go wrong).
-    const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
-    const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
-    const double gain = std::max(0.01, o.min_gain);
-    const bool wins = r.members.size() == b.members.size() ? x < y * 0.99
-                      : r.members.size() > b.members.size() ? x < y * (1.0 - gain)
-                                                            : y >= x * (1.0 - gain);
-    if (wins) table.chosen = static_cast<int>(i);
+    if (table.chosen < 0 || !gate) break;
+    const auto ci = static_cast<size_t>(table.chosen);
+    Candidate& ch = table.rows[ci];
+    if (ch.exact) break;
+    char buf[160];
+    Result<double> loss = o.measure_loss(ch.plan);
+    if (loss.ok()) {
+      ch.measured_loss = *loss;
+      std::snprintf(buf, sizeof(buf), "measured top-1 disagreement %.2f%% (limit %.2f%%)", 100.0 * *loss, 100.0 * o.max_loss);
+      ch.notes.push_back(buf);
+      if (*loss <= o.max_loss) break;
+    } else {
+      ch.notes.push_back("loss not measured (" + loss.status().message() + "): not chosen");
+    }
+    // Over the limit: this row is not chosen, nor are the same strategy's
+    // rows that are at least as lossy in every choice (loss grows with each),
+    // which spares measuring them.
+    const Lossiness& a = lossiness[ci];
+    for (size_t j = 0; j < table.rows.size(); ++j) {
+      const Lossiness& b = lossiness[j];
+      if (table.rows[j].plan.strategy == ch.plan.strategy && b.setting >= a.setting && b.type >= a.type && b.wire >= a.wire)
+        rejected[j] = true;
+    }
   }
-  if (table.chosen < 0) return core::resource_exhausted("no strategy has a plan that fits the devices' memory");
+  if (table.chosen < 0)
+    return core::resource_exhausted(gate ? "no strategy has a plan that fits the devices' memory within --max-loss"
+                                         : "no strategy has a plan that fits the devices' memory");
   const Candidate& ch = table.rows[static_cast<size_t>(table.chosen)];
   char buf[200];
   std::snprintf(buf, sizeof(buf), "%s on %zu device(s): %.2f ms predicted; the terminal alone %.2f ms", ch.plan.strategy.c_str(),
@@ -637,7 +691,8 @@ nlohmann::json PlanTable::to_json() const {
     rows_j.push_back({{"strategy", r.plan.strategy}, {"plan", r.plan.to_json()}, {"members", r.members},
                       {"feasible", r.feasible}, {"why_not", r.why_not}, {"exact", r.exact},
                       {"prediction", r.prediction.to_json()}, {"notes", r.notes},
-                      {"chosen", static_cast<int>(i) == chosen}});
+                      {"chosen", static_cast<int>(i) == chosen},
+                      {"measured_loss", r.measured_loss >= 0 ? nlohmann::json(r.measured_loss) : nlohmann::json(nullptr)}});
   }
   return {{"rows", rows_j}, {"chosen", chosen}, {"reason", reason}};
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,6 +29,9 @@ struct Candidate {
   std::string why_not;        // when not feasible
   std::vector<std::string> notes;  // devices left out and why, partition choices
   bool exact = true;          // the strategy's output equals one device's
+  // A lossy row's top-1 disagreement on the calibration inputs, when the
+  // --max-loss gate measured it (PlannerOptions::measure_loss); < 0: not measured.
+  double measured_loss = -1.0;
 };
 
 struct PlanTable {
@@ -54,6 +58,19 @@ struct PlannerOptions {
   // lossy_allowed (plan --lossy: an F32 model that fits no device may still
   // run quantized).
   std::vector<kernels::WeightType> weight_types;
+  // The --max-loss gate (with lossy_allowed): a lossy row becomes the choice
+  // only when measure_loss(its plan), the top-1 disagreement with the exact
+  // model on calibration inputs, is at most max_loss. Rows are measured
+  // lazily, the fastest first, so the fastest lossy row that meets the limit
+  // is chosen (for PRISM: the highest rate). A row over the limit also rules
+  // out its strategy's rows at least as lossy in setting, weight type and
+  // wire, so `wires` and `weight_types` are listed least loss first.
+  // Unset: lossy rows are not measured.
+  double max_loss = 0.01;
+  std::function<core::Result<double>(const parallel::Plan&)> measure_loss;
+  // The options every plan of the strategy being priced starts from (a
+  // lossy strategy's setting, Strategy::lossy_settings); plan_all sets it.
+  nlohmann::json strategy_options;
   int refine_steps = 24;       // cost-model refinements of a row partition
   // Layer placement (pipeline): the exact ILP (ilp.h, warm-started from the
   // dynamic programme) or the contiguous dynamic programme alone.

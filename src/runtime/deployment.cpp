@@ -166,7 +166,8 @@ nlohmann::json Deployment::planner_json() const {
   return {{"plan", plan.to_json()},
           {"members", chosen->members},
           {"prediction", chosen->prediction.to_json()},
-          {"notes", chosen->notes}};
+          {"notes", chosen->notes},
+          {"measured_loss", chosen->measured_loss >= 0 ? nlohmann::json(chosen->measured_loss) : nlohmann::json(nullptr)}};
 }
 
 Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const model::ModelConfig& c, int64_t rows,
@@ -176,6 +177,29 @@ Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const 
   std::vector<int64_t> out;
   for (const auto& d : s.devices) out.push_back(d.weight_bytes + d.activation_bytes + d.kv_bytes);
   return out;
+}
+
+Result<std::function<Result<double>(const parallel::Plan&)>> Cluster::loss_measure(const model::ModelConfig& c, int64_t rows,
+                                                                                const std::string& calibration) {
+  const std::string key = calibration.empty() ? "random:" + std::to_string(rows) : "file:" + calibration;
+  std::shared_ptr<FidelityMeter>& meter = meters_[key];
+  if (meter == nullptr) {
+    std::vector<model::ModelInput> inputs;
+    if (calibration.empty()) {
+      inputs = random_inputs(c, c.causal_lm() ? 8 : 32, rows, 1);
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(inputs, calibration_inputs(opts_.model_dir, calibration));
+    }
+    auto m = FidelityMeter::create(opts_.model_dir, std::move(inputs));
+    if (!m.ok()) {
+      meters_.erase(key);
+      return m.status();
+    }
+    meter = std::make_shared<FidelityMeter>(std::move(*m));
+  }
+  std::shared_ptr<FidelityMeter> held = meter;
+  return std::function<Result<double>(const parallel::Plan&)>(
+      [held](const parallel::Plan& plan) { return held->top1_disagreement(plan); });
 }
 
 Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c, const planner::PlannerOptions& o) {
@@ -214,6 +238,10 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     if (r.lossy && !o.wire_given) o.wires = {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8};
     if (r.lossy && c.weights == kernels::WeightType::kF32)
       o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0};
+    if (r.lossy) {
+      o.max_loss = r.max_loss;
+      TESSERA_ASSIGN_OR_RETURN(o.measure_loss, cluster.loss_measure(c, rows, r.calibration));
+    }
     TESSERA_ASSIGN_OR_RETURN(const planner::PlanTable t, planner::plan_all(c, all.subset(devices), o));
     out.chosen = t.rows[static_cast<size_t>(t.chosen)];
     out.plan = out.chosen->plan;

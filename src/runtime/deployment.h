@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "planner/profile.h"
 #include "planner/variants.h"
 #include "runtime/cluster_file.h"
+#include "runtime/fidelity.h"
 #include "runtime/session.h"
 
 namespace tessera::runtime {
@@ -77,6 +80,15 @@ class Cluster {
   // applied. Measured once per row count and kept.
   [[nodiscard]] core::Result<planner::ClusterProfile> profile(const model::ModelConfig& c, int64_t rows);
 
+  // The --max-loss gate's measure (PlannerOptions::measure_loss): a plan's
+  // top-1 disagreement with the exact model, its ranks as threads of this
+  // process, on the calibration prompts of `calibration` (a text file, one
+  // per line) or, when empty, seeded random inputs of `rows` tokens: 8 for
+  // a causal LM (every position's next token is compared), 32 for a
+  // classifier (one label each). The exact outputs and each plan's figure are kept.
+  [[nodiscard]] core::Result<std::function<core::Result<double>(const parallel::Plan&)>> loss_measure(
+      const model::ModelConfig& c, int64_t rows, const std::string& calibration);
+
  private:
   ClusterOptions opts_;
   std::optional<ClusterFile> file_;
@@ -86,6 +98,7 @@ class Cluster {
   std::vector<Device> devices_;
   std::optional<planner::ClusterProfile> given_profile_;  // --profile
   std::map<int64_t, planner::ClusterProfile> profiles_;   // measured, by rows
+  std::map<std::string, std::shared_ptr<FidelityMeter>> meters_;  // by calibration file and rows
 };
 
 // What to deploy.
@@ -104,6 +117,10 @@ struct DeployRequest {
   // auto (--lossy): may choose a lossy strategy, a lossy wire unless
   // plan.wire names one, and weights quantized at load for an F32 model.
   bool lossy = false;
+  // With lossy: the largest top-1 disagreement a lossy plan may have on the
+  // calibration inputs (--max-loss; Cluster::loss_measure), and their file.
+  double max_loss = 0.01;
+  std::string calibration;
 };
 
 struct Deployment {

@@ -24,6 +24,8 @@ struct ServeOptions {
   // the devices left, down to the terminal alone.
   parallel::Plan plan;
   bool lossy = false;  // --lossy: auto may choose a lossy strategy, wire or weight type
+  double max_loss = 0.01;   // --max-loss, with lossy (DeployRequest::max_loss)
+  std::string calibration;  // --calibration, with lossy
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"

@@ -202,6 +202,8 @@ Status Engine::start_session(bool first) {
     if (config_.causal_lm()) req.ctx_size = model::context_size(config_, opts_.ctx_size);
     req.kv_dtype = opts_.kv_dtype;
     req.lossy = opts_.lossy;
+    req.max_loss = opts_.max_loss;
+    req.calibration = opts_.calibration;
     auto d = deploy(*cluster_, config_, req, std::vector<int>(avail.begin(), avail.begin() + world));
     if (!d.ok()) {
       last = d.status();
@@ -218,7 +220,11 @@ Status Engine::start_session(bool first) {
       // pages back so that failovers do not ratchet the server's RSS.
       ::malloc_trim(0);
       members_ = d->members;
-      spdlog::info("serve: {} over {} device(s)", d->plan.strategy, members_.size());
+      spdlog::info("serve: {} over {} device(s){}", d->plan.strategy, members_.size(),
+                   d->chosen && d->chosen->measured_loss >= 0
+                       ? fmt::format(", measured top-1 disagreement {:.2f}% (--max-loss {:.2f}%)",
+                                     100.0 * d->chosen->measured_loss, 100.0 * opts_.max_loss)
+                       : std::string());
       return core::ok_status();
     }
     last = s.status();

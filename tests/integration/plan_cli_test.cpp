@@ -116,6 +116,63 @@ TEST(PlanCli, LossyPricesQuantizedWeightsAndWires) {
   EXPECT_NE(named.err.find("--lossy lets --strategy auto choose"), std::string::npos) << named.err;
 }
 
+// --max-loss: on a trained model (gpt2-copy) behind a slow link with a slow
+// terminal, lossy rows (f16/q8 wires, PRISM's rates, quantized weights) are
+// the fastest; each is chosen only when its top-1 disagreement, measured on
+// the calibration inputs and printed in its row, meets the limit.
+TEST(PlanCli, MaxLossChoosesOnlyLossyPlansWhoseMeasuredLossMeetsIt) {
+  const std::string model = kData + "/gpt2-copy";
+  const std::string prof = tmp("maxloss-profile.json");
+  ASSERT_EQ(run("profile --model " + model + " --devices 2 --seq 64 --out " + prof).code, 0);
+  auto p = planner::ClusterProfile::load(prof).value();
+  p.devices[0].speed = 0.1;
+  for (size_t i = 0; i < p.links.size(); ++i)
+    for (size_t j = 0; j < p.links[i].size(); ++j)
+      if (i != j) p.links[i][j] = {0.05, 100};
+  ASSERT_TRUE(p.save(prof).ok());
+  const std::string plan = "plan --model " + model + " --profile " + prof + " --seq 64 --lossy --json --max-loss ";
+  for (const double limit : {0.0, 0.01, 1.0}) {
+    const CmdResult r = run(plan + std::to_string(limit));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json t = nlohmann::json::parse(r.out);
+    int measured = 0;
+    for (const auto& row : t["rows"]) {
+      if (row["measured_loss"].is_null()) continue;
+      ++measured;
+      const double loss = row["measured_loss"].get<double>();
+      EXPECT_GE(loss, 0.0);
+      EXPECT_LE(loss, 1.0);
+      EXPECT_FALSE(row["exact"].get<bool>());
+      if (loss > limit) EXPECT_FALSE(row["chosen"].get<bool>()) << row.dump();
+    }
+    const nlohmann::json& ch = t["rows"][t["chosen"].get<size_t>()];
+    EXPECT_TRUE(ch["exact"].get<bool>() || ch["measured_loss"].get<double>() <= limit) << ch.dump();
+    if (limit == 1.0) {  // anything goes: the fastest row, lossy here, measured once
+      EXPECT_FALSE(ch["exact"].get<bool>()) << ch.dump();
+      EXPECT_EQ(measured, 1);
+    }
+  }
+  // run: the loss of the plan it ran, in --stats.
+  std::string copy_ids;  // gpt2-copy's vocabulary is 64 tokens
+  for (int i = 0; i < 64; ++i) copy_ids += (i ? "," : "") + std::to_string(1 + i % 63);
+  const CmdResult r = run("run --model " + model + " --profile " + prof + " --devices 2 --insecure --ids " + copy_ids +
+                          " --strategy auto --lossy --max-loss 1 --stats");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["planner"]["measured_loss"].is_number()) << j["planner"].dump();
+  EXPECT_LE(j["planner"]["measured_loss"].get<double>(), 1.0);
+  // The limit is a fraction, and only --lossy takes it.
+  const CmdResult over = run(plan + "2");
+  EXPECT_NE(over.code, 0);
+  EXPECT_NE(over.err.find("--max-loss"), std::string::npos) << over.err;
+  const CmdResult strict = run("run --model " + model + " --ids 1,2,3 --strategy auto --max-loss 0.1");
+  EXPECT_NE(strict.code, 0);
+  EXPECT_NE(strict.err.find("--max-loss requires --lossy"), std::string::npos) << strict.err;
+  const CmdResult nofile = run(plan + "0.1 --calibration " + tmp("no-such-prompts.txt"));
+  EXPECT_NE(nofile.code, 0);
+  EXPECT_NE(nofile.err.find("--calibration"), std::string::npos) << nofile.err;
+}
+
 TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
   // Pipeline with every layer on device 1, whose budget is 10 KB.
   const CmdResult r = run("run --model " + kData + "/bert-tiny --ids " + ids(16) +

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "parallel/strategy.h"
 #include "planner/cost_model.h"
@@ -289,6 +290,104 @@ TEST(Planner, LossyMayQuantizeAModelThatFitsNoDeviceInF32) {
   EXPECT_TRUE(ch.feasible);
   EXPECT_FALSE(ch.exact);
   for (const auto& d : ch.prediction.devices) EXPECT_LE(d.memory_bytes, budget);
+}
+
+// --max-loss: a lossy row is chosen only when its measured loss meets the
+// limit, measured lazily from the fastest; PRISM's rates are priced as rows
+// of their own and the highest rate that meets the limit is the one kept.
+// The loss here is a stand-in function of the plan (the real measure is
+// runtime::FidelityMeter, tested in tests/runtime): rate / 100 for PRISM,
+// plus 0.05 for a q8 wire and 0.5 for weights quantized at load.
+double fake_loss(const parallel::Plan& plan) {
+  double loss = plan.options.is_object() && plan.options.contains("rate") ? plan.options["rate"].get<double>() / 100 : 0.0;
+  if (plan.wire == core::WireType::kQ8) loss += 0.05;
+  if (plan.weights != kernels::WeightType::kF32) loss += 0.5;
+  return loss;
+}
+
+TEST(Planner, MaxLossChoosesTheFastestLossyRowWithinTheLimit) {
+  const model::ModelConfig c = bert_like(12);
+  // A slow link: rows that send less (PRISM's means, a q8 wire) are faster.
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.05, 100);
+  PlannerOptions o;
+  o.rows = 128;
+  o.lossy_allowed = true;
+  o.wires = {core::WireType::kF32, core::WireType::kQ8};
+  o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0};
+  const auto free_choice = plan_all(c, p, o);  // no measure: every lossy row may be chosen
+  ASSERT_TRUE(free_choice.ok());
+  const Candidate& fastest = free_choice->rows[static_cast<size_t>(free_choice->chosen)];
+  ASSERT_FALSE(fastest.exact);
+  EXPECT_LT(fastest.measured_loss, 0);
+  std::set<double> rates;
+  for (const Candidate& r : free_choice->rows)
+    if (r.plan.strategy == "prism" && r.members.size() == 2) rates.insert(r.plan.options["rate"].get<double>());
+  EXPECT_EQ(rates, (std::set<double>{2, 4, 8, 16, 32, 64}));
+
+  for (const double limit : {0.0, 0.03, 0.09, 0.2, 1.0}) {
+    int calls = 0;
+    PlannerOptions og = o;
+    og.max_loss = limit;
+    og.measure_loss = [&calls](const parallel::Plan& plan) -> core::Result<double> {
+      ++calls;
+      return fake_loss(plan);
+    };
+    const auto t = plan_all(c, p, og);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    const Candidate& ch = t->rows[static_cast<size_t>(t->chosen)];
+    if (!ch.exact) {
+      EXPECT_DOUBLE_EQ(ch.measured_loss, fake_loss(ch.plan)) << limit;
+      EXPECT_LE(ch.measured_loss, limit);
+    }
+    // No row within the limit on as many devices is 1% faster than the choice.
+    for (const Candidate& r : t->rows) {
+      if (!r.feasible || r.members.size() != ch.members.size() || (!r.exact && fake_loss(r.plan) > limit)) continue;
+      EXPECT_GE(r.prediction.latency_ms, 0.99 * ch.prediction.latency_ms) << limit << " " << r.plan.to_json().dump();
+    }
+    // Each measured row was measured once, and no more rows than are lossy.
+    int measured = 0, lossy = 0;
+    for (const Candidate& r : t->rows) {
+      measured += r.measured_loss >= 0 ? 1 : 0;
+      lossy += r.exact ? 0 : 1;
+    }
+    EXPECT_EQ(calls, measured);
+    EXPECT_LT(measured, lossy);
+    if (limit >= 1.0) {
+      EXPECT_EQ(ch.plan.to_json(), fastest.plan.to_json());
+    }
+    if (limit == 0.0) {
+      EXPECT_TRUE(ch.exact);
+    }
+    // Among PRISM's rows with the choice's wire and weights, the rate kept is
+    // the highest that meets the limit.
+    if (ch.plan.strategy == "prism") {
+      double best_rate = 0;
+      for (const Candidate& r : t->rows)
+        if (r.plan.strategy == "prism" && r.plan.wire == ch.plan.wire && r.plan.weights == ch.plan.weights &&
+            r.members.size() == 2 && fake_loss(r.plan) <= limit)
+          best_rate = std::max(best_rate, r.plan.options["rate"].get<double>());
+      EXPECT_EQ(ch.plan.options["rate"].get<double>(), best_rate) << limit;
+    }
+  }
+}
+
+// A row whose loss cannot be measured is not chosen; the exact plan is.
+TEST(Planner, MaxLossRefusesALossyRowItCannotMeasure) {
+  const model::ModelConfig c = bert_like(12);
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.05, 100);
+  PlannerOptions o;
+  o.rows = 128;
+  o.lossy_allowed = true;
+  o.wires = {core::WireType::kF32, core::WireType::kQ8};
+  o.measure_loss = [](const parallel::Plan&) -> core::Result<double> { return core::unimplemented("no head"); };
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok());
+  const Candidate& ch = t->rows[static_cast<size_t>(t->chosen)];
+  EXPECT_TRUE(ch.exact);
+  bool noted = false;
+  for (const Candidate& r : t->rows)
+    for (const std::string& n : r.notes) noted = noted || n.find("loss not measured (no head)") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
