@@ -86,6 +86,11 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout", f->timeout_s, "seconds loading and forming the group may take")->capture_default_str();
   add_context_flags(cmd, f->serve.ctx_size, f->serve.kv_dtype);
+  cmd->add_option("--prefix-cache-mb", f->serve.prefix_cache_mb,
+                  "keep the KV caches of recent generations (LRU, as many as this many MB hold on the busiest device, at "
+                  "most 8): a prompt that starts with one's tokens (a chat's history) prefills only the rest; 0: off")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   add_quantize_flag(cmd, f->serve.weights);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }

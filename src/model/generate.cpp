@@ -110,9 +110,12 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
     if (opts.eos_token_id == -2) return c.ends_generation(id) || id == c.eos_token_id;
     return id == opts.eos_token_id;
   };
+  if (opts.cached_prefix < 0 || opts.cached_prefix >= static_cast<int64_t>(prompt.size()))
+    return core::invalid_argument("a cached prefix of " + std::to_string(opts.cached_prefix) + " positions for a prompt of " +
+                                  std::to_string(prompt.size()));
   std::vector<int64_t> seq = prompt;
   uint64_t rng_state = opts.seed;
-  int64_t pos = 0;
+  int64_t pos = opts.cached_prefix;
   for (int64_t step = 0; step < opts.max_new_tokens; ++step) {
     if (static_cast<int64_t>(seq.size()) >= ctx) break;  // the context is full
     ModelInput chunk{{seq.begin() + pos, seq.end()}, {}, {}};
@@ -133,6 +136,7 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
 
 Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,
                                       const GenerateOptions& opts, core::ThreadPool* pool) {
+  if (opts.cached_prefix != 0) return core::invalid_argument("model::generate keeps no cache between generations");
   std::optional<KvCache> cache;
   Workspace ws;
   const CacheSpec spec = generation_cache(model.config(), opts);

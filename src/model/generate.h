@@ -30,6 +30,11 @@ struct GenerateOptions {
   // Asked after each new token; true ends the generation there (a stop
   // string, a deadline, a client gone). May be empty.
   std::function<bool()> stop_requested;
+  // Positions 0..cached_prefix-1 of the prompt are already in the layers'
+  // caches (a prefix cache kept from an earlier generation): the prefill
+  // starts at cached_prefix. At most prompt size - 1 (the last row's logits
+  // pick the first token). Only generate_with's layers can hold them.
+  int64_t cached_prefix = 0;
 };
 
 // Rejects options that mean nothing: new tokens < 0, temperature not a

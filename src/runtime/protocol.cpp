@@ -89,7 +89,11 @@ Op op_of(const ToTerminal& m) {
 
 json to_json(const ToWorker& m) {
   json j = std::visit(Overloaded{[](const msg::Run& r) { return json{{"n", r.n}}; },
-                                 [](const msg::Generate& g) { return json{{"positions", g.positions}, {"kv_f16", g.kv_f16}}; },
+                                 [](const msg::Generate& g) {
+                   json j{{"positions", g.positions}, {"kv_f16", g.kv_f16}};
+                   if (g.slot >= 0) j.update({{"slot", g.slot}, {"reuse", g.reuse}});
+                   return j;
+                 },
                                  [](const msg::Decode& d) { return json{{"n", d.n}, {"pos", d.pos}}; },
                                  [](const auto&) { return json::object(); }},
                       m);
@@ -121,7 +125,13 @@ Result<ToWorker> to_worker_from_json(const json& j) {
       // Absent: F32 (a terminal that predates --kv-type).
       const auto f16 = j.find("kv_f16");
       if (f16 != j.end() && !f16->is_boolean()) return core::parse_error("'kv_f16' is not true or false");
-      return ToWorker{msg::Generate{positions, f16 != j.end() && f16->get<bool>()}};
+      // Absent: no prefix cache (a terminal that predates it).
+      TESSERA_ASSIGN_OR_RETURN(const int64_t slot, core::json_field_int(j, "slot", -1, msg::kMaxPrefixSlots - 1, -1));
+      const auto reuse = j.find("reuse");
+      if (reuse != j.end() && !reuse->is_boolean()) return core::parse_error("'reuse' is not true or false");
+      const bool again = reuse != j.end() && reuse->get<bool>();
+      if (again && slot < 0) return core::invalid_argument("'reuse' without a prefix-cache slot");
+      return ToWorker{msg::Generate{positions, f16 != j.end() && f16->get<bool>(), slot, again}};
     }
     case Op::kDecode: {
       TESSERA_ASSIGN_OR_RETURN(const int64_t n, core::json_field_int(j, "n", 1, kMaxRows));

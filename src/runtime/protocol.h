@@ -53,9 +53,16 @@ namespace msg {
 struct Run { int64_t n = 0; };
 struct Stop {};
 struct Ping {};
+// The prefix cache (serve --prefix-cache-mb): slot >= 0 keeps the
+// generation's decoder in that slot after "end"; reuse continues the slot's
+// caches (the terminal decides which positions are still valid) rather than
+// making new ones.
+constexpr int64_t kMaxPrefixSlots = 8;
 struct Generate {
   int64_t positions = 0;
   bool kv_f16 = false;  // F16 KV caches (--kv-type f16)
+  int64_t slot = -1;    // -1: no prefix cache
+  bool reuse = false;
 };
 struct Decode { int64_t n = 0, pos = 0; };
 struct End {};

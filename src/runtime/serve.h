@@ -26,6 +26,9 @@ struct ServeOptions {
   bool lossy = false;  // --lossy: auto may choose a lossy strategy, wire or weight type
   double max_loss = 0.01;   // --max-loss, with lossy (DeployRequest::max_loss)
   std::string calibration;  // --calibration, with lossy
+  // The prefix cache (Session's prefix_slots): as many generations' KV
+  // caches as this many MB hold on the busiest device, at most 8; 0: off.
+  int64_t prefix_cache_mb = 0;
   std::string host = "127.0.0.1";
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"

@@ -97,6 +97,10 @@ void Engine::count_bytes() {
 Result<std::vector<int64_t>> Engine::generate(Session& session, const std::vector<int64_t>& prompt,
                                       const model::GenerateOptions& opts) {
   auto seq = session.generate(prompt, opts);
+  if (seq.ok() && opts_.prefix_cache_mb > 0) {
+    const int64_t cached = session.last_stats().value("prefix_cached_tokens", int64_t{0});
+    metrics_.prefix(cached > 0, cached);
+  }
   if (seq.ok() || seq.status().code() != core::ErrorCode::kUnimplemented) return seq;
   if (!full_model_) {
     spdlog::warn("{}; generating on the terminal alone", seq.status().to_string());
@@ -187,6 +191,23 @@ void Engine::failover(const Status& why) {
                core::error_code_name(why.code()), names.empty() ? "nothing" : names);
 }
 
+// As many generations' caches as --prefix-cache-mb holds on the device
+// whose caches are largest (each slot holds a whole context).
+int Engine::prefix_slots(const parallel::Plan& deployed) const {
+  if (opts_.prefix_cache_mb <= 0 || !config_.causal_lm()) return 0;
+  parallel::Plan plan = deployed;  // a named strategy's plan is completed only when the session starts
+  if (!parallel::complete_plan(plan, config_).ok()) return 0;
+  const int64_t ctx = model::context_size(config_, opts_.ctx_size);
+  int64_t largest = 1;
+  for (int r = 0; r < plan.world; ++r)
+    largest = std::max(largest, parallel::kv_cache_bytes(plan, config_, r, ctx, opts_.kv_dtype));
+  const int64_t slots = opts_.prefix_cache_mb * 1000 * 1000 / largest;
+  if (slots < 1)
+    spdlog::warn("serve: --prefix-cache-mb {} holds no generation's caches ({} MB each); the prefix cache is off",
+                 opts_.prefix_cache_mb, (largest + 999999) / 1000000);
+  return static_cast<int>(std::min<int64_t>(slots, msg::kMaxPrefixSlots));
+}
+
 Status Engine::start_session(bool first) {
   std::vector<int> avail;
   {
@@ -212,6 +233,7 @@ Status Engine::start_session(bool first) {
     }
     // Budgets are checked for the model's longest input (the server takes any request).
     d->session.budget_rows = 0;
+    d->session.prefix_slots = prefix_slots(d->plan);
     auto s = Session::start(d->session);
     if (s.ok()) {
       std::lock_guard<std::mutex> l(view_mu_);

@@ -80,6 +80,13 @@ class Metrics {
     bytes_[device] += n;
   }
   void failover() { ++failovers_; }
+  // A generation with the prefix cache on: whether it found a cached prefix,
+  // and how many prompt positions it did not prefill.
+  void prefix(bool hit, int64_t cached_tokens) {
+    ++prefix_lookups_;
+    if (hit) ++prefix_hits_;
+    prefix_tokens_ += cached_tokens;
+  }
   void abandoned() { ++abandoned_; }
   int64_t failovers() const { return failovers_; }
 
@@ -102,6 +109,15 @@ class Metrics {
     o << "# HELP tessera_requests_abandoned_total Whole (not streamed) generations stopped because the client left.\n"
          "# TYPE tessera_requests_abandoned_total counter\ntessera_requests_abandoned_total "
       << abandoned_.load() << '\n';
+    o << "# HELP tessera_prefix_cache_lookups_total Generations that looked for a cached prompt prefix.\n"
+         "# TYPE tessera_prefix_cache_lookups_total counter\ntessera_prefix_cache_lookups_total "
+      << prefix_lookups_.load() << '\n';
+    o << "# HELP tessera_prefix_cache_hits_total Generations whose prompt started with a cached prefix.\n"
+         "# TYPE tessera_prefix_cache_hits_total counter\ntessera_prefix_cache_hits_total "
+      << prefix_hits_.load() << '\n';
+    o << "# HELP tessera_prefix_cache_tokens_total Prompt tokens taken from the prefix cache, not prefilled.\n"
+         "# TYPE tessera_prefix_cache_tokens_total counter\ntessera_prefix_cache_tokens_total "
+      << prefix_tokens_.load() << '\n';
     o << "# HELP tessera_queue_depth Requests admitted and not yet answered.\n# TYPE tessera_queue_depth gauge\n"
       << "tessera_queue_depth " << queue_depth << '\n';
     o << "# HELP tessera_devices Devices by state.\n# TYPE tessera_devices gauge\n"
@@ -117,6 +133,7 @@ class Metrics {
   std::map<std::string, int64_t> bytes_;
   std::atomic<int64_t> failovers_{0};
   std::atomic<int64_t> abandoned_{0};
+  std::atomic<int64_t> prefix_lookups_{0}, prefix_hits_{0}, prefix_tokens_{0};
 };
 
 // --- the engine: devices, the session, failover ------------------------------
@@ -171,6 +188,7 @@ class Engine {
   // over fewer when that fails (a strategy that cannot split over this
   // many), down to the terminal alone if its budget allows.
   Status start_session(bool first);
+  int prefix_slots(const parallel::Plan& plan) const;
   const Device& device(int d) const { return cluster_->devices()[static_cast<size_t>(d)]; }
 
   const ServeOptions& opts_;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -343,21 +344,60 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
     return core::ok_status();
   };
-  std::unique_ptr<parallel::Decoder> dec;
+  // The prefix cache: the slot whose tokens share the longest prefix with
+  // the prompt (its caches hold those positions), else the least recently
+  // used one, started afresh. One prompt row is always computed: its logits
+  // pick the first token.
+  PrefixSlot* slot = nullptr;
+  int64_t cached = 0;
+  bool reuse = false;
+  if (opts_.prefix_slots > 0) {
+    if (prefix_.empty()) prefix_.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefix_slots, msg::kMaxPrefixSlots)));
+    for (PrefixSlot& s : prefix_) {
+      if (!s.dec || s.spec.positions != spec.positions || s.spec.dtype != spec.dtype) continue;
+      const auto common = static_cast<int64_t>(
+          std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(), prompt.end()).first - s.tokens.begin());
+      const int64_t usable = std::min<int64_t>(common, static_cast<int64_t>(prompt.size()) - 1);
+      if (usable > cached) cached = usable, slot = &s;
+    }
+    reuse = slot != nullptr;
+    if (!reuse)
+      slot = &*std::min_element(prefix_.begin(), prefix_.end(),
+                                [](const PrefixSlot& a, const PrefixSlot& b) { return a.used < b.used; });
+    slot->used = ++prefix_clock_;
+    slot->tokens.clear();  // valid again only when this generation succeeds
+  }
+  model::GenerateOptions run_opts = opts;
+  run_opts.cached_prefix = cached;
+  std::unique_ptr<parallel::Decoder> own;
+  parallel::Decoder* dec = nullptr;
   core::Timer t, decode_t;
   double prefill_ms = 0;
-  int64_t steps = 0;
+  int64_t steps = 0, processed = 0;
   // Pings flow between chunks (while the caller streams a token), not during one.
   auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
-    if (!dec) {
-      TESSERA_ASSIGN_OR_RETURN(dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
-      TESSERA_RETURN_IF_ERROR(tell_workers(msg::Generate{spec.positions, spec.dtype == core::DType::kF16}));
+    if (dec == nullptr) {
+      const int64_t slot_index = slot == nullptr ? -1 : slot - prefix_.data();
+      if (slot == nullptr) {
+        TESSERA_ASSIGN_OR_RETURN(own, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
+        dec = own.get();
+      } else {
+        if (!reuse) {
+          slot->dec.reset();  // the old caches go before the new ones are allocated
+          TESSERA_ASSIGN_OR_RETURN(slot->dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
+          slot->spec = spec;
+        }
+        dec = slot->dec.get();
+      }
+      TESSERA_RETURN_IF_ERROR(
+          tell_workers(msg::Generate{spec.positions, spec.dtype == core::DType::kF16, slot_index, reuse}));
     }
     const int64_t n = x.dim(0);
     TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}));
     auto y = dec->forward(std::move(x), n, pos0, pool_.get());
-    if (pos0 == 0) {  // the figures cover the decode steps; the prefill is timed apart
+    if (y.ok()) processed = pos0 + n;
+    if (pos0 == cached) {  // the figures cover the decode steps; the prefill is timed apart
       prefill_ms = t.ms();
       decode_t = core::Timer();
       sync_->reset_stats();
@@ -369,9 +409,11 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   };
   auto seq = [&] {
     const core::ScopedDeviceSpeed speed(device_speed_of(0));
-    return model::generate_with(*model_, prompt, opts, pool_.get(), layers);
+    return model::generate_with(*model_, prompt, run_opts, pool_.get(), layers);
   }();
-  if (dec) {
+  // The slot's caches hold the positions every chunk computed.
+  if (slot != nullptr && seq.ok() && dec != nullptr) slot->tokens.assign(seq->begin(), seq->begin() + processed);
+  if (dec != nullptr) {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
     const double decode_ms = decode_t.ms();
     // The workers end the generation even when it failed; its own error comes first.
@@ -379,6 +421,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     if (st.ok())
       st = collect_stats(decode_ms, {{"rows", 1},
                                      {"prompt_tokens", prompt.size()},
+                                     {"prefix_cached_tokens", cached},
                                      {"decode_steps", steps},
                                      {"prefill_ms", prefill_ms},
                                      {"decode_ms", decode_ms},

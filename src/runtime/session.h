@@ -61,6 +61,12 @@ struct SessionOptions {
   // Emulated speed of each device in (0, 1] (--device-speed,
   // core/device_speed.h); empty: all at full speed.
   std::vector<double> device_speeds;
+  // The prefix cache (serve --prefix-cache-mb): this many generations' KV
+  // caches are kept on every rank after they end (0: none, at most
+  // msg kMaxPrefixSlots). A prompt that starts with a kept generation's
+  // tokens prefills only the rest, in that generation's caches; the least
+  // recently used is replaced.
+  int prefix_slots = 0;
 };
 
 class Session {
@@ -77,6 +83,9 @@ class Session {
   // one, the same tokens as model::generate for the same options. Caches
   // live for one call; calls are serialized with run(), and heartbeats go on
   // between tokens (on_token may take its time).
+  // With a prefix cache (SessionOptions::prefix_slots) the caches outlive
+  // the call, and a prompt that starts with an earlier generation's tokens
+  // prefills only the rest; the tokens are the same as without it.
   core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts);
   // The same on an input already built (serve: tokenized or decoded there).
   core::Result<RunResult> run_input(const model::ModelInput& in, const std::string& dump_path = "");
@@ -122,6 +131,16 @@ class Session {
   std::vector<msg::Ready> ready_;  // what each worker reported after loading
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
   nlohmann::json stats_;
+  // The prefix cache: per slot, the decoder, the tokens its caches hold
+  // (positions 0..size-1; empty after a failed generation) and when it was used.
+  struct PrefixSlot {
+    std::unique_ptr<parallel::Decoder> dec;
+    model::CacheSpec spec;
+    std::vector<int64_t> tokens;
+    uint64_t used = 0;
+  };
+  std::vector<PrefixSlot> prefix_;
+  uint64_t prefix_clock_ = 0;
   int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
   core::Status collect_stats(double latency_ms, nlohmann::json extra);
   std::mutex run_mu_;   // held by a run or a whole generation

@@ -75,20 +75,38 @@ class WorkerLoop {
   }
 
   // A generation: "generate" makes the decoder (the previous request's
-  // caches go first), one "decode" per chunk, "end" drops the caches.
+  // caches go first), one "decode" per chunk, "end" drops the caches. With
+  // a prefix-cache slot the decoder stays in the slot after "end", and a
+  // later "generate" may continue its caches (reuse).
   Status handle(const msg::Generate& g) {
     if (g.positions > model_.config().max_positions)
       return core::out_of_range("a generation of " + std::to_string(g.positions) + " positions");
-    dec_.reset();
+    dec_ = nullptr;
+    own_.reset();
     positions_ = g.positions;
     const model::CacheSpec spec{positions_, g.kv_f16 ? core::DType::kF16 : core::DType::kF32};
-    TESSERA_ASSIGN_OR_RETURN(dec_, parallel::make_decoder(strategy_, model_, plan_, sync_, spec));
+    if (g.slot < 0) {
+      TESSERA_ASSIGN_OR_RETURN(own_, parallel::make_decoder(strategy_, model_, plan_, sync_, spec));
+      dec_ = own_.get();
+    } else {
+      if (static_cast<size_t>(g.slot) >= slots_.size()) slots_.resize(static_cast<size_t>(g.slot) + 1);
+      Slot& s = slots_[static_cast<size_t>(g.slot)];
+      if (g.reuse) {
+        if (!s.dec || s.spec.positions != spec.positions || s.spec.dtype != spec.dtype)
+          return core::invalid_argument("prefix-cache slot " + std::to_string(g.slot) + " holds no caches of this shape");
+      } else {
+        s.dec.reset();  // the slot's old caches go before the new ones are allocated
+        TESSERA_ASSIGN_OR_RETURN(s.dec, parallel::make_decoder(strategy_, model_, plan_, sync_, spec));
+        s.spec = spec;
+      }
+      dec_ = s.dec.get();
+    }
     core::settle_device_speed();
     return core::ok_status();
   }
 
   Status handle(const msg::Decode& d) {
-    if (!dec_) return core::invalid_argument("a decode step outside a generation");
+    if (dec_ == nullptr) return core::invalid_argument("a decode step outside a generation");
     if (d.pos + d.n > positions_)
       return core::out_of_range("decode rows " + std::to_string(d.pos) + ".." + std::to_string(d.pos + d.n - 1) +
                                 " outside the cache");
@@ -106,7 +124,8 @@ class WorkerLoop {
   }
 
   Status handle(const msg::End&) {
-    dec_.reset();
+    dec_ = nullptr;
+    own_.reset();
     return send_done(decode_ms_);
   }
 
@@ -124,7 +143,14 @@ class WorkerLoop {
   CommSynchronizer sync_;
   const int64_t weight_bytes_;
   const int64_t rss_before_load_;
-  std::unique_ptr<parallel::Decoder> dec_;  // during a generation
+  // The generation's decoder (during one): own_, or a prefix-cache slot's.
+  parallel::Decoder* dec_ = nullptr;
+  std::unique_ptr<parallel::Decoder> own_;
+  struct Slot {
+    model::CacheSpec spec;
+    std::unique_ptr<parallel::Decoder> dec;
+  };
+  std::vector<Slot> slots_;
   int64_t positions_ = 0;
   double decode_ms_ = 0;
 };

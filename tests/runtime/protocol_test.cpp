@@ -30,7 +30,8 @@ TEST(ProtocolTest, OpValuesAndNamesArePinned) {
 
 TEST(ProtocolTest, EveryMessageRoundTrips) {
   const std::vector<ToWorker> to_worker = {msg::Run{7}, msg::Stop{}, msg::Ping{}, msg::Generate{64}, msg::Decode{3, 60},
-                                           msg::End{}};
+                                           msg::End{}, msg::Generate{64, true, 0, false},
+                                           msg::Generate{64, false, msg::kMaxPrefixSlots - 1, true}};
   for (const ToWorker& m : to_worker) {
     const json j = to_json(m);
     EXPECT_EQ(j["op"], op_name(op_of(m)));
@@ -61,6 +62,10 @@ TEST(ProtocolTest, BadMessagesAreRefused) {
       R"({"op": "run", "n": 1e300})",         // absurd
       R"({"op": "decode", "n": 1, "pos": -1})",
       R"({"op": "generate", "positions": 0})",
+      R"({"op": "generate", "positions": 8, "slot": 8})",    // past the prefix-cache slots
+      R"({"op": "generate", "positions": 8, "slot": -2})",
+      R"({"op": "generate", "positions": 8, "slot": 0, "reuse": 1})",  // not a bool
+      R"({"op": "generate", "positions": 8, "reuse": true})",  // reuse of no slot
   };
   for (const std::string& text : to_worker_bad) {
     const json j = json::parse(text);

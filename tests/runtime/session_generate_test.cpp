@@ -113,6 +113,71 @@ TEST(SessionGenerateTest, ProcessesEqualTheSingleDeviceOverRepeatedRequests) {
   std::cout << "\nnear-ties (top-2 margin < 1e-4, rest not compared): " << near_ties << " of " << runs << " runs\n";
 }
 
+// The prefix cache (SessionOptions::prefix_slots): a prompt that starts
+// with an earlier generation's tokens (a chat's next turn) prefills only the
+// rest, in that generation's caches on every rank, and gives the tokens the
+// single device gives without any cache. gpt2-copy is trained, so its
+// greedy tokens are not a degenerate repeat.
+TEST(SessionGenerateTest, PrefixCacheGivesTheSameTokensAndPrefillsOnlyTheRest) {
+  const std::string dir = std::string(TESSERA_TEST_DATA) + "/gpt2-copy";
+  auto m = model::Transformer::load(dir).value();
+  model::GenerateOptions greedy;
+  greedy.max_new_tokens = 8;
+  greedy.eos_token_id = -1;
+  int sessions = 0;
+  for (const parallel::Strategy* strategy : parallel::strategies()) {
+    if (!strategy->decodes()) continue;
+    for (int k = 1; k <= 2; ++k) {
+      if (!plan_completes(strategy->name(), k, m.config())) continue;
+      const std::string label = strategy->name() + " K=" + std::to_string(k);
+      runtime::SessionOptions o;
+      o.model_dir = dir;
+      o.plan.strategy = strategy->name();
+      o.plan.world = k;
+      o.timeout_ms = 30000;
+      o.prefix_slots = 2;
+      auto started = runtime::Session::start(o);
+      ASSERT_TRUE(started.ok()) << label << ": " << started.status().to_string();
+      runtime::Session& session = **started;
+      ++sessions;
+      // Each prompt, the prefix the cache should hold for it, and the result.
+      auto turn = [&](const std::vector<int64_t>& prompt, int64_t cached) {
+        const auto want = model::generate(m, prompt, greedy, nullptr).value();
+        auto got = session.generate(prompt, greedy);
+        EXPECT_TRUE(got.ok()) << label << ": " << got.status().to_string();
+        if (!got.ok()) return std::vector<int64_t>();
+        compare(want, *got, margins(m, want, prompt.size()), prompt.size(), label);
+        EXPECT_EQ(session.last_stats()["prefix_cached_tokens"].get<int64_t>(), cached) << label;
+        return *got;
+      };
+      std::vector<int64_t> p1;
+      for (int i = 0; i < 24; ++i) p1.push_back(1 + (i * 7) % 60);
+      const auto g1 = turn(p1, 0);
+      ASSERT_EQ(g1.size(), p1.size() + 8) << label;
+      // The next turn: all of g1 but its last token were computed.
+      auto p2 = g1;
+      p2.insert(p2.end(), {5, 6, 7});
+      turn(p2, static_cast<int64_t>(g1.size()) - 1);
+      // A prompt that leaves the cached tokens at position 10.
+      std::vector<int64_t> p3(p1.begin(), p1.begin() + 10);
+      p3.insert(p3.end(), {61, 62, 63, 2, 3});
+      const auto g3 = turn(p3, 10);
+      // Nothing in common: the other slot, started afresh.
+      const auto g4 = turn({63, 1, 2, 3}, 0);
+      // Both slots still hold their tokens.
+      auto p5 = g3;
+      p5.push_back(9);
+      turn(p5, static_cast<int64_t>(g3.size()) - 1);
+      auto p6 = g4;
+      p6.push_back(9);
+      turn(p6, static_cast<int64_t>(g4.size()) - 1);
+      // A prompt that is a cached sequence itself still computes its last row.
+      turn(std::vector<int64_t>(g4.begin(), g4.end() - 1), static_cast<int64_t>(g4.size()) - 2);
+    }
+  }
+  EXPECT_GE(sessions, 3);  // single, and tp, galaxy, pipeline on 2
+}
+
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
   const std::string dir = gpt2_12l();
   auto session = start(dir, "tp", 2);
