@@ -42,6 +42,7 @@ class Chatter {
     if (runtime::runs_in_process(f.cluster, f.plan->strategy)) {
       TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(dir));
       c->model_ = std::make_unique<model::Transformer>(std::move(m));
+      c->local_ = std::make_unique<model::CachingGenerator>(*c->model_);
       kernels::set_blas_threads(f.cluster.threads_per_device);
       c->pool_ = std::make_unique<core::ThreadPool>(f.cluster.threads_per_device);
       return c;
@@ -61,6 +62,7 @@ class Chatter {
     r.kv_dtype = f.gen.kv_dtype;
     TESSERA_ASSIGN_OR_RETURN(runtime::Deployment d, runtime::deploy(cluster, c->config_, r));
     d.session.budget_rows = 0;
+    d.session.prefix_slots = 1;  // each turn's prompt starts with the last turn's tokens
     TESSERA_ASSIGN_OR_RETURN(c->session_, runtime::Session::start(d.session));
     return c;
   }
@@ -94,7 +96,10 @@ class Chatter {
       std::fflush(stdout);
     };
     o.stop_requested = [&] { return ended; };
-    auto seq = model_ ? model::generate(*model_, ids, o, pool_.get()) : session_->generate(ids, o);
+    // On one device the caches stay between turns (CachingGenerator), as the
+    // session's prefix cache keeps them across devices: a turn prefills only
+    // what the last one did not.
+    auto seq = local_ ? local_->generate(ids, o, pool_.get()) : session_->generate(ids, o);
     TESSERA_RETURN_IF_ERROR(seq.status());
     if (auto tail = decoder.flush(); tail.ok() && !tail->empty()) {
       text += *tail;
@@ -107,6 +112,7 @@ class Chatter {
 
  private:
   Chatter() = default;
+
   model::ModelConfig config_;
   std::unique_ptr<model::Tokenizer> tok_;
   std::unique_ptr<model::ChatTemplate> template_;
@@ -114,6 +120,7 @@ class Chatter {
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<core::ThreadPool> pool_;
   std::unique_ptr<runtime::Session> session_;
+  std::unique_ptr<model::CachingGenerator> local_;  // over model_
 };
 
 json opening(const ChatFlags& f) {

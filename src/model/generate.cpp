@@ -88,6 +88,11 @@ int64_t context_size(const ModelConfig& c, int64_t ctx_size) {
   return ctx;
 }
 
+int64_t reusable_prefix(const std::vector<int64_t>& cached, const std::vector<int64_t>& prompt) {
+  const auto common = std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin();
+  return std::max<int64_t>(0, std::min<int64_t>(common, static_cast<int64_t>(prompt.size()) - 1));
+}
+
 CacheSpec generation_cache(const ModelConfig& c, const GenerateOptions& opts) { return {context_size(c, opts), opts.kv_dtype}; }
 
 Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
@@ -148,6 +153,28 @@ Result<std::vector<int64_t>> generate(const Transformer& model, const std::vecto
     for (int64_t l = 0; l < model.config().layers; ++l) model.layer(l, x, pos0, &*cache, ws, pool);
     return x;
   });
+}
+
+Result<std::vector<int64_t>> CachingGenerator::generate(const std::vector<int64_t>& prompt, GenerateOptions opts,
+                                                       core::ThreadPool* pool) {
+  const CacheSpec spec = generation_cache(model_.config(), opts);
+  if (!cache_ || spec.positions != spec_.positions || spec.dtype != spec_.dtype) {
+    cache_.reset();  // the old caches go before the new ones are allocated
+    TESSERA_ASSIGN_OR_RETURN(KvCache c, model_.make_cache(spec.positions, spec.dtype));
+    cache_ = std::move(c);
+    spec_ = spec;
+    tokens_.clear();
+  }
+  opts.cached_prefix = last_cached_ = reusable_prefix(tokens_, prompt);
+  tokens_.clear();  // valid again only when this call succeeds
+  int64_t processed = 0;
+  auto seq = generate_with(model_, prompt, opts, pool, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    for (int64_t l = 0; l < model_.config().layers; ++l) model_.layer(l, x, pos0, &*cache_, ws_, pool);
+    processed = pos0 + x.dim(0);
+    return x;
+  });
+  if (seq.ok()) tokens_.assign(seq->begin(), seq->begin() + processed);
+  return seq;
 }
 
 }  // namespace tessera::model

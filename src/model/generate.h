@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/status.h"
@@ -36,6 +37,11 @@ struct GenerateOptions {
   // pick the first token). Only generate_with's layers can hold them.
   int64_t cached_prefix = 0;
 };
+
+// The cached_prefix a prompt may take from caches that hold `cached`
+// (positions 0..size-1): their common prefix, short of the prompt's last
+// token, whose row must be computed for its logits.
+int64_t reusable_prefix(const std::vector<int64_t>& cached, const std::vector<int64_t>& prompt);
 
 // Rejects options that mean nothing: new tokens < 0, temperature not a
 // finite number > 0, top-p outside (0, 1], top-k < 0 (0: no filter).
@@ -75,5 +81,25 @@ uint64_t resume_seed(uint64_t seed, int64_t tokens);
 // max_new_tokens, or at the model's maximum length).
 core::Result<std::vector<int64_t>> generate(const Transformer& model, const std::vector<int64_t>& prompt,
                                             const GenerateOptions& opts, core::ThreadPool* pool);
+
+// generate() on one device whose KV caches outlive each call (`tessera chat`
+// on one device): a prompt that continues the tokens the caches hold (a
+// chat's next turn) prefills only the rest, with generate()'s tokens.
+class CachingGenerator {
+ public:
+  explicit CachingGenerator(const Transformer& model) : model_(model) {}
+  // opts.cached_prefix is set here (reusable_prefix).
+  [[nodiscard]] core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, GenerateOptions opts,
+                                                            core::ThreadPool* pool);
+  int64_t last_cached_prefix() const { return last_cached_; }
+
+ private:
+  const Transformer& model_;
+  std::optional<KvCache> cache_;
+  CacheSpec spec_;
+  std::vector<int64_t> tokens_;  // what the caches hold (empty after a failed call)
+  Workspace ws_;
+  int64_t last_cached_ = 0;
+};
 
 }  // namespace tessera::model

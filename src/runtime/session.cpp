@@ -355,9 +355,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     if (prefix_.empty()) prefix_.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefix_slots, msg::kMaxPrefixSlots)));
     for (PrefixSlot& s : prefix_) {
       if (!s.dec || s.spec.positions != spec.positions || s.spec.dtype != spec.dtype) continue;
-      const auto common = static_cast<int64_t>(
-          std::mismatch(s.tokens.begin(), s.tokens.end(), prompt.begin(), prompt.end()).first - s.tokens.begin());
-      const int64_t usable = std::min<int64_t>(common, static_cast<int64_t>(prompt.size()) - 1);
+      const int64_t usable = model::reusable_prefix(s.tokens, prompt);
       if (usable > cached) cached = usable, slot = &s;
     }
     reuse = slot != nullptr;

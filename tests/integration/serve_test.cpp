@@ -424,7 +424,9 @@ TEST(ServeTest, PrefixCacheAnswersAChatAsWithoutItAndCountsItsHits) {
     };
     EXPECT_EQ(counter("tessera_prefix_cache_lookups_total"), cached ? 2 : 0);
     EXPECT_EQ(counter("tessera_prefix_cache_hits_total"), cached ? 1 : 0);  // the second turn
-    if (cached) EXPECT_GT(counter("tessera_prefix_cache_tokens_total"), 40);  // the first turn's 47 prompt tokens, and more
+    if (cached) {
+      EXPECT_GT(counter("tessera_prefix_cache_tokens_total"), 40);  // the first turn's 47 prompt tokens, and more
+    }
   }
   EXPECT_EQ(answers[0], answers[1]);
 }

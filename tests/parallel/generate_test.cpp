@@ -167,6 +167,51 @@ TEST(GenerateTest, StopsAtEveryEosIdOfGenerationConfig) {
   fs::remove_all(dir);
 }
 
+// One device's caches kept between generations (model::CachingGenerator,
+// `tessera chat` on one device): a prompt that continues the cached tokens
+// prefills from model::reusable_prefix and gives model::generate's tokens.
+TEST(GenerateTest, ACachedPrefixOnOneDeviceGivesTheUncachedTokens) {
+  auto m = model::Transformer::load(kData + "/gpt2-copy").value();
+  model::GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.eos_token_id = -1;
+  model::CachingGenerator gen(m);
+  auto run = [&](const std::vector<int64_t>& prompt) {
+    auto seq = gen.generate(prompt, o, nullptr);
+    EXPECT_TRUE(seq.ok()) << seq.status().to_string();
+    if (!seq.ok()) return std::vector<int64_t>();
+    const auto want = model::generate(m, prompt, o, nullptr).value();
+    compare(want, *seq, margins(m, want, prompt.size()), prompt.size(), "cached prefix");
+    return *seq;
+  };
+  const auto g1 = run({3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3});
+  EXPECT_EQ(gen.last_cached_prefix(), 0);
+  auto p2 = g1;
+  p2.insert(p2.end(), {2, 7, 18});
+  run(p2);
+  EXPECT_EQ(gen.last_cached_prefix(), static_cast<int64_t>(g1.size()) - 1);  // all of g1 but its last token
+  std::vector<int64_t> p3(g1.begin(), g1.begin() + 4);
+  p3.push_back(60);
+  run(p3);
+  EXPECT_EQ(gen.last_cached_prefix(), 4);
+  model::GenerateOptions f16 = o;  // other caches: started afresh
+  f16.kv_dtype = core::DType::kF16;
+  ASSERT_TRUE(gen.generate(p3, f16, nullptr).ok());
+  EXPECT_EQ(gen.last_cached_prefix(), 0);
+
+  EXPECT_EQ(model::reusable_prefix({1, 2, 3}, {1, 2, 3}), 2);  // the last row is always computed
+  EXPECT_EQ(model::reusable_prefix({}, {1, 2}), 0);
+  EXPECT_EQ(model::reusable_prefix({1, 2, 3, 4}, {1, 2}), 1);
+  EXPECT_EQ(model::reusable_prefix({5}, {1, 2}), 0);
+  model::GenerateOptions bad = o;
+  bad.cached_prefix = 3;  // the whole prompt: no row left for its logits
+  EXPECT_FALSE(model::generate_with(m, {1, 2, 3}, bad, nullptr, [](core::Tensor x, int64_t) -> core::Result<core::Tensor> {
+                 return x;
+               }).ok());
+  bad.cached_prefix = 1;  // model::generate keeps no cache to start from
+  EXPECT_FALSE(model::generate(m, {1, 2, 3}, bad, nullptr).ok());
+}
+
 TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
   const std::string dir = kData + "/gpt2-tiny";
   for (const std::string s : {"sp", "voltage"}) {
