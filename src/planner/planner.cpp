@@ -608,7 +608,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
           TESSERA_ASSIGN_OR_RETURN(Candidate cand, plan_strategy_any_subset(*s, ct, p, ow));
           // The terminal alone (Voltage's Algorithm 2): the best exact plan on one device.
           TESSERA_ASSIGN_OR_RETURN(const Candidate one, plan_strategy(*s, ct, p, {0}, ow));
-          if (one.feasible && one.exact && t == c.weights) alone_ms = std::min(alone_ms, one.prediction.latency_ms);
+          if (one.feasible && one.exact && t == c.weights && (o.ctx_size <= 0 || s->decodes()))
+            alone_ms = std::min(alone_ms, one.prediction.latency_ms);
           // A plan on one device sends nothing: the other wires add no row.
           // Nor do the settings of a lossy strategy: one device has no rows to compress.
           if ((w != o.wires.front() || si > 0) && cand.members.size() == 1) continue;
@@ -630,7 +631,9 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       const bool strategy_ok = (rs != nullptr && rs->exact()) || o.lossy_allowed;
       const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
       const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
-      if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok || rejected[i]) continue;
+      // A generation's plan must decode: the prompt's layout holds the KV caches.
+      const bool decodes_ok = o.ctx_size <= 0 || (rs != nullptr && rs->decodes());
+      if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok || !decodes_ok || rejected[i]) continue;
       if (table.chosen < 0) {
         table.chosen = static_cast<int>(i);
         continue;
@@ -670,6 +673,10 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         rejected[j] = true;
     }
   }
+  if (o.ctx_size > 0)
+    for (Candidate& r : table.rows)
+      if (const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy); rs == nullptr || !rs->decodes())
+        r.notes.push_back("not chosen for a generation: " + r.plan.strategy + " has no decoder");
   if (table.chosen < 0)
     return core::resource_exhausted(gate ? "no strategy has a plan that fits the devices' memory within --max-loss"
                                          : "no strategy has a plan that fits the devices' memory");

@@ -44,7 +44,8 @@ struct PlanTable {
 struct PlannerOptions {
   int64_t rows = 128;          // the request's row count
   // > 0: plans for a generation; every device also holds its KV caches at
-  // this context (--ctx-size), replicated K/V heads included.
+  // this context (--ctx-size), replicated K/V heads included, and only
+  // strategies that decode (Strategy::decodes) are chosen.
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;  // --kv-type
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact

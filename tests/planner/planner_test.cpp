@@ -390,6 +390,36 @@ TEST(Planner, MaxLossRefusesALossyRowItCannotMeasure) {
   EXPECT_TRUE(noted);
 }
 
+// Planning a generation (ctx_size > 0): only a strategy that decodes may be
+// chosen, since the prompt's layout keeps the KV caches for the steps; the
+// others are priced and say why they were passed over.
+TEST(Planner, AGenerationIsPlannedOnlyWithStrategiesThatDecode) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 512, "n_layer": 12})")
+                                   .value();
+  int forwards_by_non_decoders = 0;
+  for (const double mbps : {100.0, 1000.0, 10000.0}) {
+    const ClusterProfile p = cluster({device(10), device(10)}, 0.05, mbps);
+    PlannerOptions o;
+    o.rows = 256;
+    const auto fwd = plan_all(c, p, o);
+    ASSERT_TRUE(fwd.ok());
+    const Candidate& f = fwd->rows[static_cast<size_t>(fwd->chosen)];
+    if (!parallel::find_strategy(f.plan.strategy)->decodes()) ++forwards_by_non_decoders;
+    o.ctx_size = 512;
+    const auto gen = plan_all(c, p, o);
+    ASSERT_TRUE(gen.ok());
+    const Candidate& g = gen->rows[static_cast<size_t>(gen->chosen)];
+    EXPECT_TRUE(parallel::find_strategy(g.plan.strategy)->decodes()) << g.plan.strategy << " " << mbps;
+    for (const Candidate& r : gen->rows) {
+      if (parallel::find_strategy(r.plan.strategy)->decodes()) continue;
+      EXPECT_NE(std::find(r.notes.begin(), r.notes.end(), "not chosen for a generation: " + r.plan.strategy + " has no decoder"),
+                r.notes.end());
+    }
+  }
+  EXPECT_GT(forwards_by_non_decoders, 0);  // the case the rule is for
+}
+
 TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
   const model::ModelConfig c = bert_like();
   for (double mbps : {1.0, 10.0, 100.0, 1000.0}) {
