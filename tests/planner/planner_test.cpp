@@ -305,14 +305,21 @@ double fake_loss(const parallel::Plan& plan) {
   return loss;
 }
 
-TEST(Planner, MaxLossChoosesTheFastestLossyRowWithinTheLimit) {
-  const model::ModelConfig c = bert_like(12);
-  // A slow link: rows that send less (PRISM's means, a q8 wire) are faster.
-  const ClusterProfile p = cluster({device(10), device(10)}, 0.05, 100);
+// Lossy plans allowed, q8 wires priced; a slow link, where rows that send
+// less (PRISM's means, a q8 wire) are faster.
+PlannerOptions lossy_options() {
   PlannerOptions o;
   o.rows = 128;
   o.lossy_allowed = true;
   o.wires = {core::WireType::kF32, core::WireType::kQ8};
+  return o;
+}
+const ClusterProfile kSlowPair = cluster({device(10), device(10)}, 0.05, 100);
+
+TEST(Planner, MaxLossChoosesTheFastestLossyRowWithinTheLimit) {
+  const model::ModelConfig c = bert_like(12);
+  const ClusterProfile& p = kSlowPair;
+  PlannerOptions o = lossy_options();
   o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0};
   const auto free_choice = plan_all(c, p, o);  // no measure: every lossy row may be chosen
   ASSERT_TRUE(free_choice.ok());
@@ -374,11 +381,8 @@ TEST(Planner, MaxLossChoosesTheFastestLossyRowWithinTheLimit) {
 // A row whose loss cannot be measured is not chosen; the exact plan is.
 TEST(Planner, MaxLossRefusesALossyRowItCannotMeasure) {
   const model::ModelConfig c = bert_like(12);
-  const ClusterProfile p = cluster({device(10), device(10)}, 0.05, 100);
-  PlannerOptions o;
-  o.rows = 128;
-  o.lossy_allowed = true;
-  o.wires = {core::WireType::kF32, core::WireType::kQ8};
+  const ClusterProfile& p = kSlowPair;
+  PlannerOptions o = lossy_options();
   o.measure_loss = [](const parallel::Plan&) -> core::Result<double> { return core::unimplemented("no head"); };
   const auto t = plan_all(c, p, o);
   ASSERT_TRUE(t.ok());

@@ -13,11 +13,11 @@
 #include <limits>
 
 #include "core/io.h"
+#include "temp_dir.h"
 
 namespace tessera::runtime {
 namespace {
 
-namespace fs = std::filesystem;
 
 // Budgets are decimal, as parse_bytes reads them.
 constexpr int64_t kGB = 1000 * 1000 * 1000;
@@ -25,15 +25,9 @@ constexpr int64_t kMB = 1000 * 1000;
 
 const std::string kModel = std::string(TESSERA_TEST_DATA) + "/bert-tiny";
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tessera-deploy-" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    const std::string p = (path / name).string();
-    EXPECT_TRUE(core::write_file(p, text).ok());
-    return p;
-  }
+// Its folder for the test's files.
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("tessera-deploy-") {}
 };
 
 // A device whose kernels all run at `gflops`.

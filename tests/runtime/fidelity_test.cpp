@@ -7,16 +7,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 
 #include "core/io.h"
 #include "model/tokenizer.h"
 #include "runtime/deployment.h"
+#include "temp_dir.h"
 
 namespace tessera::runtime {
 namespace {
 
-namespace fs = std::filesystem;
 
 const std::string kData = TESSERA_TEST_DATA;
 
@@ -73,15 +72,8 @@ TEST(Fidelity, ExactPlansLoseNothingAndPrismLosesMoreAtHigherRates) {
   EXPECT_GT(s->max_abs_err, 0.0);  // Q4_0 weights move the outputs
 }
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tessera-fidelity-" + std::to_string(::getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name, const std::string& text) const {
-    const std::string p = (path / name).string();
-    EXPECT_TRUE(core::write_file(p, text).ok());
-    return p;
-  }
+struct TempDir : testing::TempDir {
+  TempDir() : testing::TempDir("tessera-fidelity-") {}
 };
 
 TEST(Fidelity, CalibrationFilesGiveOnePromptPerLine) {
