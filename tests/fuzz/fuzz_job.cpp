@@ -39,6 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (auto m = tessera::runtime::to_worker_from_json(*j); m.ok()) {
       if (const auto* d = std::get_if<tessera::runtime::msg::Decode>(&*m); d && (d->n < 1 || d->pos < 0)) __builtin_trap();
       if (const auto* r = std::get_if<tessera::runtime::msg::Run>(&*m); r && r->n < 1) __builtin_trap();
+      if (const auto* g = std::get_if<tessera::runtime::msg::Generate>(&*m);
+          g && (g->slot < -1 || g->slot >= tessera::runtime::msg::kMaxPrefixSlots || (g->reuse && g->slot < 0)))
+        __builtin_trap();
       auto back = tessera::runtime::to_worker_from_json(tessera::runtime::to_json(*m));
       if (!back.ok() || tessera::runtime::op_of(*back) != tessera::runtime::op_of(*m)) __builtin_trap();
     }
