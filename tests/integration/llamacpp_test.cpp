@@ -49,9 +49,12 @@ std::string setup_peer() {
     if (!sh("node --version >/dev/null 2>&1")) return "node is not installed";
     const std::string d = peer_dir();
     if (!sh("mkdir -p '" + d + "' && cp '" + kData + "/llamacpp/llama_peer.mjs' '" + d + "/'")) return "cannot prepare " + d;
-    if (!sh("test -d '" + d + "/node_modules/node-llama-cpp'") &&
-        !sh("cd '" + d + "' && (test -f package.json || npm init -y >/dev/null 2>&1) && timeout 600 npm i -E --no-audit "
-            "--no-fund --fetch-timeout=30000 --fetch-retries=1 node-llama-cpp@3.21.1 >/dev/null 2>&1"))
+    // CTest runs this file's tests as parallel processes: one installs while
+    // the others wait on the lock, and the marker is written only after a
+    // whole install (a half-written node_modules is not taken for one).
+    if (!sh("cd '" + d + "' && flock -w 900 .install.lock sh -c 'test -f .installed || ((test -f package.json || "
+            "npm init -y >/dev/null 2>&1) && timeout 600 npm i -E --no-audit --no-fund --fetch-timeout=30000 "
+            "--fetch-retries=1 node-llama-cpp@3.21.1 >/dev/null 2>&1 && touch .installed)'"))
       return "npm could not install node-llama-cpp@3.21.1 (no registry?)";
     return "";
   }();
