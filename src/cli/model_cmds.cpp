@@ -13,6 +13,7 @@
 #include "core/io.h"
 #include "core/logging.h"
 #include "kernels/gemm.h"
+#include "kernels/simd.h"
 #include "model/gen_model.h"
 #include "model/generate.h"
 #include "model/gguf_model.h"
@@ -371,7 +372,8 @@ int bench_decode(const model::Transformer& m, const BenchFlags& b, const model::
     nlohmann::json j = {{"model", b.model}, {"prompt", b.seq}, {"new_tokens", b.generate}, {"threads", b.threads},
                         {"reps", b.reps}, {"decode_ms_per_token", median}, {"min_ms", steps.front()},
                         {"weight_bytes_per_token", bytes}, {"gemm", kernels::gemm_path_name(kernels::gemm_path())},
-                        {"weights", kernels::weight_type_name(b.weights)}};
+                        {"weights", kernels::weight_type_name(b.weights)},
+                        {"isa", kernels::isa_name(kernels::best_isa())}};
     std::cout << j.dump() << '\n';
   } else {
     std::printf("%s decode prompt=%lld new=%lld threads=%d median=%.3f ms/token min=%.3f weights/token=%.1f MB\n",

@@ -1,5 +1,8 @@
 #include "kernels/simd.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/check.h"
 
 namespace tessera::kernels {
@@ -36,7 +39,17 @@ const char* isa_name(Isa isa) {
 }
 
 Isa best_isa() {
-  static const Isa best = isa_supported(Isa::kAvx512) ? Isa::kAvx512 : isa_supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kGeneric;
+  static const Isa best = [] {
+    Isa isa = isa_supported(Isa::kAvx512) ? Isa::kAvx512 : isa_supported(Isa::kAvx2) ? Isa::kAvx2 : Isa::kGeneric;
+    // TESSERA_ISA=avx2|generic caps it: an AVX-512 machine measures the
+    // kernels that an AVX2-only device (or an AVX2 build of a peer) has.
+    if (const char* cap = std::getenv("TESSERA_ISA"); cap != nullptr) {
+      const std::string s = cap;
+      if (s == "generic") isa = Isa::kGeneric;
+      else if (s == "avx2" && isa == Isa::kAvx512) isa = Isa::kAvx2;
+    }
+    return isa;
+  }();
   return best;
 }
 

@@ -19,7 +19,7 @@ struct MathOps {
 
 bool isa_supported(Isa isa);
 const char* isa_name(Isa isa);
-// The widest set this CPU runs (checked once).
+// The widest set this CPU runs (checked once), capped by TESSERA_ISA=avx2|generic.
 Isa best_isa();
 // The kernels of one set; it must be supported.
 const MathOps& math_ops(Isa isa);
