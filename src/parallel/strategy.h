@@ -74,7 +74,8 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   // The layers on rows at positions pos0..pos0+n-1 (pos0 = the rows cached
-  // so far: 0 for the prefill, then one row per step), their K/V appended
+  // so far: 0 for a prefill, or the length of a reused prefix; then one
+  // row per step), their K/V appended
   // to the cache. Rank 0 passes the embedded rows x [n, F] and gets the last
   // layer's output; other ranks pass and get an empty tensor.
   [[nodiscard]] virtual core::Result<core::Tensor> forward(core::Tensor x, int64_t n, int64_t pos0,

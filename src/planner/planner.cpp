@@ -661,7 +661,10 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       ch.notes.push_back(buf);
       if (*loss <= o.max_loss) break;
     } else {
+      // Not measured says nothing of the other rows: only this one goes.
       ch.notes.push_back("loss not measured (" + loss.status().message() + "): not chosen");
+      rejected[ci] = true;
+      continue;
     }
     // Over the limit: this row is not chosen, nor are the same strategy's
     // rows that are at least as lossy in every choice (loss grows with each),

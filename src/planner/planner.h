@@ -63,7 +63,7 @@ struct PlannerOptions {
   // only when measure_loss(its plan), the top-1 disagreement with the exact
   // model on calibration inputs, is at most max_loss. Rows are measured
   // lazily, the fastest first, so the fastest lossy row that meets the limit
-  // is chosen (for PRISM: the highest rate). A row over the limit also rules
+  // is chosen (for PRISM: usually the highest rate). A row over the limit also rules
   // out its strategy's rows at least as lossy in setting, weight type and
   // wire, so `wires` and `weight_types` are listed least loss first.
   // Unset: lossy rows are not measured.

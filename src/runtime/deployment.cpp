@@ -181,25 +181,30 @@ Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const 
 
 Result<std::function<Result<double>(const parallel::Plan&)>> Cluster::loss_measure(const model::ModelConfig& c, int64_t rows,
                                                                                 const std::string& calibration) {
-  const std::string key = calibration.empty() ? "random:" + std::to_string(rows) : "file:" + calibration;
-  std::shared_ptr<FidelityMeter>& meter = meters_[key];
-  if (meter == nullptr) {
-    std::vector<model::ModelInput> inputs;
-    if (calibration.empty()) {
-      inputs = random_inputs(c, c.causal_lm() ? 8 : 32, rows, 1);
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(inputs, calibration_inputs(opts_.model_dir, calibration));
-    }
-    auto m = FidelityMeter::create(opts_.model_dir, std::move(inputs));
-    if (!m.ok()) {
-      meters_.erase(key);
-      return m.status();
-    }
-    meter = std::make_shared<FidelityMeter>(std::move(*m));
+  // The calibration file is read now (a bad one is the user's error); the
+  // meter (the exact model's reference outputs) only when a lossy row is
+  // first measured, and a failure there leaves that row "not measured".
+  std::vector<model::ModelInput> inputs;
+  if (calibration.empty()) {
+    inputs = random_inputs(c, c.causal_lm() ? 8 : 32, rows, 1);
+  } else {
+    TESSERA_ASSIGN_OR_RETURN(inputs, calibration_inputs(opts_.model_dir, calibration));
   }
-  std::shared_ptr<FidelityMeter> held = meter;
+  const std::string key = calibration.empty() ? "random:" + std::to_string(rows) : "file:" + calibration;
+  auto shared_inputs = std::make_shared<std::vector<model::ModelInput>>(std::move(inputs));
   return std::function<Result<double>(const parallel::Plan&)>(
-      [held](const parallel::Plan& plan) { return held->top1_disagreement(plan); });
+      [this, key, shared_inputs](const parallel::Plan& plan) -> Result<double> {
+        std::shared_ptr<FidelityMeter>& meter = meters_[key];
+        if (meter == nullptr) {
+          auto m = FidelityMeter::create(opts_.model_dir, *shared_inputs);
+          if (!m.ok()) {
+            meters_.erase(key);
+            return m.status();
+          }
+          meter = std::make_shared<FidelityMeter>(std::move(*m));
+        }
+        return meter->top1_disagreement(plan);
+      });
 }
 
 Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c, const planner::PlannerOptions& o) {

@@ -85,7 +85,8 @@ class Cluster {
   // process, on the calibration prompts of `calibration` (a text file, one
   // per line) or, when empty, seeded random inputs of `rows` tokens: 8 for
   // a causal LM (every position's next token is compared), 32 for a
-  // classifier (one label each). The exact outputs and each plan's figure are kept.
+  // classifier (one label each). The exact outputs and each plan's figure are
+  // kept, built at the first measure; the function refers to this cluster.
   [[nodiscard]] core::Result<std::function<core::Result<double>(const parallel::Plan&)>> loss_measure(
       const model::ModelConfig& c, int64_t rows, const std::string& calibration);
 

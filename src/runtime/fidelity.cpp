@@ -129,6 +129,7 @@ Result<FidelityScores> FidelityMeter::measure(const parallel::Plan& plan) {
     if (const auto lp = last_row_logp(got.output.logits); !lp.empty() && lp.size() == ref.last_logp.size()) {
       double kl = 0;
       for (size_t c = 0; c < lp.size(); ++c) kl += std::exp(ref.last_logp[c]) * (ref.last_logp[c] - lp[c]);
+      kl = std::max(kl, 0.0);  // KL >= 0; a tiny negative sum is rounding, and -1 means "no head"
       kl_sum += kl;
       s.next_token_kl_max = std::max(s.next_token_kl_max, kl);
       ++kl_count;

@@ -97,7 +97,7 @@ void Engine::count_bytes() {
 Result<std::vector<int64_t>> Engine::generate(Session& session, const std::vector<int64_t>& prompt,
                                       const model::GenerateOptions& opts) {
   auto seq = session.generate(prompt, opts);
-  if (seq.ok() && opts_.prefix_cache_mb > 0) {
+  if (seq.ok() && session.prefix_slots() > 0) {
     const int64_t cached = session.last_stats().value("prefix_cached_tokens", int64_t{0});
     metrics_.prefix(cached > 0, cached);
   }

@@ -409,8 +409,6 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     const core::ScopedDeviceSpeed speed(device_speed_of(0));
     return model::generate_with(*model_, prompt, run_opts, pool_.get(), layers);
   }();
-  // The slot's caches hold the positions every chunk computed.
-  if (slot != nullptr && seq.ok() && dec != nullptr) slot->tokens.assign(seq->begin(), seq->begin() + processed);
   if (dec != nullptr) {
     const std::lock_guard<std::mutex> wire_lock(wire_mu_);
     const double decode_ms = decode_t.ms();
@@ -426,6 +424,9 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
                                      {"ms_per_token", steps > 0 ? decode_ms / static_cast<double>(steps) : 0.0}});
     TESSERA_RETURN_IF_ERROR(seq.status());
     TESSERA_RETURN_IF_ERROR(st);
+    // The slot's caches hold the positions every chunk computed; reusable
+    // only when every rank ended the generation cleanly.
+    if (slot != nullptr) slot->tokens.assign(seq->begin(), seq->begin() + processed);
   }
   return seq;
 }

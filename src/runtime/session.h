@@ -99,6 +99,8 @@ class Session {
   // communication time, bytes per collective kind, weight bytes.
   const nlohmann::json& last_stats() const { return stats_; }
   const parallel::Plan& plan() const { return plan_; }
+  // Prefix-cache slots this session keeps (0: no prefix cache).
+  int prefix_slots() const { return opts_.prefix_slots; }
   const model::Transformer& model() const { return *model_; }
 
  private:

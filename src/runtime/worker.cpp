@@ -101,6 +101,7 @@ class WorkerLoop {
       }
       dec_ = s.dec.get();
     }
+    first_chunk_ = true;
     core::settle_device_speed();
     return core::ok_status();
   }
@@ -113,7 +114,10 @@ class WorkerLoop {
     core::Timer step;
     TESSERA_RETURN_IF_ERROR(dec_->forward(Tensor(), d.n, d.pos, &pool_).status());
     core::settle_device_speed();
-    if (d.pos == 0) {  // the figures cover the decode steps, not the prefill
+    // The figures cover the decode steps, not the prefill (the first chunk,
+    // which starts after a reused prefix).
+    if (first_chunk_) {
+      first_chunk_ = false;
       sync_.reset_stats();
       group_.reset_stats();
       decode_ms_ = 0;
@@ -152,6 +156,7 @@ class WorkerLoop {
   };
   std::vector<Slot> slots_;
   int64_t positions_ = 0;
+  bool first_chunk_ = false;
   double decode_ms_ = 0;
 };
 
