@@ -2,6 +2,7 @@
 // OpenBLAS's own threads; this pool runs the element-wise work between them.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -30,10 +31,11 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
+  // Written under mu_; the atomics are also read while spinning.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
   bool stop_ = false;
 };
 

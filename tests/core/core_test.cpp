@@ -2,7 +2,10 @@
 // and the order statistics every benchmark reports.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
+#include <vector>
 #include <cmath>
 #include <limits>
 
@@ -179,6 +182,33 @@ TEST(DeviceSpeedTest, PoolHelpersAndBadSpeedsAreNotTimed) {
   core::set_device_speed(1.5);
   EXPECT_EQ(core::device_speed(), 1.0);
   core::set_device_speed(0.5);
+}
+
+}  // namespace
+}  // namespace tessera::core
+
+namespace tessera::core {
+namespace {
+
+// Each loop covers [0, n) exactly once, whether the helpers are still
+// spinning from the previous loop (back to back) or asleep (after a pause,
+// which only chooses the path; nothing waits on it), and a pool ends cleanly
+// while its helpers spin.
+TEST(ThreadPoolTest, EveryLoopCoversItsRangeOnceSpinningOrAsleep) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int call = 0; call < 2000; ++call) {
+      const int64_t n = 1 + call % 7;
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (const auto& h : hits) ASSERT_EQ(h.load(), 1) << "call " << call << ", " << threads << " threads";
+      if (call % 400 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ThreadPool quick(2);
+  quick.parallel_for(2, [](int64_t, int64_t) {});
 }
 
 }  // namespace
