@@ -60,6 +60,9 @@ class Chatter {
     r.rows = 0;  // planned as serve plans (plan_rows' default); budgets at the model's longest input
     r.ctx_size = model::context_size(c->config_, f.gen);
     r.kv_dtype = f.gen.kv_dtype;
+    // auto prices an answer's decode steps: --max-new-tokens, or 128 when
+    // answers run to the end of the turn.
+    r.new_tokens = f.gen.max_new_tokens > 0 ? f.gen.max_new_tokens : 128;
     TESSERA_ASSIGN_OR_RETURN(runtime::Deployment d, runtime::deploy(cluster, c->config_, r));
     d.session.budget_rows = 0;
     d.session.prefix_slots = 1;  // each turn's prompt starts with the last turn's tokens

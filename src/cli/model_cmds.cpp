@@ -87,7 +87,8 @@ nlohmann::json with_work_figures(const runtime::Session& s) {
 // Generation on a session: the median run by ms per token is reported
 // (--stats), the ids (`ids_only`, as `tessera generate` prints them) or the
 // run's usual output.
-int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only) {
+int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only,
+                         const std::optional<planner::Candidate>& chosen) {
   auto in = runtime::build_input(s.model(), f.req);
   if (!in.ok()) return fail(in.status().to_string());
   model::GenerateOptions g = f.req.gen;
@@ -124,6 +125,11 @@ int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only) 
     j["ctx_size"] = model::context_size(c, g);
     j["reps"] = f.reps;
     j["ms_per_token_median"] = core::median(per_token);
+    // auto's prediction beside the measured prefill_ms and ms_per_token.
+    if (chosen) {
+      j["predicted_ttft_ms"] = chosen->prediction.latency_ms;
+      j["predicted_ms_per_token"] = chosen->step_ms > 0 ? nlohmann::json(chosen->step_ms) : nlohmann::json(nullptr);
+    }
     j["generated_ids"] = r.generated;
     std::cout << j.dump() << '\n';
   } else if (ids_only) {
@@ -153,7 +159,10 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   if (!rows.ok()) return fail(rows.status().to_string());
   runtime::DeployRequest dr;
   dr.rows = *rows;  // planned for, and budgets checked at, this request's rows
-  if (f.generate > 0) dr.ctx_size = model::context_size(*c, f.req.gen);
+  if (f.generate > 0) {
+    dr.ctx_size = model::context_size(*c, f.req.gen);
+    dr.new_tokens = f.generate;
+  }
   dr.kv_dtype = f.req.gen.kv_dtype;
   dr.lossy = f.plan->lossy;
   dr.max_loss = f.plan->max_loss;
@@ -172,7 +181,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   const std::optional<planner::Candidate>& chosen = deployment->chosen;
   auto session = runtime::Session::start(deployment->session);
   if (!session.ok()) return fail(session.status().to_string());
-  if (f.generate > 0) return generate_distributed(**session, f, ids_only);
+  if (f.generate > 0) return generate_distributed(**session, f, ids_only, chosen);
   for (int i = 0; i < f.warmup; ++i)
     if (auto w = (*session)->run(f.req); !w.ok()) return fail(w.status().to_string());
   // Timed runs: the figures reported are those of the median-latency run.

@@ -35,6 +35,7 @@ struct PlanCmd {
   std::string ilp_lp;
   double ilp_time_limit = 10;
   bool load_time = true;
+  int64_t generate = 0;  // > 0: plan a generation of this many tokens after the --seq prompt
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -116,6 +117,16 @@ int plan_command(const PlanCmd& f) {
     if (!measure.ok()) return fail(measure.status().to_string());
     o.measure_loss = *measure;
   }
+  std::optional<planner::ClusterProfile> step;
+  if (f.generate > 0) {
+    if (!c->causal_lm()) return fail("--generate needs a causal LM");
+    o.ctx_size = std::min(o.rows + f.generate, c->max_positions);
+    o.new_tokens = f.generate;
+    auto p = cluster->profile(c.value(), 1);  // a decode step's shapes
+    if (!p.ok()) return fail(p.status().to_string());
+    step = std::move(*p);
+    o.step_profile = &*step;
+  }
   auto t = runtime::plan_table(*cluster, c.value(), o);
   if (!t.ok()) return fail(t.status().to_string());
   if (f.json) {
@@ -158,6 +169,10 @@ void add_plan_commands(CLI::App& app) {
     add_profile_flags(cmd, *f);
     cmd->add_option("--profile", f->cluster.profile_file, "profile JSON (tessera profile) instead of measuring");
     cmd->add_flag("--json", f->json, "machine-readable output");
+    cmd->add_option("--generate", f->generate,
+                    "plan a generation of N tokens after the prompt: only strategies that decode, each priced by "
+                    "its time to the first token plus N-1 decode steps")
+        ->check(CLI::NonNegativeNumber);
     CLI::Option* lossy = cmd->add_flag("--lossy", f->lossy,
                   "let the choice fall on a lossy strategy (PRISM), wire (f16, q8) or, without --quantize, weights "
                   "quantized at load (q8_0, q4_0), each only within --max-loss");

@@ -620,6 +620,33 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       }
     }
   }
+  // A generation: each decoding row's step (one row, the caches' attention
+  // aside), on its own devices' one-row profile.
+  const bool generation = o.ctx_size > 0 && o.new_tokens > 0;
+  double alone_total = kInf;
+  if (generation) {
+    const ClusterProfile& sp = o.step_profile != nullptr ? *o.step_profile : p;
+    if (sp.size() != p.size()) return core::invalid_argument("the one-row profile has another device count");
+    for (Candidate& r : table.rows) {
+      const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
+      if (!r.feasible || rs == nullptr || !rs->decodes()) continue;
+      Plan step = r.plan;
+      model::ModelConfig ct = c;
+      ct.weights = r.plan.weights;
+      auto pred = evaluate(step, ct, sp.subset(r.members), 1, 0);
+      char buf[200];
+      if (!pred.ok()) {
+        r.notes.push_back("decode step not priced (" + pred.status().message() + "): not chosen for a generation");
+        continue;
+      }
+      r.step_ms = pred->latency_ms;
+      std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms",
+                    static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens));
+      r.notes.push_back(buf);
+      if (r.members.size() == 1 && r.exact && r.plan.weights == c.weights)
+        alone_total = std::min(alone_total, r.generation_ms(o.new_tokens));
+    }
+  }
   // Rows the --max-loss gate measured above the limit.
   std::vector<bool> rejected(table.rows.size(), false);
   const bool gate = o.lossy_allowed && o.measure_loss != nullptr;
@@ -632,7 +659,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
       const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
       // A generation's plan must decode: the prompt's layout holds the KV caches.
-      const bool decodes_ok = o.ctx_size <= 0 || (rs != nullptr && rs->decodes());
+      const bool decodes_ok = o.ctx_size <= 0 || (rs != nullptr && rs->decodes() && (!generation || r.step_ms > 0));
       if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok || !decodes_ok || rejected[i]) continue;
       if (table.chosen < 0) {
         table.chosen = static_cast<int>(i);
@@ -642,7 +669,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       // of the registry); more devices must be o.min_gain faster, and fewer
       // devices win unless the others are (less to go wrong).
       const Candidate& b = table.rows[static_cast<size_t>(table.chosen)];
-      const double x = r.prediction.latency_ms, y = b.prediction.latency_ms;
+      const double x = generation ? r.generation_ms(o.new_tokens) : r.prediction.latency_ms;
+      const double y = generation ? b.generation_ms(o.new_tokens) : b.prediction.latency_ms;
       const double gain = std::max(0.01, o.min_gain);
       const bool wins = r.members.size() == b.members.size() ? x < y * 0.99
                         : r.members.size() > b.members.size() ? x < y * (1.0 - gain)
@@ -688,9 +716,18 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   std::snprintf(buf, sizeof(buf), "%s on %zu device(s): %.2f ms predicted; the terminal alone %.2f ms", ch.plan.strategy.c_str(),
                 ch.members.size(), ch.prediction.latency_ms, alone_ms);
   table.reason = buf;
-  // Every strategy's own search starts from the terminal alone, so the
-  // choice is never predicted slower than it.
-  TESSERA_CHECK(alone_ms == kInf || ch.prediction.latency_ms <= alone_ms * 1.01 + 1e-9);
+  if (generation) {
+    std::snprintf(buf, sizeof(buf), "; a generation of %lld tokens %.1f ms (%.3f ms/token); the terminal alone %.1f ms",
+                  static_cast<long long>(o.new_tokens), ch.generation_ms(o.new_tokens), ch.step_ms, alone_total);
+    table.reason += buf;
+    // The terminal alone is a row ("single"): more devices displace it only
+    // when the whole generation is predicted faster.
+    TESSERA_CHECK(alone_total == kInf || ch.generation_ms(o.new_tokens) <= alone_total * 1.01 + 1e-9);
+  } else {
+    // Every strategy's own search starts from the terminal alone, so the
+    // choice is never predicted slower than it.
+    TESSERA_CHECK(alone_ms == kInf || ch.prediction.latency_ms <= alone_ms * 1.01 + 1e-9);
+  }
   return table;
 }
 
@@ -702,7 +739,8 @@ nlohmann::json PlanTable::to_json() const {
                       {"feasible", r.feasible}, {"why_not", r.why_not}, {"exact", r.exact},
                       {"prediction", r.prediction.to_json()}, {"notes", r.notes},
                       {"chosen", static_cast<int>(i) == chosen},
-                      {"measured_loss", r.measured_loss >= 0 ? nlohmann::json(r.measured_loss) : nlohmann::json(nullptr)}});
+                      {"measured_loss", r.measured_loss >= 0 ? nlohmann::json(r.measured_loss) : nlohmann::json(nullptr)},
+                      {"step_ms", r.step_ms > 0 ? nlohmann::json(r.step_ms) : nlohmann::json(nullptr)}});
   }
   return {{"rows", rows_j}, {"chosen", chosen}, {"reason", reason}};
 }

@@ -5,6 +5,7 @@
 // says what to search, their estimate() what it costs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,14 @@ struct Candidate {
   // A lossy row's top-1 disagreement on the calibration inputs, when the
   // --max-loss gate measured it (PlannerOptions::measure_loss); < 0: not measured.
   double measured_loss = -1.0;
+  // A generation's predicted ms per new token (PlannerOptions::new_tokens):
+  // the plan's layers, head and collectives on one row; 0: not priced.
+  double step_ms = 0;
+  // Time to the last of `new_tokens` tokens: the prompt's forward (the
+  // time to the first token) and a step for each further one.
+  double generation_ms(int64_t new_tokens) const {
+    return prediction.latency_ms + static_cast<double>(std::max<int64_t>(new_tokens - 1, 0)) * step_ms;
+  }
 };
 
 struct PlanTable {
@@ -48,6 +57,14 @@ struct PlannerOptions {
   // strategies that decode (Strategy::decodes) are chosen.
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;  // --kv-type
+  // > 0 with ctx_size: a generation of this many tokens. Each decoding row
+  // is also priced per token (Candidate::step_ms) and rows are compared by
+  // Candidate::generation_ms, so a long generation may choose fewer devices
+  // than its prompt alone would. Each row's devices and partition are still
+  // those best for the prompt. step_profile: the devices' kernels measured
+  // at one row (a decode step's shapes); null: `p`'s.
+  int64_t new_tokens = 0;
+  const ClusterProfile* step_profile = nullptr;
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
   // How activations travel in the plans made (Plan::wire); plan_all tries
   // each of `wires` (a lossy one is chosen only with lossy_allowed).

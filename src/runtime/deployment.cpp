@@ -235,6 +235,13 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     o.rows = rows;
     o.ctx_size = r.ctx_size;
     o.kv_dtype = r.kv_dtype;
+    std::optional<ClusterProfile> step;
+    if (r.ctx_size > 0 && r.new_tokens > 0) {
+      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile one_row, cluster.profile(c, 1));
+      step = one_row.subset(devices);
+      o.new_tokens = r.new_tokens;
+      o.step_profile = &*step;
+    }
     // The wire is the user's: a lossy one only when named (--wire).
     o.wire = r.plan.wire;
     o.wires = {r.plan.wire};

@@ -115,6 +115,9 @@ struct DeployRequest {
   // caches at it count against its budget, in the planner and the session.
   int64_t ctx_size = 0;
   core::DType kv_dtype = core::DType::kF32;  // --kv-type
+  // > 0 with ctx_size and auto: the generation's new tokens, each priced as
+  // a decode step on the devices' one-row profile (PlannerOptions::new_tokens).
+  int64_t new_tokens = 0;
   // auto (--lossy): may choose a lossy strategy, a lossy wire unless
   // plan.wire names one, and weights quantized at load for an F32 model.
   bool lossy = false;

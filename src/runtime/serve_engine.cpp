@@ -220,7 +220,13 @@ Status Engine::start_session(bool first) {
     req.plan = world == 1 ? parallel::single_device_plan() : opts_.plan;  // down to the terminal alone
     req.rows = 0;  // planned for plan_rows' default
     req.run_timeout_ms = opts_.failover_ms;
-    if (config_.causal_lm()) req.ctx_size = model::context_size(config_, opts_.ctx_size);
+    if (config_.causal_lm()) {
+      req.ctx_size = model::context_size(config_, opts_.ctx_size);
+      // Requests differ; auto prices a completion of OpenAI's default length
+      // (16 tokens) with its decode steps, so a plan whose prompt is fast
+      // but whose steps are slow is not taken for it.
+      req.new_tokens = 16;
+    }
     req.kv_dtype = opts_.kv_dtype;
     req.lossy = opts_.lossy;
     req.max_loss = opts_.max_loss;

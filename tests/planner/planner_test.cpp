@@ -605,3 +605,52 @@ TEST(Profile, ParsesSizes) {
 
 }  // namespace
 }  // namespace tessera::planner
+
+namespace tessera::planner {
+namespace {
+
+// A generation is priced as its prompt's forward plus a decode step per
+// further token (one row on the one-row profile). Over a range of link
+// latencies: every decoding row gets a step, the choice is never predicted
+// slower than the terminal alone over the whole generation, and where a
+// prompt alone is planned on two devices a long generation may still keep
+// to one (each step pays the links' latency per layer).
+TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  int prompt_on_two_generation_on_one = 0;
+  for (const double latency_ms : {0.01, 0.1, 0.5, 2.0}) {
+    const ClusterProfile p = cluster({device(10), device(10)}, latency_ms, 10000);
+    const ClusterProfile step = cluster({device(2), device(2)}, latency_ms, 10000);  // GEMV: bandwidth-bound
+    PlannerOptions o;
+    o.rows = 512;
+    o.ctx_size = 1024;
+    const auto prompt = plan_all(c, p, o);
+    ASSERT_TRUE(prompt.ok());
+    o.new_tokens = 500;
+    o.step_profile = &step;
+    const auto gen = plan_all(c, p, o);
+    ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+    const Candidate& g = gen->rows[static_cast<size_t>(gen->chosen)];
+    ASSERT_GT(g.step_ms, 0);
+    EXPECT_NEAR(g.generation_ms(500), g.prediction.latency_ms + 499 * g.step_ms, 1e-9);
+    for (const Candidate& r : gen->rows) {
+      if (!r.feasible || !parallel::find_strategy(r.plan.strategy)->decodes()) continue;
+      EXPECT_GT(r.step_ms, 0) << r.plan.strategy;
+      // More devices than the choice must have been predicted slower, or not
+      // enough faster to be worth them (PlannerOptions::min_gain).
+      if (r.members.size() == g.members.size() && r.exact)
+        EXPECT_GE(r.generation_ms(500), g.generation_ms(500) * 0.99 - 1e-9) << r.plan.strategy << " " << latency_ms;
+    }
+    EXPECT_LE(g.generation_ms(500), row_of(gen.value(), "single").generation_ms(500) * 1.01 + 1e-9) << latency_ms;
+    // The prompt alone priced the same rows the same way.
+    EXPECT_NEAR(row_of(gen.value(), "tp").prediction.latency_ms, row_of(prompt.value(), "tp").prediction.latency_ms, 1e-9);
+    const Candidate& f = prompt->rows[static_cast<size_t>(prompt->chosen)];
+    if (f.members.size() > 1 && g.members.size() == 1) ++prompt_on_two_generation_on_one;
+  }
+  EXPECT_GT(prompt_on_two_generation_on_one, 0);  // the case the pricing is for
+}
+
+}  // namespace
+}  // namespace tessera::planner
