@@ -100,11 +100,11 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
   return w;
 }
 
-void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n) {
+void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n, int64_t head_rows) {
   if (pred.devices.empty() || p.devices.empty()) return;
   double ms = 0;
   for (const auto& w : embed_work(c, n)) ms += work_ms(w, p.devices[0]);
-  for (const auto& w : head_work(c, n)) ms += work_ms(w, p.devices[0]);
+  for (const auto& w : head_work(c, head_rows < 0 ? n : head_rows)) ms += work_ms(w, p.devices[0]);
   pred.latency_ms += ms;
   pred.devices[0].compute_ms += ms;
   pred.devices[0].end_ms += ms;

@@ -54,8 +54,10 @@ int collective_steps(parallel::CollectiveKind kind, int participants);
 std::vector<parallel::Work> embed_work(const model::ModelConfig& c, int64_t n);
 std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n);
 // Adds them to a prediction: they run on the terminal (device 0) before and
-// after everything else, so they lengthen the end-to-end latency.
-void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n);
+// after everything else, so they lengthen the end-to-end latency. The head
+// runs on head_rows rows (< 0: all n; a generation's prefill: its last row).
+void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
+                       int64_t head_rows = -1);
 
 // The critical path through every synchronisation point of the schedule.
 // Device i of the schedule runs on device i of the profile.

@@ -34,7 +34,8 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, n));
   parallel::add_kv_cache(s, plan, c, kv_positions, kv_dtype);
   TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
-  add_terminal_work(pred, c, p, n);
+  // A generation's prefill needs only its last row's logits (the first token).
+  add_terminal_work(pred, c, p, n, kv_positions > 0 ? 1 : -1);
   return pred;
 }
 
