@@ -193,19 +193,36 @@ void Engine::failover(const Status& why) {
 
 // As many generations' caches as --prefix-cache-mb holds on the device
 // whose caches are largest (each slot holds a whole context).
-int Engine::prefix_slots(const parallel::Plan& deployed) const {
+int Engine::prefix_slots(const Deployment& d) const {
   if (opts_.prefix_cache_mb <= 0 || !config_.causal_lm()) return 0;
-  parallel::Plan plan = deployed;  // a named strategy's plan is completed only when the session starts
+  parallel::Plan plan = d.plan;  // a named strategy's plan is completed only when the session starts
   if (!parallel::complete_plan(plan, config_).ok()) return 0;
   const int64_t ctx = model::context_size(config_, opts_.ctx_size);
   int64_t largest = 1;
   for (int r = 0; r < plan.world; ++r)
     largest = std::max(largest, parallel::kv_cache_bytes(plan, config_, r, ctx, opts_.kv_dtype));
-  const int64_t slots = opts_.prefix_cache_mb * 1000 * 1000 / largest;
+  int64_t slots = std::min<int64_t>(opts_.prefix_cache_mb * 1000 * 1000 / largest, msg::kMaxPrefixSlots);
   if (slots < 1)
     spdlog::warn("serve: --prefix-cache-mb {} holds no generation's caches ({} MB each); the prefix cache is off",
                  opts_.prefix_cache_mb, (largest + 999999) / 1000000);
-  return static_cast<int>(std::min<int64_t>(slots, msg::kMaxPrefixSlots));
+  // Each slot is a whole set of caches on every rank: no more than every
+  // rank's budget holds beside its weights (the session checks the same).
+  const std::vector<int64_t>& limits = d.session.memory_limits;
+  if (slots > 1 && !limits.empty()) {
+    const int64_t rows = d.session.budget_rows > 0 ? d.session.budget_rows : config_.max_rows();
+    if (auto mem = predicted_memory(plan, config_, rows, ctx, opts_.kv_dtype); mem.ok()) {
+      const int64_t before = slots;
+      for (int r = 0; r < plan.world && static_cast<size_t>(r) < limits.size() && static_cast<size_t>(r) < mem->size(); ++r) {
+        const int64_t kv = parallel::kv_cache_bytes(plan, config_, r, ctx, opts_.kv_dtype);
+        const int64_t limit = limits[static_cast<size_t>(r)];
+        if (kv > 0 && limit > 0) slots = std::min(slots, std::max<int64_t>(1, 1 + (limit - (*mem)[static_cast<size_t>(r)]) / kv));
+      }
+      if (slots < before)
+        spdlog::warn("serve: the devices' memory budgets hold {} prefix-cache slot(s), not the {} of --prefix-cache-mb",
+                     slots, before);
+    }
+  }
+  return static_cast<int>(std::max<int64_t>(slots, 0));
 }
 
 Status Engine::start_session(bool first) {
@@ -239,7 +256,7 @@ Status Engine::start_session(bool first) {
     }
     // Budgets are checked for the model's longest input (the server takes any request).
     d->session.budget_rows = 0;
-    d->session.prefix_slots = prefix_slots(d->plan);
+    d->session.prefix_slots = prefix_slots(*d);
     auto s = Session::start(d->session);
     if (s.ok()) {
       std::lock_guard<std::mutex> l(view_mu_);

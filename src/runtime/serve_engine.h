@@ -188,7 +188,7 @@ class Engine {
   // over fewer when that fails (a strategy that cannot split over this
   // many), down to the terminal alone if its budget allows.
   Status start_session(bool first);
-  int prefix_slots(const parallel::Plan& plan) const;
+  int prefix_slots(const Deployment& d) const;
   const Device& device(int d) const { return cluster_->devices()[static_cast<size_t>(d)]; }
 
   const ServeOptions& opts_;

@@ -98,6 +98,10 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
     const int64_t rows = opts_.budget_rows > 0 ? std::min(opts_.budget_rows, cfg.max_rows()) : cfg.max_rows();
     TESSERA_ASSIGN_OR_RETURN(parallel::Schedule sched, parallel::estimate(plan_, cfg, rows));
     parallel::add_kv_cache(sched, plan_, cfg, opts_.budget_ctx, opts_.budget_kv_dtype);
+    // A prefix cache keeps a whole set of caches per slot (one of them the
+    // running generation's).
+    const int64_t sets = std::clamp<int64_t>(opts_.prefix_slots, 1, msg::kMaxPrefixSlots);
+    for (auto& dev : sched.devices) dev.kv_bytes *= sets;
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
   JobSpec& job = job_;

@@ -24,6 +24,7 @@
 #include "../parallel/generate_check.h"
 #include "model/config.h"
 #include "parallel/strategy.h"
+#include "runtime/deployment.h"
 #include "runtime/session.h"
 
 namespace tessera {
@@ -260,6 +261,40 @@ TEST(SessionGenerateTest, AStrategyWithoutADecoderIsAClearError) {
     std::cout << strategy->name() << " refuses generation\n";
   }
   EXPECT_GT(tested, 0) << "every strategy decodes: nothing to refuse";
+}
+
+// Each prefix-cache slot is a whole set of KV caches on every rank, so the
+// budget check counts them all: budgets that hold the weights and one set
+// of caches start a one-slot session and refuse an eight-slot one, naming
+// the device and its need.
+TEST(SessionGenerateTest, PrefixCacheSlotsCountAgainstTheMemoryBudgets) {
+  const std::string dir = std::string(TESSERA_TEST_DATA) + "/gpt2-copy";
+  const model::ModelConfig c = model::load_config(dir).value();
+  runtime::SessionOptions o;
+  o.model_dir = dir;
+  o.plan.strategy = "tp";
+  o.plan.world = 2;
+  o.timeout_ms = 30000;
+  o.budget_ctx = c.max_positions;
+  parallel::Plan plan = o.plan;
+  ASSERT_TRUE(parallel::complete_plan(plan, c).ok());
+  const auto one_set = runtime::predicted_memory(plan, c, c.max_rows(), o.budget_ctx, core::DType::kF32).value();
+  int64_t kv = 0;
+  for (int r = 0; r < 2; ++r) kv = std::max(kv, parallel::kv_cache_bytes(plan, c, r, o.budget_ctx, core::DType::kF32));
+  ASSERT_GT(kv, 0);
+  // Room for the weights, one set of caches and half of another.
+  for (const int64_t need : one_set) o.memory_limits.push_back(need + kv / 2);
+  o.prefix_slots = 8;
+  auto eight = runtime::Session::start(o);
+  ASSERT_FALSE(eight.ok());
+  EXPECT_NE(eight.status().message().find("budget"), std::string::npos) << eight.status().to_string();
+  o.prefix_slots = 1;
+  auto one = runtime::Session::start(o);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  model::GenerateOptions greedy;
+  greedy.max_new_tokens = 4;
+  greedy.eos_token_id = -1;
+  EXPECT_TRUE((*one)->generate({1, 2, 3, 4}, greedy).ok());
 }
 
 }  // namespace
