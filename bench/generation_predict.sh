@@ -3,7 +3,8 @@
 # measured ones, for every strategy that decodes, on 2 local devices of 1 thread:
 # `plan --generate N` prices each row (its prompt's forward, then one row per step on
 # the one-row profile); `run --strategy S --generate N --stats` measures prefill_ms
-# and ms_per_token (medians of REPS generations).
+# and ms_per_token (medians of REPS generations). "voltage+single" is the pair: Voltage's
+# prefill, the terminal's decode (--decode-strategy single).
 # Each strategy runs with its default (equal) shares, so use equal device speeds: the
 # planner's shares are then equal too (the ratios column shows them). --device-speed 1
 # keeps one device on the session path, whose --stats give the figures.
@@ -23,15 +24,21 @@ echo "link strategy devices ratios pred_ttft_ms meas_prefill_ms pred_ms_per_toke
 for link in $links; do
   plan=$("$bin" plan --model "$model" --devices 2 --threads-per-device 1 --link "$link" \
          --seq "$seq" --generate "$new" --json 2>/dev/null | tail -1)
-  for s in single tp pipeline galaxy; do
+  for s in single tp pipeline galaxy voltage+single; do
+    prefill=${s%+*}
+    decode=$([ "$prefill" != "$s" ] && echo "--decode-strategy ${s#*+}" || true)
     row=$(echo "$plan" | python3 -c "
 import json,sys
 t=json.load(sys.stdin)
-r=[r for r in t['rows'] if r['strategy']=='$s' and r['exact']][0]
+pair='$s'.split('+')
+r=[r for r in t['rows'] if r['strategy']==pair[0] and r['exact'] and
+   (r['plan'].get('decode') or {}).get('strategy')==(pair[1] if len(pair)>1 else None)][0]
 print(len(r['members']), r['prediction']['latency_ms'], r['step_ms'] or 0, ':'.join('%g' % x for x in r['plan']['ratios']))")
     read -r k ttft step ratios <<<"$row"
     [ "$k" = 1 ] && [ "$s" != single ] && continue  # its best plan is the terminal alone
-    m=$("$bin" run --model "$model" --ids "$ids" --generate "$new" --greedy --strategy "$s" \
+    # The pair's rows as the planner split them (Voltage moves rows off the terminal, which runs the head).
+    [ -n "$decode" ] && decode="$decode --partition ${ratios//:/,}"
+    m=$("$bin" run --model "$model" --ids "$ids" --generate "$new" --greedy --strategy "$prefill" $decode \
         --devices "$k" --device-speed "$([ "$k" = 1 ] && echo 1 || echo 1,1)" --threads-per-device 1 --link "$link" --reps "$reps" --warmup 1 --stats 2>/dev/null | tail -1)
     echo "$m" | python3 -c "
 import json,sys

@@ -73,7 +73,11 @@ json spec_value(const std::string& text) {
 
 void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool with_strategy) {
   if (with_strategy) {
-    cmd->add_option("--strategy", f->strategy, parallel::strategy_names() + (with_strategy ? ", or auto (run: the planner chooses)" : ""))->capture_default_str();
+    CLI::Option* s = cmd->add_option("--strategy", f->strategy, parallel::strategy_names() + (with_strategy ? ", or auto (run: the planner chooses)" : ""))->capture_default_str();
+    cmd->add_option("--prefill-strategy", f->strategy, "--strategy by its name in a pair (with --decode-strategy)")->excludes(s);
+    cmd->add_option("--decode-strategy", f->decode_strategy,
+                    "a pair: this strategy decodes after the --strategy prefill took the prompt, from the K/V it "
+                    "hands over (on every device, or on the terminal alone if it runs on one; docs/generation.md)");
     cmd->add_option("--devices", f->devices, "devices (local worker processes on loopback)")->capture_default_str();
   }
   cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");
@@ -106,6 +110,13 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   }
   if (f.lossy && strict)
     return core::invalid_argument("--lossy lets --strategy auto choose; with a named strategy, name the loss (--wire, --quantize)");
+  if (!f.decode_strategy.empty()) {
+    TESSERA_RETURN_IF_ERROR(parallel::strategy_for(f.decode_strategy).status());
+    parallel::Plan d;
+    d.strategy = f.decode_strategy;
+    d.world = 0;  // complete_plan: the prefill's devices, or the terminal for a one-device strategy
+    plan.decode = std::make_shared<const parallel::Plan>(std::move(d));
+  }
   const auto flags = all_flags();
   std::set<std::string> mine;
   for (const auto& fl : s->flags()) mine.insert(fl.flag);
@@ -147,6 +158,8 @@ void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f) {
 }
 
 Result<parallel::Plan> auto_plan(const PlanFlags& f) {
+  if (!f.decode_strategy.empty())
+    return core::invalid_argument("--decode-strategy pairs with a named --strategy; with auto the planner chooses the pair");
   parallel::Plan plan;
   plan.strategy = "auto";
   if (!f.wire.empty()) {
@@ -175,7 +188,13 @@ Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& 
     if (eq == std::string::npos || eq == 0) return core::invalid_argument("'" + spec + "': options are key=value");
     extra[item.substr(0, eq)] = spec_value(item.substr(eq + 1));
   }
-  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, build_plan(f, name, world, false));
+  PlanFlags pf = f;
+  if (extra.contains("decode")) {
+    if (!extra["decode"].is_string()) return core::invalid_argument("'" + spec + "': decode= names a strategy");
+    pf.decode_strategy = extra["decode"].get<std::string>();
+    extra.erase("decode");
+  }
+  TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, build_plan(pf, name, world, false));
   for (const auto& [k, v] : extra.items()) plan.options[k] = v;
   return plan;
 }

@@ -22,6 +22,9 @@ struct PlanFlags {
   double max_loss = 0.01;   // --max-loss: the top-1 disagreement a lossy choice may have
   std::string calibration;  // --calibration: prompts it is measured on (default: seeded random ids)
   std::map<std::string, std::string> given;  // flag -> value ("" for bare flags), as typed
+  // --decode-strategy: a pair's decode layout (Plan::decode) after the
+  // --strategy (alias --prefill-strategy) prefill; its own defaults.
+  std::string decode_strategy;
 };
 
 // Adds --strategy, --devices and --partition (unless `with_strategy` is
@@ -45,7 +48,8 @@ void add_max_loss_flags(CLI::App* cmd, CLI::Option* lossy, double& max_loss, std
 core::Result<parallel::Plan> auto_plan(const PlanFlags& f);
 
 // "name" or "name:key=value:key=value" (values: true, false, a number, or a
-// string); "NAME-no-overlap" is short for "NAME:overlap=false".
+// string); "NAME-no-overlap" is short for "NAME:overlap=false";
+// "decode=NAME" makes a pair (Plan::decode).
 core::Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& f, int world);
 
 }  // namespace tessera::cli

@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "model/layer_blocks.h"
+#include "parallel/local_group.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -67,7 +68,62 @@ class TpDecoder final : public Decoder {
   model::KvCache cache_;
 };
 
+// A pair: the prefill's layout once, then the decode plan's decoder. The
+// ranks outside the decode plan idle through the steps (their chunks return
+// at once: no rank waits for them).
+class PairDecoder final : public Decoder {
+ public:
+  PairDecoder(const Strategy& prefill, const model::Transformer& m, const Plan& plan, Synchronizer& sync)
+      : prefill_(prefill), m_(m), plan_(plan), sync_(sync) {}
+
+  Status init(const model::CacheSpec& spec) {
+    const Plan& d = *plan_.decode;
+    if (sync_.rank() >= d.world) return core::ok_status();
+    TESSERA_ASSIGN_OR_RETURN(const Strategy* ds, strategy_for(d.strategy));
+    Synchronizer* s = &sync_;
+    if (d.world == 1 && sync_.world() > 1) {  // the terminal alone: a world of its own
+      solo_ = std::make_unique<LocalGroup>(1);
+      solo_sync_ = solo_->member(0);
+      s = solo_sync_.get();
+    }
+    TESSERA_ASSIGN_OR_RETURN(dec_, make_decoder(*ds, m_, d, *s, spec));
+    return core::ok_status();
+  }
+
+  Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
+    // The same choice on every rank: it depends on the plan and n only.
+    bool handover = pos0 == 0;
+    for (int r = 0; handover && r < plan_.decode->world; ++r) handover = prefill_.hands_over_kv(plan_, n, r);
+    if (handover) {
+      Decoder* dec = dec_.get();
+      const KvSink sink = [dec](int64_t l, const float* kv, int64_t ld, int64_t rows) {
+        return dec != nullptr ? dec->take_kv(l, kv, ld, rows) : core::ok_status();
+      };
+      return prefill_.run_handing_over(m_, plan_, sync_, std::move(x), n, pool, sink);
+    }
+    if (!dec_) return Tensor();
+    return dec_->forward(std::move(x), n, pos0, pool);
+  }
+
+ private:
+  const Strategy& prefill_;
+  const model::Transformer& m_;
+  const Plan plan_;
+  Synchronizer& sync_;
+  std::unique_ptr<LocalGroup> solo_;
+  std::unique_ptr<Synchronizer> solo_sync_;
+  std::unique_ptr<Decoder> dec_;  // null outside the decode plan's ranks; goes before its synchronizer
+};
+
 }  // namespace
+
+Result<std::unique_ptr<Decoder>> make_pair_decoder(const Strategy& prefill, const model::Transformer& m,
+                                                   const Plan& plan, Synchronizer& sync, const model::CacheSpec& spec) {
+  if (!plan.decode) return core::invalid_argument("a pair decoder of a plan without a decode plan");
+  auto dec = std::make_unique<PairDecoder>(prefill, m, plan, sync);
+  TESSERA_RETURN_IF_ERROR(dec->init(spec));
+  return std::unique_ptr<Decoder>(std::move(dec));
+}
 
 Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer&, const Plan& plan, Synchronizer&,
                                                         const model::CacheSpec&) const {

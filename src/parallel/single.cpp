@@ -1,4 +1,5 @@
 // One device: every layer on the terminal, nothing sent.
+#include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
 namespace tessera::parallel {
@@ -17,6 +18,14 @@ class SingleDecoder final : public Decoder {
   Result<Tensor> forward(Tensor x, int64_t, int64_t pos0, core::ThreadPool* pool) override {
     for (int64_t l = 0; l < m_.config().layers; ++l) m_.layer(l, x, pos0, &cache_, ws_, pool);
     return x;
+  }
+  core::Status take_kv(int64_t l, const float* kv, int64_t ld, int64_t n) override {
+    const int64_t width = m_.config().kv_width();
+    if (l < 0 || l >= static_cast<int64_t>(cache_.k.size()) || cache_.k[static_cast<size_t>(l)].dim(1) != width ||
+        n > cache_.k[static_cast<size_t>(l)].dim(0))
+      return core::invalid_argument("a handover of layer " + std::to_string(l) + " that does not fit its cache");
+    model::store_kv(cache_, l, kv, ld, 0, width, n, 0);
+    return core::ok_status();
   }
 
  private:
@@ -45,6 +54,7 @@ class Single final : public Strategy {
   }
 
   bool decodes() const override { return true; }
+  bool takes_kv() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan&, Synchronizer&,
                                                 const model::CacheSpec& spec) const override {
     TESSERA_ASSIGN_OR_RETURN(model::KvCache cache, m.make_cache(spec.positions, spec.dtype));

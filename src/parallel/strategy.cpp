@@ -80,6 +80,7 @@ json Plan::to_json() const {
   json j = {{"strategy", strategy}, {"world", world}, {"ratios", ratios}, {"options", options.is_null() ? json::object() : options}};
   if (weights != kernels::WeightType::kF32) j["weights"] = kernels::weight_type_name(weights);
   if (wire != core::WireType::kF32) j["wire"] = core::wire_type_name(wire);
+  if (decode) j["decode"] = decode->to_json();
   return j;
 }
 
@@ -111,6 +112,13 @@ Result<Plan> Plan::from_json(const json& j) {
   if (j.contains("wire")) {
     if (!j["wire"].is_string()) return core::invalid_argument("plan: 'wire' must be a string");
     TESSERA_ASSIGN_OR_RETURN(p.wire, core::parse_wire_type(j["wire"].get<std::string>()));
+  }
+  if (j.contains("decode")) {
+    if (!j["decode"].is_object() || j["decode"].contains("decode"))
+      return core::invalid_argument("plan: 'decode' must be a plan without a 'decode' of its own");
+    auto d = from_json(j["decode"]);
+    if (!d.ok()) return core::invalid_argument("plan: 'decode': " + d.status().message());
+    p.decode = std::make_shared<const Plan>(std::move(d).value());
   }
   return p;
 }
@@ -220,6 +228,8 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
 }
 
 int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions, core::DType dtype) {
+  // A pair's caches are its decode layout's; a rank outside it keeps none.
+  if (plan.decode) return rank < plan.decode->world ? kv_cache_bytes(*plan.decode, c, rank, positions, dtype) : 0;
   const Strategy* s = find_strategy(plan.strategy);
   if (s == nullptr || !s->decodes() || positions <= 0) return 0;
   const model::LoadOptions o = load_options(plan, c, rank);
@@ -357,6 +367,76 @@ model::LoadOptions shard_load_options(Range heads, Range ffn, int rank) {
   return o;
 }
 
+namespace {
+
+// The parts of each layer `o` loads: bit 1 its attention, bit 2 its MLP.
+std::vector<int> layer_parts(const model::LoadOptions& o, int64_t layers) {
+  std::vector<int> parts(static_cast<size_t>(layers), 0);
+  if (!o.only_layers.empty()) {
+    for (size_t i = 0; i < o.only_layers.size(); ++i)
+      if (o.only_layers[i] >= 0 && o.only_layers[i] < layers)
+        parts[static_cast<size_t>(o.only_layers[i])] |= o.only_parts.empty() ? 3 : o.only_parts[i];
+    return parts;
+  }
+  for (int64_t l = o.layer_begin; l < (o.layer_end < 0 ? layers : o.layer_end); ++l) parts[static_cast<size_t>(l)] = 3;
+  return parts;
+}
+
+// Whether what `inner` loads is part of what `outer` loads, in the same form:
+// a head or FFN shard is packed apart, so shards must be the same.
+bool load_covers(const model::LoadOptions& outer, const model::LoadOptions& inner, int64_t layers) {
+  if ((inner.embeddings && !outer.embeddings) || (inner.head && !outer.head) || inner.weights != outer.weights) return false;
+  if (inner.head_begin != outer.head_begin || inner.head_end != outer.head_end || inner.ffn_begin != outer.ffn_begin ||
+      inner.ffn_end != outer.ffn_end || inner.block_begin != outer.block_begin || inner.block_end != outer.block_end)
+    return false;
+  const auto in = layer_parts(inner, layers), out = layer_parts(outer, layers);
+  for (size_t l = 0; l < in.size(); ++l)
+    if ((in[l] & ~out[l]) != 0) return false;
+  return true;
+}
+
+// A pair's decode plan: completed in the prefill's weights and wire, on the
+// prefill's world or, when its strategy runs on one device only, on the
+// terminal (world 0 = choose so), its weights a part of the prefill's.
+Status complete_pair(Plan& plan, const Strategy& prefill, const model::ModelConfig& config) {
+  Plan d = *plan.decode;
+  if (d.decode) return core::invalid_argument("a pair's decode plan has no decode plan of its own");
+  TESSERA_ASSIGN_OR_RETURN(const Strategy* ds, strategy_for(d.strategy));
+  std::string prefills, takes;
+  for (const Strategy* t : strategies()) {
+    if (t->hands_over_kv(plan, config.max_positions, 0)) prefills += (prefills.empty() ? "" : ", ") + t->name();
+    if (t->decodes() && t->takes_kv()) takes += (takes.empty() ? "" : ", ") + t->name();
+  }
+  if (!ds->decodes() || !ds->takes_kv())
+    return core::unimplemented("strategy '" + d.strategy + "' cannot decode after another layout's prefill (these can: " +
+                               takes + ")");
+  d.weights = plan.weights;
+  d.wire = plan.wire;
+  if (d.world == 0) {
+    Plan whole = d;
+    whole.world = plan.world;
+    d.world = complete_plan(whole, config).ok() ? plan.world : 1;
+  }
+  if (d.world != 1 && d.world != plan.world)
+    return core::invalid_argument("a pair's decode plan runs on 1 or " + std::to_string(plan.world) + " devices, not " +
+                                  std::to_string(d.world));
+  if (Status st = complete_plan(d, config); !st.ok()) return st.with_context("the decode plan");
+  for (int r = 0; r < d.world; ++r) {
+    // With every rank's share > 0, a prompt as long as the context gives each rank rows.
+    if (!prefill.hands_over_kv(plan, config.max_positions, r))
+      return core::unimplemented("strategy '" + plan.strategy + "' (as planned) does not hand device " + std::to_string(r) +
+                                 " the K/V a decode needs (prefills of a pair: " + (prefills.empty() ? "none" : prefills) + ")");
+    if (!load_covers(load_options(plan, config, r), load_options(d, config, r), config.layers))
+      return core::unimplemented("device " + std::to_string(r) + " of the decode plan (" + d.strategy +
+                                 ") needs weights the prefill's (" + plan.strategy +
+                                 ") does not load; a pair that loads both layouts is not built");
+  }
+  plan.decode = std::make_shared<const Plan>(std::move(d));
+  return core::ok_status();
+}
+
+}  // namespace
+
 Status complete_plan(Plan& plan, const model::ModelConfig& config) {
   TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
   if (plan.world < 1 || plan.world > core::kMaxDevices)
@@ -387,6 +467,7 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
                                "' does not handle Llama-style layers (rotary positions per row, grouped K/V heads, "
                                "RMSNorm) yet; use " + can + " (pipeline with units=layers)");
   }
+  if (plan.decode) TESSERA_RETURN_IF_ERROR(complete_pair(plan, *s, config));
   return core::ok_status();
 }
 
@@ -428,7 +509,25 @@ Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Syn
 Result<std::unique_ptr<Decoder>> make_decoder(const Strategy& strategy, const model::Transformer& m, const Plan& plan,
                                               Synchronizer& sync, const model::CacheSpec& cache) {
   sync.set_wire(plan.wire);
+  if (plan.decode) return make_pair_decoder(strategy, m, plan, sync, cache);
   return strategy.make_decoder(m, plan, sync, cache);
+}
+
+bool plan_decodes(const Plan& plan) {
+  if (plan.decode) return true;
+  const Strategy* s = find_strategy(plan.strategy);
+  return s != nullptr && s->decodes();
+}
+
+const Plan& decode_plan(const Plan& plan) { return plan.decode ? *plan.decode : plan; }
+
+Result<Tensor> Strategy::run_handing_over(const model::Transformer&, const Plan& plan, Synchronizer&, Tensor, int64_t,
+                                          core::ThreadPool*, const KvSink&) const {
+  return core::unimplemented("strategy '" + plan.strategy + "' cannot prefill a pair");
+}
+
+Status Decoder::take_kv(int64_t, const float*, int64_t, int64_t) {
+  return core::unimplemented("this decoder cannot take another layout's K/V");
 }
 
 Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, int64_t n) {

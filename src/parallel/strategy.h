@@ -7,6 +7,7 @@
 // head after it; run() takes and returns the hidden rows [n, F] there.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +38,12 @@ struct Plan {
   // How activations travel between its ranks (--wire): every collective and
   // send of the run encodes them so (core/wire_format.h). Lossy unless f32.
   core::WireType wire = core::WireType::kF32;
+  // A generation's decode layout when it is not this one: a pair. This plan
+  // prefills the prompt, every rank hands the K/V of every layer over, and
+  // `decode` runs the steps on ranks 0..decode->world-1 (the others idle).
+  // Its world is 1 or this plan's; its own ratios and options say how it
+  // splits (JSON "decode": a plan). Null: this plan decodes too.
+  std::shared_ptr<const Plan> decode;
 
   nlohmann::json to_json() const;
   // Checks the types and ranges of the common fields; the options are the
@@ -80,7 +87,15 @@ class Decoder {
   // layer's output; other ranks pass and get an empty tensor.
   [[nodiscard]] virtual core::Result<core::Tensor> forward(core::Tensor x, int64_t n, int64_t pos0,
                                                            core::ThreadPool* pool) = 0;
+  // A handover (Plan::decode): layer l's K and V of every head at positions
+  // 0..n-1, computed by another layout's prefill; row i's K at kv + i * ld,
+  // its V kv_width floats after. The decoder keeps what its own steps read.
+  // Default: this layout cannot take a handover (Strategy::takes_kv).
+  [[nodiscard]] virtual core::Status take_kv(int64_t l, const float* kv, int64_t ld, int64_t n);
 };
+
+// Where a prefill that hands its K/V over puts each layer's (Decoder::take_kv's arguments).
+using KvSink = std::function<core::Status(int64_t l, const float* kv, int64_t ld, int64_t n)>;
 
 class Strategy {
  public:
@@ -130,6 +145,17 @@ class Strategy {
   // The schedule run() follows for n rows: a pure function, no weights, no
   // network. Weight bytes come from load_options.
   virtual Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const = 0;
+
+  // Pairs (Plan::decode). The prefill side: whether run_handing_over gives
+  // rank `rank` the K/V of every head of every layer for an n-row prompt,
+  // and that run (run()'s result; `sink` gets each layer's K/V on those
+  // ranks). Default: not a prefill of a pair.
+  virtual bool hands_over_kv(const Plan&, int64_t /*n*/, int /*rank*/) const { return false; }
+  [[nodiscard]] virtual core::Result<core::Tensor> run_handing_over(const model::Transformer& m, const Plan& plan,
+                                                                    Synchronizer& sync, core::Tensor x, int64_t n,
+                                                                    core::ThreadPool* pool, const KvSink& sink) const;
+  // The decode side: whether its decoders implement Decoder::take_kv.
+  virtual bool takes_kv() const { return false; }
 };
 
 // The registry (registry.cpp lists the built-in strategies).
@@ -143,6 +169,10 @@ std::string strategy_names();  // "single, tp, ..."
 // rather than writing the strategy's name. Both live in single.cpp.
 Plan single_device_plan();
 bool is_single_device(const Plan& plan);
+// Whether the plan generates: its strategy decodes, or it is a pair.
+bool plan_decodes(const Plan& plan);
+// The plan that runs a generation's steps: the pair's decode plan, or the plan.
+const Plan& decode_plan(const Plan& plan);
 
 // Common checks (world, ratios), then the strategy's own complete().
 [[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
@@ -249,6 +279,14 @@ class TpLayers {
 };
 // The TP decoder on `heads`/`ffn_cols` of sync's rank: the terminal
 // broadcasts the rows, then TpLayers with the cache.
+// A pair's decoder (Plan::decode; make_decoder calls it): the first chunk
+// of a generation is the prefill's run handing its K/V over to the decode
+// plan's decoder on ranks 0..decode->world-1, and every later chunk is that
+// decoder's (a prompt too short to give those ranks rows is prefilled by it).
+[[nodiscard]] core::Result<std::unique_ptr<Decoder>> make_pair_decoder(const Strategy& prefill,
+                                                                       const model::Transformer& m, const Plan& plan,
+                                                                       Synchronizer& sync,
+                                                                       const model::CacheSpec& cache);
 [[nodiscard]] core::Result<std::unique_ptr<Decoder>> make_tp_decoder(const model::Transformer& m, Synchronizer& sync,
                                                                      Range heads, int64_t ffn_cols,
                                                                      const model::CacheSpec& cache);

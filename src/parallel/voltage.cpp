@@ -62,15 +62,27 @@ class Voltage final : public Strategy {
   }
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                     core::ThreadPool* pool) const override;
+                     core::ThreadPool* pool) const override {
+    return run_keeping(m, plan, sync, std::move(x), n, pool, nullptr);
+  }
+  // Eq. (3) computes every row's K and V on every device with rows: a
+  // decode layout takes them as they are.
+  bool hands_over_kv(const Plan& plan, int64_t n, int rank) const override {
+    return row_share(plan, n, rank).mine.size() > 0;
+  }
+  Result<Tensor> run_handing_over(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                                  core::ThreadPool* pool, const KvSink& sink) const override {
+    return run_keeping(m, plan, sync, std::move(x), n, pool, &sink);
+  }
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
 
  private:
   // Quantized weights round a product's inputs to Q8_0 blocks (kernels/quant.h);
   // Eq. (8) multiplies by W_K's rows, whose inputs are not those blocks, so
   // it would not reproduce the single device: Eq. (3) there.
+  // A pair's prefill hands K and V over, which Eq. (8) never forms.
   static bool eq8(const Plan& plan, const model::ModelConfig& c, int64_t p, int64_t n) {
-    return !c.llama_style() && c.weights == kernels::WeightType::kF32 && option(plan, "adaptive_order", true).value_or(true) &&
+    return !plan.decode && !c.llama_style() && c.weights == kernels::WeightType::kF32 && option(plan, "adaptive_order", true).value_or(true) &&
            !option(plan, "overlap", true).value_or(true) && voltage_prefers_eq8(p, n, c.hidden, c.head_dim());
   }
   // Block b of every device's rows: its row count per rank and its first row
@@ -98,6 +110,8 @@ class Voltage final : public Strategy {
     return b;
   }
   struct Run;  // run()'s steps
+  Result<Tensor> run_keeping(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                             core::ThreadPool* pool, const KvSink* sink) const;
 };
 
 // One run() on this device: its rows of the layers, `full` (every row of
@@ -261,13 +275,19 @@ struct Voltage::Run {
   }
 };
 
-Result<Tensor> Voltage::run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                            core::ThreadPool* pool) const {
+Result<Tensor> Voltage::run_keeping(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x,
+                                    int64_t n, core::ThreadPool* pool, const KvSink* sink) const {
   Run v(m, plan, sync, x, n, pool);
+  if (sink != nullptr && v.use_eq8) return core::internal_error("voltage: a handover needs Eq. (3)");
   TESSERA_RETURN_IF_ERROR(v.distribute_input());
-  const int64_t layers = m.config().layers;
+  const model::ModelConfig& c = m.config();
+  const int64_t layers = c.layers;
   for (int64_t l = 0; l < layers; ++l) {
     v.attention(l);
+    // Eq. (3)'s K and V of every row: in qkv with the ring, else where
+    // partition_attention_f32 projected them (the scratch's front).
+    if (sink != nullptr && v.p > 0)
+      TESSERA_RETURN_IF_ERROR((*sink)(l, (v.early ? v.qkv.f32() : v.scratch.f32()) + c.q_width(), c.qkv_width(), n));
     const bool last = l + 1 == layers;
     if (!last && v.ring) {
       TESSERA_RETURN_IF_ERROR(v.tail_streaming_blocks(l));

@@ -626,15 +626,45 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   const bool generation = o.ctx_size > 0 && o.new_tokens > 0;
   double alone_total = kInf;
   if (generation) {
+    // Pairs: a row on several devices whose prefill hands its K/V over, with
+    // each decode layout that takes them (complete_plan says which combine);
+    // memory is the prefill's weights and the decode's caches.
+    const size_t unpaired = table.rows.size();
+    for (size_t i = 0; i < unpaired; ++i) {
+      const Candidate r = table.rows[i];  // a copy: rows grow below
+      if (!r.feasible || r.members.size() < 2 || r.plan.decode) continue;
+      for (const Strategy* d : parallel::strategies()) {
+        if (!d->decodes() || !d->takes_kv()) continue;
+        Plan pair = r.plan, dp;
+        dp.strategy = d->name();
+        dp.world = 0;  // the prefill's devices, or the terminal for a one-device strategy
+        pair.decode = std::make_shared<const Plan>(std::move(dp));
+        model::ModelConfig ct = c;
+        ct.weights = r.plan.weights;
+        auto pred = evaluate(pair, ct, p.subset(r.members), o.rows, o.ctx_size, o.kv_dtype);
+        if (!pred.ok()) continue;  // not a pair these two layouts make
+        Candidate pc = r;
+        pc.plan = pair;
+        pc.prediction = *pred;
+        pc.feasible = pred->fits;
+        pc.why_not = pred->fits ? "" : "the decode's KV caches do not fit the memory";
+        pc.notes = {"a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() + " decodes on " +
+                    std::to_string(pair.decode->world) + " device(s)"};
+        table.rows.push_back(std::move(pc));
+        lossiness.push_back(lossiness[i]);
+      }
+    }
     const ClusterProfile& sp = o.step_profile != nullptr ? *o.step_profile : p;
     if (sp.size() != p.size()) return core::invalid_argument("the one-row profile has another device count");
     for (Candidate& r : table.rows) {
-      const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy);
-      if (!r.feasible || rs == nullptr || !rs->decodes()) continue;
-      Plan step = r.plan;
+      if (!r.feasible || !parallel::plan_decodes(r.plan)) continue;
+      // A pair's steps run its decode plan on its first devices.
+      Plan step = parallel::decode_plan(r.plan);
+      const std::vector<int> step_members(r.members.begin(),
+                                          r.members.begin() + std::min<size_t>(r.members.size(), static_cast<size_t>(step.world)));
       model::ModelConfig ct = c;
       ct.weights = r.plan.weights;
-      auto pred = evaluate(step, ct, sp.subset(r.members), 1, 0);
+      auto pred = evaluate(step, ct, sp.subset(step_members), 1, 0);
       char buf[200];
       if (!pred.ok()) {
         r.notes.push_back("decode step not priced (" + pred.status().message() + "): not chosen for a generation");
@@ -660,7 +690,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       const bool wire_ok = r.plan.wire == core::WireType::kF32 || o.lossy_allowed || o.wire_given;
       const bool weights_ok = r.plan.weights == c.weights || o.lossy_allowed;
       // A generation's plan must decode: the prompt's layout holds the KV caches.
-      const bool decodes_ok = o.ctx_size <= 0 || (rs != nullptr && rs->decodes() && (!generation || r.step_ms > 0));
+      const bool decodes_ok = o.ctx_size <= 0 || (parallel::plan_decodes(r.plan) && (!generation || r.step_ms > 0));
       if (!r.feasible || !strategy_ok || !wire_ok || !weights_ok || !decodes_ok || rejected[i]) continue;
       if (table.chosen < 0) {
         table.chosen = static_cast<int>(i);
@@ -707,8 +737,9 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
   }
   if (o.ctx_size > 0)
     for (Candidate& r : table.rows)
-      if (const parallel::Strategy* rs = parallel::find_strategy(r.plan.strategy); rs == nullptr || !rs->decodes())
-        r.notes.push_back("not chosen for a generation: " + r.plan.strategy + " has no decoder");
+      if (!parallel::plan_decodes(r.plan))
+        r.notes.push_back("not chosen for a generation: " + r.plan.strategy + " has no decoder" +
+                          (generation ? " (the rows below pair it where they can)" : ""));
   if (table.chosen < 0)
     return core::resource_exhausted(gate ? "no strategy has a plan that fits the devices' memory within --max-loss"
                                          : "no strategy has a plan that fits the devices' memory");

@@ -334,6 +334,7 @@ Status Session::collect_stats(double latency_ms, json extra) {
             {"layers", model_->config().layers},
             {"latency_ms", latency_ms},
             {"ranks", ranks}};
+  if (plan_.decode) stats_["decode_strategy"] = plan_.decode->strategy;  // a pair: the steps' layout
   stats_.update(extra);
   return core::ok_status();
 }

@@ -320,6 +320,23 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
   const auto refused = run("generate --model " + dir + args + " --strategy voltage --devices 2");
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("cannot generate across devices"), std::string::npos) << refused.err;
+  // A pair: Voltage prefills across the processes, the terminal decodes from the K/V it got.
+  for (int k = 2; k <= 4; ++k) {
+    const auto pair = run("generate --model " + dir + args + " --prefill-strategy voltage --decode-strategy single --devices " +
+                          std::to_string(k));
+    ASSERT_EQ(pair.code, 0) << pair.err;
+    EXPECT_EQ(pair.out, want) << k;
+  }
+  {  // the trained copy model (32 tokens and the separator): its answer is mostly the prompt again, not degenerate
+    std::string ids;
+    for (int i = 0; i < 32; ++i) ids += std::to_string((i * 37 + 5) % 60) + ",";
+    const std::string copy = "generate --model " + kData + "/gpt2-copy --ids " + ids + "61 --max-new-tokens 32 --greedy";
+    const auto alone = run(copy);
+    ASSERT_EQ(alone.code, 0) << alone.err;
+    const auto pair = run(copy + " --strategy voltage --decode-strategy single --devices 3 --partition 1,2,1");
+    ASSERT_EQ(pair.code, 0) << pair.err;
+    EXPECT_EQ(pair.out, alone.out);
+  }
 
   const std::string key = tmp("cluster.key"), cluster = tmp("cluster.toml");
   ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());

@@ -227,5 +227,83 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
   }
 }
 
+// A pair: Voltage prefills across the devices and hands the terminal every
+// layer's K/V; the terminal decodes alone. Its tokens are one device's, on
+// random weights, on the trained copy model, on Llama-style layers, with
+// uneven shares, without the ring, in F16 caches and for a prompt too short
+// to give the terminal rows (the decode layout prefills it then).
+Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object()) {
+  Plan p = make_plan("voltage", k, std::move(ratios), std::move(options));
+  Plan d = single_device_plan();
+  d.world = 0;  // complete_plan chooses: the terminal, as single runs on one device
+  p.decode = std::make_shared<const Plan>(d);
+  return p;
+}
+
+TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
+  std::vector<Case> all;
+  all.push_back(make_case(gpt2_12l(), {5, 17, 300, 42, 9, 11, 7, 3, 250, 18}, 16));
+  all.push_back(make_case(kData + "/llama-tiny", {3, 9, 27, 81, 12, 5, 60}, 12));
+  size_t compared = 0, runs = 0;
+  for (const Case& c : all)
+    for (int k = 2; k <= 4; ++k) {
+      for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}})}) {
+        const Compared r = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
+                                   p.to_json().dump() + " " + c.dir);
+        compared += r.steps;
+        ++runs;
+      }
+    }
+  EXPECT_GT(compared, runs);
+  // The trained copy model stays 100% accurate (it is in F32 on one device).
+  for (int k = 2; k <= 4; ++k)
+    EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
+                                   -> core::Result<std::vector<int64_t>> {
+                return generate_threads(kData + "/gpt2-copy", pair_plan(k), prompt, o);
+              }),
+              1.0)
+        << "K=" << k;
+  // Uneven shares, F16 caches, and a one-token prompt on 3 devices (two of
+  // them without rows: the terminal's decoder prefills it).
+  const Case& c = all.front();
+  Case f16 = c;
+  f16.opts.kv_dtype = core::DType::kF16;
+  f16.want = model::generate(model::Transformer::load(c.dir).value(), c.prompt, f16.opts, nullptr).value();
+  compare(f16.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), c.prompt, f16.opts), c.margin, c.prompt.size(), "f16");
+  const Case one = make_case(c.dir, {42}, 8);
+  compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), one.prompt, one.opts), one.margin, 1, "one token");
+}
+
+TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
+  const auto cfg = model::load_config(kData + "/gpt2-tiny").value();
+  auto refused = [&](Plan p, const std::string& why) {
+    const core::Status st = complete_plan(p, cfg);
+    EXPECT_FALSE(st.ok()) << p.to_json().dump();
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.to_string();
+  };
+  Plan tp_prefill = make_plan("tp", 2);  // tp holds its heads' K/V only
+  tp_prefill.decode = std::make_shared<const Plan>(single_device_plan());
+  refused(tp_prefill, "does not hand device 0 the K/V");
+  Plan tp_decode = make_plan("voltage", 2);  // a TP shard is packed apart from Voltage's whole layers
+  tp_decode.decode = std::make_shared<const Plan>(make_plan("tp", 2));
+  refused(tp_decode, "cannot decode after another layout's prefill");
+  refused(pair_plan(2, {0, 1}), "does not hand device 0");  // the terminal has no rows
+  Plan three = pair_plan(3);
+  Plan d = make_plan("single", 2);
+  three.decode = std::make_shared<const Plan>(d);
+  refused(three, "runs on 1 or 3 devices");
+  // A completed pair round-trips through JSON (a job's plan travels so).
+  Plan ok = pair_plan(2, {2, 1});
+  ASSERT_TRUE(complete_plan(ok, cfg).ok());
+  ASSERT_TRUE(ok.decode);
+  EXPECT_EQ(ok.decode->world, 1);
+  const auto back = Plan::from_json(ok.to_json());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->to_json(), ok.to_json());
+  auto bad = ok.to_json();
+  bad["decode"]["decode"] = bad["decode"];
+  EXPECT_FALSE(Plan::from_json(bad).ok());
+}
+
 }  // namespace
 }  // namespace tessera::parallel::testing

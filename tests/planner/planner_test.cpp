@@ -652,5 +652,53 @@ TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
   EXPECT_GT(prompt_on_two_generation_on_one, 0);  // the case the pricing is for
 }
 
+// A pair (Voltage's prefill, the terminal's decode): its first token costs
+// Voltage's forward, each step the terminal's, its memory Voltage's weights
+// and the terminal's whole KV cache. Where links are fast and steps short,
+// auto takes it over both of its halves.
+TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);
+  PlannerOptions o;
+  o.rows = 512;
+  o.ctx_size = 1024;
+  o.new_tokens = 16;
+  o.step_profile = &step;
+  const auto gen = plan_all(c, p, o);
+  ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+  const Candidate* pair = nullptr;
+  for (const Candidate& r : gen->rows)
+    if (r.plan.decode) {
+      EXPECT_EQ(pair, nullptr) << "one pair: voltage's prefill, single's decode";
+      pair = &r;
+    }
+  ASSERT_NE(pair, nullptr);
+  const Candidate& voltage = row_of(gen.value(), "voltage");
+  const Candidate& single = row_of(gen.value(), "single");
+  EXPECT_EQ(pair->plan.strategy, "voltage");
+  EXPECT_EQ(pair->plan.decode->world, 1);
+  EXPECT_EQ(voltage.step_ms, 0);  // Voltage alone does not decode
+  EXPECT_NEAR(pair->prediction.latency_ms, voltage.prediction.latency_ms, 1e-9);
+  EXPECT_NEAR(pair->step_ms, single.step_ms, 1e-9);
+  const int64_t kv = parallel::kv_cache_bytes(single.plan, c, 0, o.ctx_size);
+  ASSERT_GT(kv, 0);
+  EXPECT_EQ(pair->prediction.devices[0].memory_bytes, voltage.prediction.devices[0].memory_bytes + kv);
+  EXPECT_EQ(pair->prediction.devices[1].memory_bytes, voltage.prediction.devices[1].memory_bytes);
+  const Candidate& g = gen->rows[static_cast<size_t>(gen->chosen)];
+  EXPECT_TRUE(g.plan.decode) << g.plan.to_json().dump();
+  EXPECT_LT(pair->generation_ms(16), single.generation_ms(16));
+  // A memory budget that holds Voltage's weights but not the terminal's caches too.
+  ClusterProfile tight = p;
+  for (auto& d : tight.devices) d.memory_bytes = voltage.prediction.devices[0].memory_bytes + kv / 2 + d.runtime_bytes;
+  const auto t = plan_all(c, tight, o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  for (const Candidate& r : t->rows) {
+    EXPECT_TRUE(!r.plan.decode || !r.feasible);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::planner
