@@ -118,21 +118,26 @@ core::Status check_kv_dtype(const ModelConfig& c, core::DType dtype) {
 }
 
 void store_kv(KvCache& cache, int64_t l, const float* qkv, int64_t ld, int64_t k_off, int64_t kv, int64_t n, int64_t pos0) {
+  store_kv_rows(cache, l, qkv + k_off, ld, qkv + k_off + kv, ld, kv, n, pos0);
+}
+
+void store_kv_rows(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, const float* v_rows, int64_t ldv,
+                   int64_t kv, int64_t n, int64_t pos0) {
   core::Tensor& k = cache.k[static_cast<size_t>(l)];
   core::Tensor& v = cache.v[static_cast<size_t>(l)];
   TESSERA_CHECK_MSG(pos0 + n <= k.dim(0) && k.dim(1) == kv, "KV cache too small for position " << pos0 + n - 1);
   if (k.dtype() == core::DType::kF16) {
     auto* kc = static_cast<uint16_t*>(k.raw()) + pos0 * kv;
     auto* vc = static_cast<uint16_t*>(v.raw()) + pos0 * kv;
-    kernels::f32_rows_to_f16(qkv + k_off, ld, n, kv, kc, kv);
-    kernels::f32_rows_to_f16(qkv + k_off + kv, ld, n, kv, vc, kv);
+    kernels::f32_rows_to_f16(k_rows, ldk, n, kv, kc, kv);
+    kernels::f32_rows_to_f16(v_rows, ldv, n, kv, vc, kv);
     return;
   }
   float* kc = k.f32() + pos0 * kv;
   float* vc = v.f32() + pos0 * kv;
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(kc + i * kv, qkv + i * ld + k_off, static_cast<size_t>(kv) * sizeof(float));
-    std::memcpy(vc + i * kv, qkv + i * ld + k_off + kv, static_cast<size_t>(kv) * sizeof(float));
+    std::memcpy(kc + i * kv, k_rows + i * ldk, static_cast<size_t>(kv) * sizeof(float));
+    std::memcpy(vc + i * kv, v_rows + i * ldv, static_cast<size_t>(kv) * sizeof(float));
   }
 }
 

@@ -37,6 +37,9 @@ core::Status check_kv_dtype(const ModelConfig& c, core::DType dtype);
 // Rows pos0..pos0+n-1 of layer l's caches, from K at columns [k_off, k_off + kv)
 // and V at [k_off + kv, k_off + 2 kv) of `n` rows of `ld` floats.
 void store_kv(KvCache& cache, int64_t l, const float* qkv, int64_t ld, int64_t k_off, int64_t kv, int64_t n, int64_t pos0);
+// The same from K and V apart (`kv` floats a row; rows ldk and ldv apart).
+void store_kv_rows(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, const float* v_rows, int64_t ldv,
+                   int64_t kv, int64_t n, int64_t pos0);
 // Attention in `io` over cache rows 0..n_kv-1 of layer l (kv elements a row).
 void cache_io(const KvCache& cache, int64_t l, int64_t kv, int64_t n_kv, AttentionIo& io);
 

@@ -96,8 +96,8 @@ class PairDecoder final : public Decoder {
     for (int r = 0; handover && r < plan_.decode->world; ++r) handover = prefill_.hands_over_kv(plan_, n, r);
     if (handover) {
       Decoder* dec = dec_.get();
-      const KvSink sink = [dec](int64_t l, const float* kv, int64_t ld, int64_t rows) {
-        return dec != nullptr ? dec->take_kv(l, kv, ld, rows) : core::ok_status();
+      const KvSink sink = [dec](int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t rows) {
+        return dec != nullptr ? dec->take_kv(l, k, ldk, v, ldv, rows) : core::ok_status();
       };
       return prefill_.run_handing_over(m_, plan_, sync_, std::move(x), n, pool, sink);
     }

@@ -25,6 +25,17 @@ class Sp final : public Strategy {
 
   Result<Tensor> run(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                      core::ThreadPool* pool) const override {
+    return run_keeping(m, plan, sync, std::move(x), n, pool, nullptr);
+  }
+  // The AllGathers leave every row's K and V on every device, rows or not.
+  bool hands_over_kv(const Plan&, int64_t, int) const override { return true; }
+  Result<Tensor> run_handing_over(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                                  core::ThreadPool* pool, const KvSink& sink) const override {
+    return run_keeping(m, plan, sync, std::move(x), n, pool, &sink);
+  }
+
+  Result<Tensor> run_keeping(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                             core::ThreadPool* pool, const KvSink* sink) const {
     const model::ModelConfig& c = m.config();
     const int64_t F = c.hidden;
     // Q, K, V widths: K and V are narrower with grouped K/V heads, and only
@@ -53,6 +64,7 @@ class Sp final : public Strategy {
       }
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(kp.f32(), p * KV), counts, KV, floats(k.f32(), n * KV)));
       TESSERA_RETURN_IF_ERROR(sync.allgather_rows(floats(vp.f32(), p * KV), counts, KV, floats(v.f32(), n * KV)));
+      if (sink != nullptr) TESSERA_RETURN_IF_ERROR((*sink)(l, k.f32(), KV, v.f32(), KV, n));
       if (p == 0) continue;
       model::AttentionIo io;
       io.q = qkv.f32(); io.ldq = ld; io.k = k.f32(); io.ldk = KV; io.v = v.f32(); io.ldv = KV;

@@ -526,7 +526,7 @@ Result<Tensor> Strategy::run_handing_over(const model::Transformer&, const Plan&
   return core::unimplemented("strategy '" + plan.strategy + "' cannot prefill a pair");
 }
 
-Status Decoder::take_kv(int64_t, const float*, int64_t, int64_t) {
+Status Decoder::take_kv(int64_t, const float*, int64_t, const float*, int64_t, int64_t) {
   return core::unimplemented("this decoder cannot take another layout's K/V");
 }
 

@@ -87,15 +87,17 @@ class Decoder {
   // layer's output; other ranks pass and get an empty tensor.
   [[nodiscard]] virtual core::Result<core::Tensor> forward(core::Tensor x, int64_t n, int64_t pos0,
                                                            core::ThreadPool* pool) = 0;
-  // A handover (Plan::decode): layer l's K and V of every head at positions
-  // 0..n-1, computed by another layout's prefill; row i's K at kv + i * ld,
-  // its V kv_width floats after. The decoder keeps what its own steps read.
-  // Default: this layout cannot take a handover (Strategy::takes_kv).
-  [[nodiscard]] virtual core::Status take_kv(int64_t l, const float* kv, int64_t ld, int64_t n);
+  // A handover (Plan::decode): layer l's K and V of every K/V head at
+  // positions 0..n-1 (kv_width floats each, rotary applied), computed by
+  // another layout's prefill; row i's K at k + i * ldk, its V at v + i * ldv.
+  // The decoder keeps what its own steps read. Default: this layout cannot
+  // take a handover (Strategy::takes_kv).
+  [[nodiscard]] virtual core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv,
+                                             int64_t n);
 };
 
 // Where a prefill that hands its K/V over puts each layer's (Decoder::take_kv's arguments).
-using KvSink = std::function<core::Status(int64_t l, const float* kv, int64_t ld, int64_t n)>;
+using KvSink = std::function<core::Status(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n)>;
 
 class Strategy {
  public:

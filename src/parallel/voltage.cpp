@@ -286,8 +286,10 @@ Result<Tensor> Voltage::run_keeping(const model::Transformer& m, const Plan& pla
     v.attention(l);
     // Eq. (3)'s K and V of every row: in qkv with the ring, else where
     // partition_attention_f32 projected them (the scratch's front).
-    if (sink != nullptr && v.p > 0)
-      TESSERA_RETURN_IF_ERROR((*sink)(l, (v.early ? v.qkv.f32() : v.scratch.f32()) + c.q_width(), c.qkv_width(), n));
+    if (sink != nullptr && v.p > 0) {
+      const float* k = (v.early ? v.qkv.f32() : v.scratch.f32()) + c.q_width();
+      TESSERA_RETURN_IF_ERROR((*sink)(l, k, c.qkv_width(), k + c.kv_width(), c.qkv_width(), n));
+    }
     const bool last = l + 1 == layers;
     if (!last && v.ring) {
       TESSERA_RETURN_IF_ERROR(v.tail_streaming_blocks(l));

@@ -320,13 +320,14 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
   const auto refused = run("generate --model " + dir + args + " --strategy voltage --devices 2");
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("cannot generate across devices"), std::string::npos) << refused.err;
-  // A pair: Voltage prefills across the processes, the terminal decodes from the K/V it got.
-  for (int k = 2; k <= 4; ++k) {
-    const auto pair = run("generate --model " + dir + args + " --prefill-strategy voltage --decode-strategy single --devices " +
-                          std::to_string(k));
-    ASSERT_EQ(pair.code, 0) << pair.err;
-    EXPECT_EQ(pair.out, want) << k;
-  }
+  // A pair: Voltage (or SP) prefills across the processes, the terminal decodes from the K/V it got.
+  for (int k = 2; k <= 4; ++k)
+    for (const std::string prefill : {"voltage", "sp"}) {
+      const auto pair = run("generate --model " + dir + args + " --prefill-strategy " + prefill +
+                            " --decode-strategy single --devices " + std::to_string(k));
+      ASSERT_EQ(pair.code, 0) << pair.err;
+      EXPECT_EQ(pair.out, want) << prefill << " " << k;
+    }
   {  // the trained copy model (32 tokens and the separator): its answer is mostly the prompt again, not degenerate
     std::string ids;
     for (int i = 0; i < 32; ++i) ids += std::to_string((i * 37 + 5) % 60) + ",";

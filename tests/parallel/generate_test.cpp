@@ -227,13 +227,14 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
   }
 }
 
-// A pair: Voltage prefills across the devices and hands the terminal every
-// layer's K/V; the terminal decodes alone. Its tokens are one device's, on
+// A pair: Voltage or SP prefills across the devices and hands the terminal
+// every layer's K/V; the terminal decodes alone. Its tokens are one device's, on
 // random weights, on the trained copy model, on Llama-style layers, with
 // uneven shares, without the ring, in F16 caches and for a prompt too short
 // to give the terminal rows (the decode layout prefills it then).
-Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object()) {
-  Plan p = make_plan("voltage", k, std::move(ratios), std::move(options));
+Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object(),
+               const std::string& prefill = "voltage") {
+  Plan p = make_plan(prefill, k, std::move(ratios), std::move(options));
   Plan d = single_device_plan();
   d.world = 0;  // complete_plan chooses: the terminal, as single runs on one device
   p.decode = std::make_shared<const Plan>(d);
@@ -247,7 +248,7 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   size_t compared = 0, runs = 0;
   for (const Case& c : all)
     for (int k = 2; k <= 4; ++k) {
-      for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}})}) {
+      for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}}), pair_plan(k, {}, {}, "sp")}) {
         const Compared r = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
                                    p.to_json().dump() + " " + c.dir);
         compared += r.steps;
@@ -257,12 +258,13 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   EXPECT_GT(compared, runs);
   // The trained copy model stays 100% accurate (it is in F32 on one device).
   for (int k = 2; k <= 4; ++k)
-    EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
-                                   -> core::Result<std::vector<int64_t>> {
-                return generate_threads(kData + "/gpt2-copy", pair_plan(k), prompt, o);
-              }),
-              1.0)
-        << "K=" << k;
+    for (const std::string prefill : {"voltage", "sp"})
+      EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
+                                     -> core::Result<std::vector<int64_t>> {
+                  return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill), prompt, o);
+                }),
+                1.0)
+          << prefill << " K=" << k;
   // Uneven shares, F16 caches, and a one-token prompt on 3 devices (two of
   // them without rows: the terminal's decoder prefills it).
   const Case& c = all.front();
@@ -272,6 +274,8 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   compare(f16.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), c.prompt, f16.opts), c.margin, c.prompt.size(), "f16");
   const Case one = make_case(c.dir, {42}, 8);
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), one.prompt, one.opts), one.margin, 1, "one token");
+  compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}, {}, "sp"), one.prompt, one.opts), one.margin, 1,
+          "sp, one token");
 }
 
 TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
