@@ -19,7 +19,7 @@ trap 'rm -f "$out"' EXIT
 for r in $(seq "$rounds"); do
   for s in single auto; do
     if [ "$s" = single ]; then
-      args="--strategy single"
+      args="--strategy single --device-speed 1"  # the session path, whose --stats give the figures
     else
       args="--strategy auto --devices 2 --link $link"
     fi

@@ -90,11 +90,18 @@ class PairDecoder final : public Decoder {
     return core::ok_status();
   }
 
+  // The same choice on every rank: it depends on the plan, n and pos0 only.
+  bool handover(int64_t n, int64_t pos0) const {
+    bool h = pos0 == 0;
+    for (int r = 0; h && r < plan_.decode->world; ++r) h = prefill_.hands_over_kv(plan_, n, r);
+    return h;
+  }
+  int ranks_in(int64_t n, int64_t pos0) const override {
+    return handover(n, pos0) ? plan_.world : plan_.decode->world;
+  }
+
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
-    // The same choice on every rank: it depends on the plan and n only.
-    bool handover = pos0 == 0;
-    for (int r = 0; handover && r < plan_.decode->world; ++r) handover = prefill_.hands_over_kv(plan_, n, r);
-    if (handover) {
+    if (handover(n, pos0)) {
       Decoder* dec = dec_.get();
       const KvSink sink = [dec](int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t rows) {
         return dec != nullptr ? dec->take_kv(l, k, ldk, v, ldv, rows) : core::ok_status();

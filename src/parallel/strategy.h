@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/limits.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -94,6 +95,10 @@ class Decoder {
   // take a handover (Strategy::takes_kv).
   [[nodiscard]] virtual core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv,
                                              int64_t n);
+  // The ranks 0..k-1 that take part in a chunk of n rows at pos0 (the same
+  // answer on every rank); the others need not be told of it. Default: all
+  // (any k >= the world). A pair's steps run on its decode plan's ranks.
+  virtual int ranks_in(int64_t /*n*/, int64_t /*pos0*/) const { return core::kMaxDevices; }
 };
 
 // Where a prefill that hands its K/V over puts each layer's (Decoder::take_kv's arguments).

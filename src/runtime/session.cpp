@@ -397,7 +397,10 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
           tell_workers(msg::Generate{spec.positions, spec.dtype == core::DType::kF16, slot_index, reuse}));
     }
     const int64_t n = x.dim(0);
-    TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}));
+    // Only the ranks that take part (a pair's steps: its decode plan's):
+    // the others would only wake for nothing.
+    const int told = std::min(group_->size(), dec->ranks_in(n, pos0));
+    for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Decode{n, pos0}, timeout));
     auto y = dec->forward(std::move(x), n, pos0, pool_.get());
     if (y.ok()) processed = pos0 + n;
     if (pos0 == cached) {  // the figures cover the decode steps; the prefill is timed apart

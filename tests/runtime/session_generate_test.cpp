@@ -126,15 +126,33 @@ TEST(SessionGenerateTest, PrefixCacheGivesTheSameTokensAndPrefillsOnlyTheRest) {
   greedy.max_new_tokens = 8;
   greedy.eos_token_id = -1;
   int sessions = 0;
-  for (const parallel::Strategy* strategy : parallel::strategies()) {
-    if (!strategy->decodes()) continue;
-    for (int k = 1; k <= 2; ++k) {
-      if (!plan_completes(strategy->name(), k, m.config())) continue;
-      const std::string label = strategy->name() + " K=" + std::to_string(k);
+  // Each decoding strategy on 1 and 2 devices, and the pairs (Voltage's or
+  // SP's prefill, the terminal's decode): a reused prefix is the decode
+  // layout's chunk, the workers idle.
+  std::vector<parallel::Plan> plans;
+  for (const parallel::Strategy* strategy : parallel::strategies())
+    for (int k = 1; k <= 2; ++k)
+      if (strategy->decodes() && plan_completes(strategy->name(), k, m.config())) {
+        parallel::Plan p;
+        p.strategy = strategy->name();
+        p.world = k;
+        plans.push_back(p);
+      }
+  for (const char* prefill : {"voltage", "sp"}) {
+    parallel::Plan p, d;
+    p.strategy = prefill;
+    p.world = 2;
+    d.strategy = "single";
+    d.world = 1;
+    p.decode = std::make_shared<const parallel::Plan>(d);
+    plans.push_back(p);
+  }
+  for (const parallel::Plan& plan : plans) {
+    {
+      const std::string label = plan.to_json().dump();
       runtime::SessionOptions o;
       o.model_dir = dir;
-      o.plan.strategy = strategy->name();
-      o.plan.world = k;
+      o.plan = plan;
       o.timeout_ms = 30000;
       o.prefix_slots = 2;
       auto started = runtime::Session::start(o);
@@ -176,7 +194,7 @@ TEST(SessionGenerateTest, PrefixCacheGivesTheSameTokensAndPrefillsOnlyTheRest) {
       turn(std::vector<int64_t>(g4.begin(), g4.end() - 1), static_cast<int64_t>(g4.size()) - 2);
     }
   }
-  EXPECT_GE(sessions, 3);  // single, and tp, galaxy, pipeline on 2
+  EXPECT_GE(sessions, 5);  // single, tp, galaxy, pipeline on 2, and the pairs
 }
 
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
