@@ -68,8 +68,7 @@ void print_table(const planner::PlanTable& t) {
     for (const auto& d : r.prediction.devices) mem += (mem.empty() ? "" : " ") + planner::format_bytes(d.memory_bytes);
     std::string status = r.feasible ? (r.exact ? "yes" : "yes (lossy: chosen only with --lossy)") : "no: " + r.why_not;
     const bool priced = !r.prediction.devices.empty();
-    std::string name = r.plan.strategy;
-    if (r.plan.decode) name += "+" + r.plan.decode->strategy;  // a pair: prefill+decode
+    std::string name = parallel::plan_name(r.plan);
     if (r.plan.weights != kernels::WeightType::kF32) name += std::string("/") + kernels::weight_type_name(r.plan.weights);
     if (r.plan.wire != core::WireType::kF32) name += std::string("/wire-") + core::wire_type_name(r.plan.wire);
     // A lossy strategy's setting (PRISM's rate) tells its rows apart.

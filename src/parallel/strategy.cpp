@@ -521,6 +521,8 @@ bool plan_decodes(const Plan& plan) {
 
 const Plan& decode_plan(const Plan& plan) { return plan.decode ? *plan.decode : plan; }
 
+std::string plan_name(const Plan& plan) { return plan.strategy + (plan.decode ? "+" + plan.decode->strategy : ""); }
+
 Result<Tensor> Strategy::run_handing_over(const model::Transformer&, const Plan& plan, Synchronizer&, Tensor, int64_t,
                                           core::ThreadPool*, const KvSink&) const {
   return core::unimplemented("strategy '" + plan.strategy + "' cannot prefill a pair");

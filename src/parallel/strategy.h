@@ -180,6 +180,8 @@ bool is_single_device(const Plan& plan);
 bool plan_decodes(const Plan& plan);
 // The plan that runs a generation's steps: the pair's decode plan, or the plan.
 const Plan& decode_plan(const Plan& plan);
+// The strategy's name, a pair's as "prefill+decode" (voltage+single).
+std::string plan_name(const Plan& plan);
 
 // Common checks (world, ratios), then the strategy's own complete().
 [[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);

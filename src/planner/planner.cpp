@@ -745,7 +745,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
                                          : "no strategy has a plan that fits the devices' memory");
   const Candidate& ch = table.rows[static_cast<size_t>(table.chosen)];
   char buf[200];
-  const std::string chosen_name = ch.plan.strategy + (ch.plan.decode ? "+" + ch.plan.decode->strategy : "");
+  const std::string chosen_name = parallel::plan_name(ch.plan);
   std::snprintf(buf, sizeof(buf), "%s on %zu device(s): %.2f ms predicted; the terminal alone %.2f ms", chosen_name.c_str(),
                 ch.members.size(), ch.prediction.latency_ms, alone_ms);
   table.reason = buf;

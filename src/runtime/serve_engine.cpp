@@ -55,7 +55,7 @@ void Engine::stop() {
 
 DeviceView Engine::view() const {
   std::lock_guard<std::mutex> l(view_mu_);
-  return {cluster_ ? cluster_->devices() : std::vector<Device>{}, members_, session_ ? session_->plan().strategy : "",
+  return {cluster_ ? cluster_->devices() : std::vector<Device>{}, members_, session_ ? parallel::plan_name(session_->plan()) : "",
           session_ != nullptr};
 }
 
@@ -265,7 +265,7 @@ Status Engine::start_session(bool first) {
       // pages back so that failovers do not ratchet the server's RSS.
       ::malloc_trim(0);
       members_ = d->members;
-      spdlog::info("serve: {} over {} device(s){}", d->plan.strategy, members_.size(),
+      spdlog::info("serve: {} over {} device(s){}", parallel::plan_name(d->plan), members_.size(),
                    d->chosen && d->chosen->measured_loss >= 0
                        ? fmt::format(", measured top-1 disagreement {:.2f}% (--max-loss {:.2f}%)",
                                      100.0 * d->chosen->measured_loss, 100.0 * opts_.max_loss)
@@ -273,7 +273,7 @@ Status Engine::start_session(bool first) {
       return core::ok_status();
     }
     last = s.status();
-    spdlog::warn("serve: starting {} over {} device(s) failed: {}", d->plan.strategy, world, last.to_string());
+    spdlog::warn("serve: starting {} over {} device(s) failed: {}", parallel::plan_name(d->plan), world, last.to_string());
     if (first) return last;  // at start, a wrong setup is the user's to fix
   }
   return core::unavailable("no device can serve this model: " + last.message());

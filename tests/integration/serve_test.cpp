@@ -397,38 +397,44 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
 // fixture's 128 positions hold no third)
 // answers as the server without the cache does, and /metrics counts the
 // turns whose history came from the cache.
+// With tp, and with a pair (Voltage's prefill, the terminal's decode: a
+// second turn's reused prefix is the terminal's alone).
 TEST(ServeTest, PrefixCacheAnswersAChatAsWithoutItAndCountsItsHits) {
   std::vector<std::vector<std::string>> answers;
-  for (const bool cached : {false, true}) {
-    std::vector<std::string> args = {"--model", kData + "/gpt2-chat", "--devices", "2", "--strategy", "tp"};
-    if (cached) args.insert(args.end(), {"--prefix-cache-mb", "64"});
-    Server s(args);
-    ASSERT_TRUE(s.up()) << s.proc().log();
-    json messages = json::array();
-    std::vector<std::string> got;
-    for (const char* user : {"Say hello", "Again"}) {
-      messages.push_back({{"role", "user"}, {"content", user}});
-      auto r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}});
-      ASSERT_TRUE(r);
-      ASSERT_EQ(r->status, 200) << r->body;
-      const std::string content = json::parse(r->body)["choices"][0]["message"]["content"];
-      got.push_back(content);
-      messages.push_back({{"role", "assistant"}, {"content", content}});
-    }
-    answers.push_back(got);
-    auto m = s.client().Get("/metrics");
-    ASSERT_TRUE(m);
-    const auto counter = [&](const std::string& name) {
-      const size_t at = m->body.find("\n" + name + " ");
-      return at == std::string::npos ? int64_t{-1} : std::atoll(m->body.c_str() + at + name.size() + 2);
-    };
-    EXPECT_EQ(counter("tessera_prefix_cache_lookups_total"), cached ? 2 : 0);
-    EXPECT_EQ(counter("tessera_prefix_cache_hits_total"), cached ? 1 : 0);  // the second turn
-    if (cached) {
-      EXPECT_GT(counter("tessera_prefix_cache_tokens_total"), 40);  // the first turn's 47 prompt tokens, and more
+  for (const std::vector<std::string>& plan : {std::vector<std::string>{"--strategy", "tp"},
+                                              std::vector<std::string>{"--strategy", "voltage", "--decode-strategy", "single"}}) {
+    for (const bool cached : {false, true}) {
+      std::vector<std::string> args = {"--model", kData + "/gpt2-chat", "--devices", "2"};
+      args.insert(args.end(), plan.begin(), plan.end());
+      if (cached) args.insert(args.end(), {"--prefix-cache-mb", "64"});
+      Server s(args);
+      ASSERT_TRUE(s.up()) << s.proc().log();
+      json messages = json::array();
+      std::vector<std::string> got;
+      for (const char* user : {"Say hello", "Again"}) {
+        messages.push_back({{"role", "user"}, {"content", user}});
+        auto r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 4}, {"temperature", 0}});
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const std::string content = json::parse(r->body)["choices"][0]["message"]["content"];
+        got.push_back(content);
+        messages.push_back({{"role", "assistant"}, {"content", content}});
+      }
+      answers.push_back(got);
+      auto m = s.client().Get("/metrics");
+      ASSERT_TRUE(m);
+      const auto counter = [&](const std::string& name) {
+        const size_t at = m->body.find("\n" + name + " ");
+        return at == std::string::npos ? int64_t{-1} : std::atoll(m->body.c_str() + at + name.size() + 2);
+      };
+      EXPECT_EQ(counter("tessera_prefix_cache_lookups_total"), cached ? 2 : 0);
+      EXPECT_EQ(counter("tessera_prefix_cache_hits_total"), cached ? 1 : 0);  // the second turn
+      if (cached) {
+        EXPECT_GT(counter("tessera_prefix_cache_tokens_total"), 40);  // the first turn's 47 prompt tokens, and more
+      }
     }
   }
-  EXPECT_EQ(answers[0], answers[1]);
+  for (size_t i = 1; i < answers.size(); ++i) EXPECT_EQ(answers[i], answers[0]) << i;
 }
 
 TEST(ServeTest, EmbeddingsAndClassificationEqualTheSingleDevice) {
