@@ -189,6 +189,7 @@ Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& 
     extra[item.substr(0, eq)] = spec_value(item.substr(eq + 1));
   }
   PlanFlags pf = f;
+  pf.decode_strategy.clear();  // a spec is its own plan: a pair only with decode=
   if (extra.contains("decode")) {
     if (!extra["decode"].is_string()) return core::invalid_argument("'" + spec + "': decode= names a strategy");
     pf.decode_strategy = extra["decode"].get<std::string>();

@@ -77,6 +77,7 @@ class PairDecoder final : public Decoder {
       : prefill_(prefill), m_(m), plan_(plan), sync_(sync) {}
 
   Status init(const model::CacheSpec& spec) {
+    positions_ = spec.positions;
     const Plan& d = *plan_.decode;
     if (sync_.rank() >= d.world) return core::ok_status();
     TESSERA_ASSIGN_OR_RETURN(const Strategy* ds, strategy_for(d.strategy));
@@ -101,6 +102,10 @@ class PairDecoder final : public Decoder {
   }
 
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
+    // Before any collective, on every rank alike: a handover the caches cannot hold stops no rank halfway.
+    if (n < 1 || pos0 < 0 || pos0 + n > positions_)
+      return core::out_of_range("rows " + std::to_string(pos0) + ".." + std::to_string(pos0 + n - 1) + " outside the " +
+                                std::to_string(positions_) + "-position caches");
     if (handover(n, pos0)) {
       Decoder* dec = dec_.get();
       const KvSink sink = [dec](int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t rows) {
@@ -117,6 +122,7 @@ class PairDecoder final : public Decoder {
   const model::Transformer& m_;
   const Plan plan_;
   Synchronizer& sync_;
+  int64_t positions_ = 0;
   std::unique_ptr<LocalGroup> solo_;
   std::unique_ptr<Synchronizer> solo_sync_;
   std::unique_ptr<Decoder> dec_;  // null outside the decode plan's ranks; goes before its synchronizer

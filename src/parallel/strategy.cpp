@@ -378,7 +378,8 @@ std::vector<int> layer_parts(const model::LoadOptions& o, int64_t layers) {
         parts[static_cast<size_t>(o.only_layers[i])] |= o.only_parts.empty() ? 3 : o.only_parts[i];
     return parts;
   }
-  for (int64_t l = o.layer_begin; l < (o.layer_end < 0 ? layers : o.layer_end); ++l) parts[static_cast<size_t>(l)] = 3;
+  const int64_t end = o.layer_end < 0 ? layers : std::min(o.layer_end, layers);
+  for (int64_t l = std::max<int64_t>(o.layer_begin, 0); l < end; ++l) parts[static_cast<size_t>(l)] = 3;
   return parts;
 }
 

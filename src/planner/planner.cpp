@@ -647,9 +647,9 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         pc.plan = pair;
         pc.prediction = *pred;
         pc.feasible = pred->fits;
-        pc.why_not = pred->fits ? "" : "the decode's KV caches do not fit the memory";
-        pc.notes = {"a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() + " decodes on " +
-                    std::to_string(pair.decode->world) + " device(s)"};
+        pc.why_not = pred->fits ? "" : "exceeds a device's memory budget with the decode's KV caches";
+        pc.notes.push_back("a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() +
+                           " decodes on " + std::to_string(pair.decode->world) + " device(s)");
         table.rows.push_back(std::move(pc));
         lossiness.push_back(lossiness[i]);
       }

@@ -377,9 +377,10 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   core::Timer t, decode_t;
   double prefill_ms = 0;
   int64_t steps = 0, processed = 0;
-  // Pings flow between chunks (while the caller streams a token), not during one.
+  // Pings flow between chunks (while the caller streams a token), and
+  // during a chunk the terminal runs alone, not during one with the workers.
   auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
-    const std::lock_guard<std::mutex> wire_lock(wire_mu_);
+    std::unique_lock<std::mutex> wire_lock(wire_mu_);
     if (dec == nullptr) {
       const int64_t slot_index = slot == nullptr ? -1 : slot - prefix_.data();
       if (slot == nullptr) {
@@ -401,7 +402,11 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     // the others would only wake for nothing.
     const int told = std::min(group_->size(), dec->ranks_in(n, pos0));
     for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Decode{n, pos0}, timeout));
+    // The terminal alone (a pair's steps, a prompt after a reused prefix):
+    // the idle workers still hear pings, however long the chunk.
+    if (told <= 1) wire_lock.unlock();
     auto y = dec->forward(std::move(x), n, pos0, pool_.get());
+    if (!wire_lock.owns_lock()) wire_lock.lock();
     if (y.ok()) processed = pos0 + n;
     if (pos0 == cached) {  // the figures cover the decode steps; the prefill is timed apart
       prefill_ms = t.ms();

@@ -102,6 +102,11 @@ class WorkerLoop {
       dec_ = s.dec.get();
     }
     first_chunk_ = true;
+    // A rank outside a pair's decode plan may hear of no chunk at all (a
+    // prompt after a reused prefix): its figures start from nothing here.
+    sync_.reset_stats();
+    group_.reset_stats();
+    decode_ms_ = 0;
     core::settle_device_speed();
     return core::ok_status();
   }

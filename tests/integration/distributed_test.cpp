@@ -129,8 +129,9 @@ TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
 // The decoder families as processes: Qwen3 with one K/V head for 4 query
 // heads (replicated over 3 devices), Llama 3 RoPE scaling, and post-LN OPT
 // with projected embeddings; every exact strategy but bp on 3 devices
-// equals the PyTorch reference, and tp, galaxy and pipeline generate its
-// greedy continuation.
+// equals the PyTorch reference, and tp, galaxy, pipeline and the pairs
+// (Voltage's or SP's prefill, the terminal's decode) generate its greedy
+// continuation.
 TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
   for (const char* fixture : {"qwen3-mqa-tiny", "llama3rope-tiny", "opt-postln-tiny"}) {
     const std::string dir = kData + "/" + fixture;
@@ -158,7 +159,8 @@ TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
     }
     const std::string want = ids_arg("generate.output");
     const std::string prompt = ids_arg("generate.prompt");
-    for (const char* strategy : {"tp", "galaxy", "pipeline"}) {
+    // The pairs too: Voltage's or SP's prefill, the terminal's decode.
+    for (const char* strategy : {"tp", "galaxy", "pipeline", "voltage --decode-strategy single", "sp --decode-strategy single"}) {
       const auto r = run("generate --model " + dir + " --ids " + prompt + " --max-new-tokens 8 --greedy --strategy " +
                          strategy + " --devices 3");
       ASSERT_EQ(r.code, 0) << r.err;
