@@ -93,6 +93,44 @@ TEST(JobTest, EveryFieldIsBounded) {
   EXPECT_FALSE(JobSpec::from_json(std::string(2 << 20, ' ')).ok());
 }
 
+// A pair's decode plan travels inside the job's plan: a key holder's
+// malformed or impossible one is refused when the job is read or when its
+// plan is completed, before anything is loaded.
+TEST(JobTest, APairsDecodePlanIsCheckedLikeThePlan) {
+  JobSpec job;
+  job.rank = 1;
+  job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
+  job.model_dir = "gpt2-tiny";
+  job.plan.strategy = "voltage";
+  job.plan.world = 2;
+  const auto config = model::load_config(std::string(TESSERA_TEST_DATA) + "/gpt2-tiny").value();
+  auto with_decode = [&](nlohmann::json decode) -> core::Status {
+    nlohmann::json j = job.to_json();
+    j["plan"]["decode"] = std::move(decode);
+    auto parsed = JobSpec::from_json(j.dump());
+    if (!parsed.ok()) return parsed.status();
+    return parsed->completed_plan(config).status();
+  };
+  EXPECT_TRUE(with_decode({{"strategy", "single"}, {"world", 1}}).ok());
+  const nlohmann::json single = {{"strategy", "single"}, {"world", 1}};
+  for (const nlohmann::json& bad : std::vector<nlohmann::json>{
+           {{"strategy", "single"}, {"world", 0}},                        // out of range
+           {{"strategy", "single"}, {"world", 2}},                        // single runs on one device
+           {{"strategy", "tp"}, {"world", 2}},                            // its shards are not Voltage's layers
+           {{"strategy", "voltage"}, {"world", 2}},                       // does not decode
+           {{"strategy", "nope"}, {"world", 1}},                          // unknown
+           {{"strategy", "single"}, {"world", 1}, {"decode", single}},    // no nesting
+           {{"strategy", "single"}, {"world", 1}, {"options", {{"x", 1}}}},  // options single does not take
+           {{"strategy", "single"}, {"world", 1}, {"ratios", {1, 2}}},      // shares for another device count
+           nlohmann::json(3), nlohmann::json::array()}) {
+    const core::Status st = with_decode(bad);
+    EXPECT_FALSE(st.ok()) << bad.dump();
+    EXPECT_FALSE(st.message().empty()) << bad.dump();
+  }
+  job.plan.strategy = "tp";  // tp hands no K/V over
+  EXPECT_FALSE(with_decode(single).ok());
+}
+
 }  // namespace
 }  // namespace tessera::runtime
 
