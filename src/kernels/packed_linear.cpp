@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -462,9 +463,16 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
     return;
   }
   const int64_t tiles = (m + kRowTile - 1) / kRowTile;
-  // The inputs rounded to Q8_0 (Q8_K) blocks, as the dot kernels see them, in F32.
-  std::vector<float> xr(static_cast<size_t>(m * k));
-  for (int64_t i = 0; i < m; ++i) round_input_for(quant_ops(), w.type(), a.x + i * a.ldx, k, xr.data() + i * k);
+  // The inputs rounded to Q8_0 (Q8_K) blocks, as the dot kernels see them, in
+  // F32: split over the threads (one thread's rounding was a serial part of
+  // every product), into a buffer not zeroed first (every value is written).
+  const std::unique_ptr<float[]> xr_buf(new float[static_cast<size_t>(m * k)]);
+  float* const xr = xr_buf.get();
+  auto round_rows = [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) round_input_for(quant_ops(), w.type(), a.x + i * a.ldx, k, xr + i * k);
+  };
+  if (serial) round_rows(0, m);
+  else pool->parallel_for(m, round_rows);
   // Panel p widened into `panel` (column-major, leading dimension P).
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);
@@ -480,7 +488,7 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   auto tile = [&](const float* panel, int64_t p, int64_t cnt, int64_t t) {
     const int64_t r0 = t * kRowTile, rows = std::min(kRowTile, m - r0);
     float* y = a.y + r0 * a.ldy + p * P;
-    const float* x = xr.data() + r0 * k;
+    const float* x = xr + r0 * k;
     libxsmm_smmfunction fn = w.path() == GemmPath::kLibxsmm ? dispatch(cnt, rows, k, k, a.ldy, a.accumulate) : nullptr;
     if (fn != nullptr) fn(panel, x, y);
     else gemm_f32(false, false, rows, cnt, k, 1.0f, x, k, panel, P, a.accumulate ? 1.0f : 0.0f, y, a.ldy);
