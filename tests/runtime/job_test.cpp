@@ -58,13 +58,19 @@ TEST(JobTest, ModelsResolveOnlyUnderTheWorkersRoots) {
   EXPECT_FALSE(resolve_model("bert", {}).ok());  // a daemon without --models serves nothing
 }
 
-TEST(JobTest, EveryFieldIsBounded) {
+// Rank 1's job of a two-device group running `strategy` on `model`.
+JobSpec rank1_job(const std::string& model, const std::string& strategy) {
   JobSpec job;
   job.rank = 1;
   job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
-  job.model_dir = "bert";
-  job.plan.strategy = "tp";
+  job.model_dir = model;
+  job.plan.strategy = strategy;
   job.plan.world = 2;
+  return job;
+}
+
+TEST(JobTest, EveryFieldIsBounded) {
+  JobSpec job = rank1_job("bert", "tp");
   ASSERT_TRUE(JobSpec::from_json(job.to_json().dump()).ok());
   auto with = [&](const char* key, nlohmann::json value) {
     nlohmann::json j = job.to_json();
@@ -97,12 +103,7 @@ TEST(JobTest, EveryFieldIsBounded) {
 // malformed or impossible one is refused when the job is read or when its
 // plan is completed, before anything is loaded.
 TEST(JobTest, APairsDecodePlanIsCheckedLikeThePlan) {
-  JobSpec job;
-  job.rank = 1;
-  job.endpoints = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
-  job.model_dir = "gpt2-tiny";
-  job.plan.strategy = "voltage";
-  job.plan.world = 2;
+  JobSpec job = rank1_job("gpt2-tiny", "voltage");
   const auto config = model::load_config(std::string(TESSERA_TEST_DATA) + "/gpt2-tiny").value();
   auto with_decode = [&](nlohmann::json decode) -> core::Status {
     nlohmann::json j = job.to_json();
