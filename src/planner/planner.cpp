@@ -638,6 +638,18 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         Plan pair = r.plan, dp;
         dp.strategy = d->name();
         dp.world = 0;  // the prefill's devices, or the terminal for a one-device strategy
+        // On the same devices, the decode layout's own row says how it splits
+        // (a pipeline's layer map); it was searched for the prompt.
+        for (size_t j = 0; j < unpaired; ++j) {
+          const Candidate& o2 = table.rows[j];
+          if (o2.feasible && o2.plan.strategy == dp.strategy && o2.members == r.members && o2.plan.weights == r.plan.weights &&
+              o2.plan.wire == r.plan.wire && !o2.plan.decode) {
+            dp.world = o2.plan.world;
+            dp.ratios = o2.plan.ratios;
+            dp.options = o2.plan.options;
+            break;
+          }
+        }
         pair.decode = std::make_shared<const Plan>(std::move(dp));
         model::ModelConfig ct = c;
         ct.weights = r.plan.weights;

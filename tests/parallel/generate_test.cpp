@@ -233,10 +233,11 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
 // uneven shares, without the ring, in F16 caches and for a prompt too short
 // to give the terminal rows (the decode layout prefills it then).
 Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object(),
-               const std::string& prefill = "voltage") {
+               const std::string& prefill = "voltage", const std::string& decode = single_device_plan().strategy) {
   Plan p = make_plan(prefill, k, std::move(ratios), std::move(options));
-  Plan d = single_device_plan();
-  d.world = 0;  // complete_plan chooses: the terminal, as single runs on one device
+  Plan d;
+  d.strategy = decode;
+  d.world = 0;  // complete_plan chooses: single on the terminal, pipeline on every device
   p.decode = std::make_shared<const Plan>(d);
   return p;
 }
@@ -248,7 +249,8 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   size_t compared = 0, runs = 0;
   for (const Case& c : all)
     for (int k = 2; k <= 4; ++k) {
-      for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}}), pair_plan(k, {}, {}, "sp")}) {
+      for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}}), pair_plan(k, {}, {}, "sp"),
+                            pair_plan(k, {}, {}, "voltage", "pipeline"), pair_plan(k, {}, {}, "sp", "pipeline")}) {
         const Compared r = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
                                    p.to_json().dump() + " " + c.dir);
         compared += r.steps;
@@ -272,6 +274,10 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   f16.opts.kv_dtype = core::DType::kF16;
   f16.want = model::generate(model::Transformer::load(c.dir).value(), c.prompt, f16.opts, nullptr).value();
   compare(f16.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), c.prompt, f16.opts), c.margin, c.prompt.size(), "f16");
+  // A pipeline decode with its own layer map (a plan's "decode" object).
+  Plan mapped = pair_plan(3, {2, 1, 1});
+  mapped.decode = std::make_shared<const Plan>(make_plan("pipeline", 3, {}, {{"layer_map", "0-2:1,3-7:0,8-11:2"}}));
+  compare(c.want, generate_threads(c.dir, mapped, c.prompt, c.opts), c.margin, c.prompt.size(), "mapped pipeline decode");
   const Case one = make_case(c.dir, {42}, 8);
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), one.prompt, one.opts), one.margin, 1, "one token");
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}, {}, "sp"), one.prompt, one.opts), one.margin, 1,
@@ -292,6 +298,7 @@ TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   tp_decode.decode = std::make_shared<const Plan>(make_plan("tp", 2));
   refused(tp_decode, "cannot decode after another layout's prefill");
   refused(pair_plan(2, {0, 1}), "does not hand device 0");  // the terminal has no rows
+  refused(pair_plan(2, {1, 0}, {}, "voltage", "pipeline"), "does not hand device 1");  // nor has device 1
   Plan three = pair_plan(3);
   Plan d = make_plan("single", 2);
   three.decode = std::make_shared<const Plan>(d);

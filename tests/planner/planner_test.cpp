@@ -3,6 +3,8 @@
 // equations of docs/planner.md.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -670,16 +672,25 @@ TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
   const auto gen = plan_all(c, p, o);
   ASSERT_TRUE(gen.ok()) << gen.status().to_string();
   const Candidate* pair = nullptr;
-  int pairs = 0;
-  for (const Candidate& r : gen->rows)
-    if (r.plan.decode) {
-      ++pairs;
-      EXPECT_EQ(r.plan.decode->strategy, "single");
-      if (r.plan.strategy == "voltage") pair = &r;
-    }
-  EXPECT_EQ(pairs, 2);  // voltage's and sp's prefill, each with the terminal's decode
-  ASSERT_NE(pair, nullptr);
+  std::map<std::string, int> pairs;  // by decode strategy
   const Candidate& voltage = row_of(gen.value(), "voltage");
+  for (const Candidate& r : gen->rows) {
+    if (!r.plan.decode) continue;
+    ++pairs[r.plan.decode->strategy];
+    if (r.plan.strategy == "voltage" && r.plan.decode->strategy == "single") pair = &r;
+    if (r.plan.strategy == "voltage" && r.plan.decode->strategy == "pipeline") {
+      // A pipeline decode on both devices: each holds the caches of its own layers.
+      ASSERT_EQ(r.plan.decode->world, 2);
+      for (int d = 0; d < 2; ++d)
+        EXPECT_EQ(r.prediction.devices[static_cast<size_t>(d)].memory_bytes,
+                  voltage.prediction.devices[static_cast<size_t>(d)].memory_bytes +
+                      parallel::kv_cache_bytes(*r.plan.decode, c, d, o.ctx_size));
+      EXPECT_GT(r.step_ms, 0);
+    }
+  }
+  // voltage's and sp's prefill, each with the terminal's decode and with a pipeline's
+  EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 2}}));
+  ASSERT_NE(pair, nullptr);
   const Candidate& single = row_of(gen.value(), "single");
   EXPECT_EQ(pair->plan.strategy, "voltage");
   EXPECT_EQ(pair->plan.decode->world, 1);
