@@ -141,6 +141,18 @@ void store_kv_rows(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, 
   }
 }
 
+core::Status take_handover(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, const float* v_rows,
+                          int64_t ldv, int64_t kv, int64_t n) {
+  if (l < 0 || l >= static_cast<int64_t>(cache.k.size()))
+    return core::invalid_argument("a handover of layer " + std::to_string(l) + ", which the model lacks");
+  const core::Tensor& k = cache.k[static_cast<size_t>(l)];
+  if (k.empty()) return core::ok_status();
+  if (k.dim(1) != kv || n < 0 || n > k.dim(0))
+    return core::invalid_argument("a handover of layer " + std::to_string(l) + " that does not fit its cache");
+  store_kv_rows(cache, l, k_rows, ldk, v_rows, ldv, kv, n, 0);
+  return core::ok_status();
+}
+
 void cache_io(const KvCache& cache, int64_t l, int64_t kv, int64_t n_kv, AttentionIo& io) {
   const core::Tensor& k = cache.k[static_cast<size_t>(l)];
   const core::Tensor& v = cache.v[static_cast<size_t>(l)];

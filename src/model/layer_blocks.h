@@ -40,6 +40,11 @@ void store_kv(KvCache& cache, int64_t l, const float* qkv, int64_t ld, int64_t k
 // The same from K and V apart (`kv` floats a row; rows ldk and ldv apart).
 void store_kv_rows(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, const float* v_rows, int64_t ldv,
                    int64_t kv, int64_t n, int64_t pos0);
+// A pair's handover into a decoder's caches: layer l's K and V of positions
+// 0..n-1 (`kv` floats a row), checked against the cache; a layer the cache
+// does not hold (an empty tensor: another device's) is skipped.
+[[nodiscard]] core::Status take_handover(KvCache& cache, int64_t l, const float* k_rows, int64_t ldk, const float* v_rows,
+                                         int64_t ldv, int64_t kv, int64_t n);
 // Attention in `io` over cache rows 0..n_kv-1 of layer l (kv elements a row).
 void cache_io(const KvCache& cache, int64_t l, int64_t kv, int64_t n_kv, AttentionIo& io);
 

@@ -58,12 +58,7 @@ struct PipelineDecoder final : Decoder {
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override;
   // A pair's handover: the K/V of this device's own layers (the others' are theirs).
   core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n) override {
-    if (l < 0 || l >= static_cast<int64_t>(cache.k.size())) return core::invalid_argument("a handover of a layer the model lacks");
-    const Tensor& kc = cache.k[static_cast<size_t>(l)];
-    if (kc.empty()) return core::ok_status();  // another device's layer
-    if (n > kc.dim(0)) return core::out_of_range("a handover longer than the cache");
-    model::store_kv_rows(cache, l, k, ldk, v, ldv, kc.dim(1), n, 0);
-    return core::ok_status();
+    return model::take_handover(cache, l, k, ldk, v, ldv, m.config().kv_width(), n);
   }
   const Pipeline& p;
   const model::Transformer& m;

@@ -20,12 +20,7 @@ class SingleDecoder final : public Decoder {
     return x;
   }
   core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n) override {
-    const int64_t width = m_.config().kv_width();
-    if (l < 0 || l >= static_cast<int64_t>(cache_.k.size()) || cache_.k[static_cast<size_t>(l)].dim(1) != width ||
-        n > cache_.k[static_cast<size_t>(l)].dim(0))
-      return core::invalid_argument("a handover of layer " + std::to_string(l) + " that does not fit its cache");
-    model::store_kv_rows(cache_, l, k, ldk, v, ldv, width, n, 0);
-    return core::ok_status();
+    return model::take_handover(cache_, l, k, ldk, v, ldv, m_.config().kv_width(), n);
   }
 
  private:
