@@ -50,6 +50,25 @@ void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv
   position_heads(m, l, qkv + s.q_width(), s.qkv_width(), n, pos0, s.kv_heads(), true, pool);
 }
 
+void attend_rows(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, std::span<const int64_t> pos,
+                 std::span<KvCache* const> caches, float* ctx, core::Tensor& scores, core::ThreadPool* pool) {
+  TESSERA_CHECK(pos.size() == caches.size());
+  const int64_t ld = s.qkv_width(), q = s.q_width(), kv = s.kv_width();
+  if (q == 0) return;
+  for (size_t i = 0; i < pos.size(); ++i) {
+    float* row = qkv + static_cast<int64_t>(i) * ld;
+    const int64_t p = pos[i];
+    position_qk(m, l, s, row, 1, p, pool);
+    store_kv(*caches[i], l, row, ld, q, kv, 1, p);
+    AttentionIo io = shard_qkv_io(s, row, 1, ctx + static_cast<int64_t>(i) * q);
+    io.q_pos0 = io.kv_pos0 = p;
+    cache_io(*caches[i], l, kv, p + 1, io);
+    const int64_t want = std::max<int64_t>(kernels::attention_scratch_floats(1, p + 1, s.heads()), 1);
+    if (scores.empty() || scores.numel() < want) scores = core::Tensor::zeros_f32({want});
+    kernels::attention_f32(pool, attention_args(m, l, io), scores.f32(), scores.numel());
+  }
+}
+
 void position_heads(const Transformer& m, int64_t l, float* x, int64_t ld, int64_t n, int64_t pos0, int64_t heads,
                     bool keys, core::ThreadPool* pool) {
   const ModelConfig& c = m.config();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
@@ -58,6 +59,15 @@ AttentionIo shard_qkv_io(const HeadShard& s, const float* qkv, int64_t rows, flo
 // rows (n rows at positions pos0..); nothing for the other families.
 void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, int64_t n, int64_t pos0,
                  core::ThreadPool* pool);
+
+// Continuous batching: one step of several sequences, their rows together
+// in qkv [pos.size(), s.qkv_width()], row i at position pos[i] with caches
+// caches[i]. Positions, the K/V append and attention run row by row (each
+// over its own cache); the context goes to ctx [rows, s.q_width()]. The
+// caller runs the projections on all rows at once: the weights are read
+// once for the batch, which is what batching buys.
+void attend_rows(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, std::span<const int64_t> pos,
+                 std::span<KvCache* const> caches, float* ctx, core::Tensor& scores, core::ThreadPool* pool);
 
 // The same for `heads` query heads (keys false) or K heads (keys true) at x
 // (row stride ld) alone: for code that projects Q and K at different times.

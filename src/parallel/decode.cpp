@@ -1,6 +1,7 @@
 // Generation across devices: the shared tensor-parallel layer loop with a KV
 // cache of each rank's heads (tp, and galaxy's decode steps). Strategies
 // make their own Decoder (Strategy::make_decoder) in their own file.
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -60,6 +61,19 @@ class TpDecoder final : public Decoder {
     TESSERA_RETURN_IF_ERROR(layers_.run(sync_, full.f32(), n, pos0, &cache_, pool));
     return sync_.rank() == 0 ? full : Tensor();
   }
+  bool batches(std::span<Decoder* const> decs) const override {
+    return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<TpDecoder*>(d) != nullptr; });
+  }
+  Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                              core::ThreadPool* pool) override {
+    const int64_t F = m_.config().hidden, b = static_cast<int64_t>(pos.size());
+    std::vector<model::KvCache*> caches;
+    for (Decoder* d : decs) caches.push_back(&static_cast<TpDecoder*>(d)->cache_);
+    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({b, F});
+    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), b * F), 0));
+    TESSERA_RETURN_IF_ERROR(layers_.run_rows(sync_, full.f32(), {pos, caches}, pool));
+    return sync_.rank() == 0 ? full : Tensor();
+  }
 
  private:
   const model::Transformer& m_;
@@ -116,6 +130,20 @@ class PairDecoder final : public Decoder {
     if (!dec_) return Tensor();
     return dec_->forward(std::move(x), n, pos0, pool);
   }
+  // A batch of pairs' steps is a batch of their decode decoders' steps.
+  bool batches(std::span<Decoder* const> decs) const override {
+    return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<PairDecoder*>(d) != nullptr; });
+  }
+  Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                              core::ThreadPool* pool) override {
+    std::vector<Decoder*> inner;
+    for (Decoder* d : decs) {
+      auto* p = static_cast<PairDecoder*>(d);
+      if (!p->dec_) return Tensor();  // outside the decode plan: never told of a step
+      inner.push_back(p->dec_.get());
+    }
+    return step_rows(inner, std::move(x), pos, pool);
+  }
 
  private:
   const Strategy& prefill_;
@@ -129,6 +157,35 @@ class PairDecoder final : public Decoder {
 };
 
 }  // namespace
+
+Result<Tensor> Decoder::forward_rows(std::span<Decoder* const>, Tensor, std::span<const int64_t>, core::ThreadPool*) {
+  return core::unimplemented("this decoder runs no batched steps");
+}
+
+Result<Tensor> step_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos, core::ThreadPool* pool) {
+  const auto b = static_cast<int64_t>(decs.size());
+  if (b < 1 || pos.size() != decs.size())
+    return core::invalid_argument("a batched step of " + std::to_string(decs.size()) + " decoders at " +
+                                  std::to_string(pos.size()) + " positions");
+  if (!x.empty() && (x.rank() != 2 || x.dim(0) != b))
+    return core::invalid_argument("a batched step of " + std::to_string(b) + " sequences on " +
+                                  std::to_string(x.empty() ? 0 : x.dim(0)) + " rows");
+  if (decs[0]->batches(decs)) return decs[0]->forward_rows(decs, std::move(x), pos, pool);
+  // One sequence after another: each decoder's own one-row step.
+  Tensor out;
+  for (int64_t i = 0; i < b; ++i) {
+    Tensor row;
+    if (!x.empty()) {
+      row = Tensor::zeros_f32({1, x.dim(1)});
+      std::memcpy(row.f32(), x.f32() + i * x.dim(1), static_cast<size_t>(x.dim(1)) * sizeof(float));
+    }
+    TESSERA_ASSIGN_OR_RETURN(Tensor y, decs[static_cast<size_t>(i)]->forward(std::move(row), 1, pos[static_cast<size_t>(i)], pool));
+    if (y.empty()) continue;  // not the terminal
+    if (out.empty()) out = Tensor::zeros_f32({b, y.dim(1)});
+    std::memcpy(out.f32() + i * y.dim(1), y.f32(), static_cast<size_t>(y.dim(1)) * sizeof(float));
+  }
+  return out;
+}
 
 Result<std::unique_ptr<Decoder>> make_pair_decoder(const Strategy& prefill, const model::Transformer& m,
                                                    const Plan& plan, Synchronizer& sync, const model::CacheSpec& spec) {
@@ -173,13 +230,13 @@ void TpLayers::cache_kv(int64_t l, const float* qkv, int64_t n, int64_t pos0, mo
   model::store_kv(cache, l, qkv, ld, q, kv, n, pos0);
 }
 
-Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, model::KvCache* cache,
-                     core::ThreadPool* pool) {
+Status TpLayers::run_impl(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, model::KvCache* cache,
+                          const Rows* rows, core::ThreadPool* pool) {
   const model::Transformer& m = m_;
   const model::ModelConfig& c = m.config();
   const model::HeadShard shard = c.head_shard(heads_.begin, heads_.end);
   const int64_t F = c.hidden, fl = shard.q_width(), il = il_;
-  const int64_t n_kv = cache ? pos0 + n : n;
+  const int64_t n_kv = cache ? pos0 + n : rows ? 1 : n;
   ensure(a_, n, F);
   ensure(qkv_, n, shard.qkv_width());
   ensure(ctx_, n, fl);
@@ -188,22 +245,28 @@ Status TpLayers::run(Synchronizer& sync, float* xf, int64_t n, int64_t pos0, mod
   ensure(f_, n, il);
   const int64_t want = std::max<int64_t>(kernels::attention_scratch_floats(n, n_kv, heads_.size()), 1);
   if (scores_.empty() || scores_.numel() < want) scores_ = Tensor::zeros_f32({want});
+  // A step's few rows (one, or one a sequence of a batch) in one hop.
   auto allreduce = [&](float* data) {
-    return cache != nullptr && n == 1 ? exchange_sum(sync, data, F, sum_buf_) : sync.allreduce_sum(floats(data, n * F));
+    return (cache != nullptr && n == 1) || rows != nullptr ? exchange_sum(sync, data, n * F, sum_buf_)
+                                                             : sync.allreduce_sum(floats(data, n * F));
   };
   for (int64_t l = 0; l < c.layers; ++l) {
     const model::LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
     m.layer_input(l, xf, n, a_.f32(), pool);
     if (fl > 0) {
       kernels::linear_rows_f32(pool, a_.f32(), n, w.qkv_w, w.qkv_b, Activation::kNone, nullptr, qkv_.f32());
-      model::position_qk(m, l, shard, qkv_.f32(), n, pos0, pool);
-      model::AttentionIo io = model::shard_qkv_io(shard, qkv_.f32(), n, ctx_.f32());
-      io.q_pos0 = io.kv_pos0 = pos0;
-      if (cache != nullptr) {
-        cache_kv(l, qkv_.f32(), n, pos0, *cache);
-        model::cache_io(*cache, l, shard.kv_width(), n_kv, io);
+      if (rows != nullptr) {
+        model::attend_rows(m, l, shard, qkv_.f32(), rows->pos, rows->caches, ctx_.f32(), scores_, pool);
+      } else {
+        model::position_qk(m, l, shard, qkv_.f32(), n, pos0, pool);
+        model::AttentionIo io = model::shard_qkv_io(shard, qkv_.f32(), n, ctx_.f32());
+        io.q_pos0 = io.kv_pos0 = pos0;
+        if (cache != nullptr) {
+          cache_kv(l, qkv_.f32(), n, pos0, *cache);
+          model::cache_io(*cache, l, shard.kv_width(), n_kv, io);
+        }
+        kernels::attention_f32(pool, model::attention_args(m, l, io), scores_.f32(), scores_.numel());
       }
-      kernels::attention_f32(pool, model::attention_args(m, l, io), scores_.f32(), scores_.numel());
     }
     // Partial output projections; bias and residual are added once, after the sum.
     kernels::linear_rows_f32(pool, ctx_.f32(), n, w.attn_out_w, Tensor(), Activation::kNone, nullptr, part_.f32());

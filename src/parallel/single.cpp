@@ -1,4 +1,8 @@
 // One device: every layer on the terminal, nothing sent.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/gemm.h"
 #include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
@@ -21,6 +25,31 @@ class SingleDecoder final : public Decoder {
   }
   core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n) override {
     return model::take_handover(cache_, l, k, ldk, v, ldv, m_.config().kv_width(), n);
+  }
+  // Decoupled layers (bp's sub-blocks) step one sequence at a time.
+  bool batches(std::span<Decoder* const> decs) const override {
+    const model::ModelConfig& c = m_.config();
+    for (int64_t l = 0; l < c.layers; ++l)
+      if (c.decoupled(l)) return false;
+    return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<SingleDecoder*>(d) != nullptr; });
+  }
+  Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                              core::ThreadPool* pool) override {
+    const model::ModelConfig& c = m_.config();
+    const int64_t b = x.dim(0);
+    std::vector<model::KvCache*> caches;
+    for (Decoder* d : decs) caches.push_back(&static_cast<SingleDecoder*>(d)->cache_);
+    const model::HeadShard all = c.head_shard(0, c.heads);
+    for (int64_t l = 0; l < c.layers; ++l) {
+      ws_.ensure(c, b, 1);
+      m_.layer_input(l, x.f32(), b, ws_.a.f32(), pool);
+      kernels::linear_rows_f32(pool, ws_.a.f32(), b, m_.weights().layers[static_cast<size_t>(l)].qkv_w,
+                               m_.weights().layers[static_cast<size_t>(l)].qkv_b, kernels::Activation::kNone, nullptr,
+                               ws_.qkv.f32());
+      model::attend_rows(m_, l, all, ws_.qkv.f32(), pos, caches, ws_.ctx.f32(), ws_.scores, pool);
+      m_.layer_tail(l, x.f32(), ws_.ctx.f32(), b, x.f32(), ws_, pool);
+    }
+    return x;
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -99,7 +100,23 @@ class Decoder {
   // answer on every rank); the others need not be told of it. Default: all
   // (any k >= the world). A pair's steps run on its decode plan's ranks.
   virtual int ranks_in(int64_t /*n*/, int64_t /*pos0*/) const { return core::kMaxDevices; }
+  // Continuous batching (step_rows): one step of several sequences of this
+  // plan, decs[0] == this, row i of x (rank 0; an empty tensor elsewhere)
+  // at position pos[i] of decs[i]'s caches; returns the rows' outputs as
+  // forward does. Only decoders that say batches() override it.
+  virtual bool batches(std::span<Decoder* const> /*decs*/) const { return false; }
+  [[nodiscard]] virtual core::Result<core::Tensor> forward_rows(std::span<Decoder* const> decs, core::Tensor x,
+                                                                std::span<const int64_t> pos, core::ThreadPool* pool);
 };
+
+// One decode step of several sequences (continuous batching): row i of
+// x [B, F] (rank 0; others pass an empty tensor) at position pos[i] of
+// decs[i]'s caches, every decoder made for the same plan. A layout that
+// batches runs the B rows through each GEMM at once (its weights read once
+// a step); any other runs the sequences one after another, so every
+// decoding strategy serves batches, with the same rows either way.
+[[nodiscard]] core::Result<core::Tensor> step_rows(std::span<Decoder* const> decs, core::Tensor x,
+                                                   std::span<const int64_t> pos, core::ThreadPool* pool);
 
 // Where a prefill that hands its K/V over puts each layer's (Decoder::take_kv's arguments).
 using KvSink = std::function<core::Status(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n)>;
@@ -273,7 +290,18 @@ class TpLayers {
  public:
   TpLayers(const model::Transformer& m, Range heads, int64_t ffn_cols) : m_(m), heads_(heads), il_(ffn_cols) {}
   [[nodiscard]] core::Status run(Synchronizer& sync, float* full, int64_t n, int64_t pos0, model::KvCache* cache,
-                                 core::ThreadPool* pool);
+                                 core::ThreadPool* pool) {
+    return run_impl(sync, full, n, pos0, cache, nullptr, pool);
+  }
+  // Continuous batching: full [pos.size(), F] holds one row of each of
+  // several sequences, row i at pos[i] with caches[i] (model::attend_rows).
+  struct Rows {
+    std::span<const int64_t> pos;
+    std::span<model::KvCache* const> caches;
+  };
+  [[nodiscard]] core::Status run_rows(Synchronizer& sync, float* full, const Rows& rows, core::ThreadPool* pool) {
+    return run_impl(sync, full, static_cast<int64_t>(rows.pos.size()), 0, nullptr, &rows, pool);
+  }
   // A cache of `positions` rows of this rank's heads for every loaded layer.
   [[nodiscard]] core::Result<model::KvCache> make_cache(const model::CacheSpec& spec) const;
   // Appends K/V of rows qkv [n, 3 * width] (this rank's heads) at pos0.
@@ -283,6 +311,8 @@ class TpLayers {
   const model::Transformer& m_;
   Range heads_;
   int64_t il_;
+  core::Status run_impl(Synchronizer& sync, float* full, int64_t n, int64_t pos0, model::KvCache* cache,
+                        const Rows* rows, core::ThreadPool* pool);
   core::Tensor a_, qkv_, ctx_, part_, h_, f_, scores_, gate_up_;
   std::vector<float> sum_buf_;  // a decode step's one-hop AllReduce
 };

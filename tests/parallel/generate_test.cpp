@@ -6,10 +6,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <iostream>
 
 #include "core/io.h"
+#include "parallel/local_group.h"
 #include "generate_check.h"
 
 namespace tessera::parallel::testing {
@@ -314,6 +319,161 @@ TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   auto bad = ok.to_json();
   bad["decode"]["decode"] = bad["decode"];
   EXPECT_FALSE(Plan::from_json(bad).ok());
+}
+
+namespace batch {
+
+using core::Tensor;
+
+// Continuous batching with ranks as threads: sequence i is prefilled (its
+// own chunk) just before step join[i], then steps with every sequence
+// already in (parallel::step_rows, one row each at its own position) until
+// it has `new_tokens`; greedy. Returns each prompt + its new ids.
+struct Op {
+  int seq = -1;              // >= 0: a prefill of that sequence
+  int64_t n = 0;             // its rows
+  std::vector<int> seqs;     // a step: these sequences ...
+  std::vector<int64_t> pos;  // ... at these positions
+};
+
+std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const std::vector<std::vector<int64_t>>& prompts,
+                                      const std::vector<int>& join, int64_t new_tokens) {
+  const auto cfg = model::load_config(dir).value();
+  EXPECT_TRUE(complete_plan(plan, cfg).ok());
+  auto models = runtime::load_rank_models(dir, plan).value();
+  const Strategy* strategy = strategy_for(plan.strategy).value();
+  const model::CacheSpec spec{64, core::DType::kF32};
+  LocalGroup group(plan.world);
+  const size_t b = prompts.size();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::deque<Op>> ops(static_cast<size_t>(plan.world));
+  bool finished = false;
+  std::vector<std::string> errors(static_cast<size_t>(plan.world));
+  // Rank r's side of an op (rank 0 passes the rows and gets the outputs).
+  auto apply = [&](int r, std::vector<std::unique_ptr<Decoder>>& decs, Synchronizer& sync, const Op& op,
+                   Tensor x) -> core::Result<Tensor> {
+    const auto& m = models[static_cast<size_t>(r)];
+    if (op.seq >= 0) {
+      auto& d = decs[static_cast<size_t>(op.seq)];
+      TESSERA_ASSIGN_OR_RETURN(d, make_decoder(*strategy, m, plan, sync, spec));
+      return d->forward(std::move(x), op.n, 0, nullptr);
+    }
+    std::vector<Decoder*> ds;
+    for (int s : op.seqs) ds.push_back(decs[static_cast<size_t>(s)].get());
+    return step_rows(ds, std::move(x), op.pos, nullptr);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 1; r < plan.world; ++r)
+    threads.emplace_back([&, r] {
+      auto sync = group.member(r);
+      std::vector<std::unique_ptr<Decoder>> decs(b);
+      for (;;) {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return finished || !ops[static_cast<size_t>(r)].empty(); });
+        if (ops[static_cast<size_t>(r)].empty()) return;
+        const Op op = ops[static_cast<size_t>(r)].front();
+        ops[static_cast<size_t>(r)].pop_front();
+        l.unlock();
+        if (auto y = apply(r, decs, *sync, op, Tensor()); !y.ok()) {
+          errors[static_cast<size_t>(r)] = y.status().to_string();
+          return;
+        }
+      }
+    });
+  auto sync0 = group.member(0);
+  const auto& m0 = models[0];
+  std::vector<std::unique_ptr<Decoder>> decs(b);
+  std::vector<std::vector<int64_t>> seqs(prompts);
+  auto post = [&](const Op& op) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      for (auto& q : ops) q.push_back(op);
+    }
+    cv.notify_all();
+  };
+  // Greedy picks from the last layer's rows (one a sequence).
+  auto pick = [&](Tensor y, const std::vector<int>& which) {
+    m0.finish_hidden(y, nullptr);
+    model::ForwardOutput out;
+    EXPECT_TRUE(m0.head(y, false, &out, nullptr).ok());
+    const int64_t v = cfg.vocab, rows = y.dim(0);
+    for (size_t i = 0; i < which.size(); ++i) {
+      const float* row = out.logits.f32() + (rows - static_cast<int64_t>(which.size()) + static_cast<int64_t>(i)) * v;
+      seqs[static_cast<size_t>(which[i])].push_back(std::max_element(row, row + v) - row);
+    }
+  };
+  for (int step = 0;; ++step) {
+    for (size_t i = 0; i < b; ++i)
+      if (join[i] == step) {
+        Op op{static_cast<int>(i), static_cast<int64_t>(prompts[i].size()), {}, {}};
+        post(op);
+        Tensor x = m0.embed({prompts[i], {}, {}}, 0).value();
+        auto y = apply(0, decs, *sync0, op, std::move(x));
+        EXPECT_TRUE(y.ok()) << y.status().to_string();
+        if (!y.ok()) break;
+        pick(*y, {static_cast<int>(i)});
+      }
+    Op op;
+    for (size_t i = 0; i < b; ++i) {
+      const auto& s = seqs[i];
+      if (decs[i] && static_cast<int64_t>(s.size() - prompts[i].size()) < new_tokens) {
+        op.seqs.push_back(static_cast<int>(i));
+        op.pos.push_back(static_cast<int64_t>(s.size()) - 1);
+      }
+    }
+    const bool more = std::any_of(join.begin(), join.end(), [&](int j) { return j > step; });
+    if (op.seqs.empty()) {
+      if (more) continue;
+      break;
+    }
+    post(op);
+    Tensor x = Tensor::zeros_f32({static_cast<int64_t>(op.seqs.size()), cfg.hidden});
+    for (size_t i = 0; i < op.seqs.size(); ++i) {
+      const auto& s = seqs[static_cast<size_t>(op.seqs[i])];
+      Tensor e = m0.embed({{s.back()}, {}, {}}, op.pos[i]).value();
+      std::copy(e.f32(), e.f32() + cfg.hidden, x.f32() + static_cast<int64_t>(i) * cfg.hidden);
+    }
+    auto y = apply(0, decs, *sync0, op, std::move(x));
+    EXPECT_TRUE(y.ok()) << y.status().to_string();
+    if (!y.ok()) break;
+    pick(*y, op.seqs);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    finished = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  return seqs;
+}
+
+}  // namespace batch
+
+// Continuous batching: sequences that join a running batch at different
+// steps, each row at its own position over its own caches, give every
+// sequence the tokens it gets alone on one device. Single and tp run the
+// batch through each GEMM at once; pipeline, galaxy and the pairs take
+// their steps through step_rows too.
+TEST(GenerateTest, BatchedStepsGiveEachSequenceItsOwnTokens) {
+  const std::vector<std::vector<int64_t>> prompts{{5, 17, 300, 42, 9}, {8, 6, 4, 2, 100, 7, 7, 31, 2}, {42}, {3, 250, 18}};
+  const std::vector<int> join{0, 0, 2, 5};
+  const int64_t new_tokens = 10;
+  for (const std::string& dir : {gpt2_12l(), kData + "/llama-tiny", kData + "/qwen3-mqa-tiny"}) {
+    auto m = model::Transformer::load(dir).value();
+    std::vector<Case> want;
+    for (const auto& p : prompts) want.push_back(make_case(dir, p, new_tokens));
+    size_t compared = 0;
+    for (const Plan& p : {make_plan("single", 1), make_plan("tp", 2), make_plan("tp", 3, {1, 2, 1}),
+                          make_plan("pipeline", 2), make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline")}) {
+      const auto got = batch::run(dir, p, prompts, join, new_tokens);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        compared += compare(want[i].want, got[i], want[i].margin, prompts[i].size(),
+                            p.to_json().dump() + " sequence " + std::to_string(i) + " " + dir).steps;
+    }
+    EXPECT_GT(compared, prompts.size() * 7);
+  }
 }
 
 }  // namespace
