@@ -91,6 +91,12 @@ void add_serve_command(CLI::App& app) {
                   "most 8): a prompt that starts with one's tokens (a chat's history) prefills only the rest; 0: off")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  cmd->add_option("--max-batch", f->serve.max_batch,
+                  "continuous batching: up to this many generations run at once, one batched decode step for all of "
+                  "them (new ones join between steps); each keeps a KV cache of the whole context on every device; "
+                  "1: one request at a time")
+      ->check(CLI::Range(1, 32))
+      ->capture_default_str();
   add_quantize_flag(cmd, f->serve.weights);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }

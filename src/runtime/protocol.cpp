@@ -1,5 +1,6 @@
 #include "runtime/protocol.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -22,7 +23,7 @@ constexpr size_t kMaxControlBytes = 1 << 20;
 constexpr int64_t kMaxRows = int64_t{1} << 24;
 
 constexpr std::array<const char*, kOpCount> kOpNames = {"ready", "error", "done",     "run", "stop",
-                                                        "ping",  "generate", "decode", "end"};
+                                                        "ping",  "generate", "decode", "end",  "step"};
 
 Tensor json_tensor(const json& j) {
   const std::string s = j.dump();
@@ -77,7 +78,8 @@ Op op_of(const ToWorker& m) {
   return std::visit(Overloaded{[](const msg::Run&) { return Op::kRun; }, [](const msg::Stop&) { return Op::kStop; },
                                [](const msg::Ping&) { return Op::kPing; },
                                [](const msg::Generate&) { return Op::kGenerate; },
-                               [](const msg::Decode&) { return Op::kDecode; }, [](const msg::End&) { return Op::kEnd; }},
+                               [](const msg::Decode&) { return Op::kDecode; }, [](const msg::End&) { return Op::kEnd; },
+                               [](const msg::Step&) { return Op::kStep; }},
                     m);
 }
 
@@ -95,6 +97,7 @@ json to_json(const ToWorker& m) {
                    return j;
                  },
                                  [](const msg::Decode& d) { return json{{"n", d.n}, {"pos", d.pos}}; },
+                                 [](const msg::Step& s) { return json{{"slots", s.slots}, {"pos", s.pos}}; },
                                  [](const auto&) { return json::object(); }},
                       m);
   j["op"] = op_name(op_of(m));
@@ -126,7 +129,7 @@ Result<ToWorker> to_worker_from_json(const json& j) {
       const auto f16 = j.find("kv_f16");
       if (f16 != j.end() && !f16->is_boolean()) return core::parse_error("'kv_f16' is not true or false");
       // Absent: no prefix cache (a terminal that predates it).
-      TESSERA_ASSIGN_OR_RETURN(const int64_t slot, core::json_field_int(j, "slot", -1, msg::kMaxPrefixSlots - 1, -1));
+      TESSERA_ASSIGN_OR_RETURN(const int64_t slot, core::json_field_int(j, "slot", -1, msg::kMaxSlots - 1, -1));
       const auto reuse = j.find("reuse");
       if (reuse != j.end() && !reuse->is_boolean()) return core::parse_error("'reuse' is not true or false");
       const bool again = reuse != j.end() && reuse->get<bool>();
@@ -139,6 +142,28 @@ Result<ToWorker> to_worker_from_json(const json& j) {
       return ToWorker{msg::Decode{n, pos}};
     }
     case Op::kEnd: return ToWorker{msg::End{}};
+    case Op::kStep: {
+      // Two arrays of equal length, 1..kMaxSlots integers: distinct slots in range, positions in range.
+      const auto slots = j.find("slots"), pos = j.find("pos");
+      if (slots == j.end() || pos == j.end() || !slots->is_array() || !pos->is_array() || slots->size() != pos->size() ||
+          slots->empty() || slots->size() > static_cast<size_t>(msg::kMaxSlots))
+        return core::parse_error("'slots' and 'pos' must be arrays of 1.." + std::to_string(msg::kMaxSlots) +
+                                 " integers, as many of each");
+      msg::Step s;
+      for (size_t i = 0; i < slots->size(); ++i) {
+        const json& a = (*slots)[i];
+        const json& b = (*pos)[i];
+        if (!a.is_number_integer() || !b.is_number_integer()) return core::parse_error("a step's slots and positions are integers");
+        const auto slot = a.get<int64_t>(), p = b.get<int64_t>();
+        if (slot < 0 || slot >= msg::kMaxSlots || p < 0 || p >= kMaxRows)
+          return core::out_of_range("a step of slot " + std::to_string(slot) + " at position " + std::to_string(p));
+        if (std::find(s.slots.begin(), s.slots.end(), slot) != s.slots.end())
+          return core::invalid_argument("slot " + std::to_string(slot) + " twice in one step");
+        s.slots.push_back(slot);
+        s.pos.push_back(p);
+      }
+      return ToWorker{std::move(s)};
+    }
     default: break;
   }
   return core::invalid_argument(std::string("'") + op_name(op) + "' is not a request to a worker");

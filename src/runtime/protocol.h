@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include "comm/group.h"
 #include "core/status.h"
@@ -43,8 +44,9 @@ enum class Op : int {
   kGenerate = 6,  // terminal: a generation of `positions` positions starts
   kDecode = 7,    // terminal: one chunk of n rows at position pos
   kEnd = 8,       // terminal: the generation ended
+  kStep = 9,      // terminal: one batched decode step of several slots' sequences
 };
-inline constexpr int kOpCount = 9;
+inline constexpr int kOpCount = 10;
 const char* op_name(Op op);
 std::optional<Op> op_from_name(std::string_view name);
 
@@ -58,6 +60,9 @@ struct Ping {};
 // caches (the terminal decides which positions are still valid) rather than
 // making new ones.
 constexpr int64_t kMaxPrefixSlots = 8;
+// Slots in all: the prefix cache's, or a batch's sequences (serve
+// --max-batch: every sequence of a batch keeps its caches in a slot).
+constexpr int64_t kMaxSlots = 32;
 struct Generate {
   int64_t positions = 0;
   bool kv_f16 = false;  // F16 KV caches (--kv-type f16)
@@ -66,6 +71,13 @@ struct Generate {
 };
 struct Decode { int64_t n = 0, pos = 0; };
 struct End {};
+// Continuous batching: one decode row of each slot's sequence, slots[i] at
+// position pos[i] (parallel::step_rows). Each slot holds a generation's
+// decoder ("generate" with the slot, its prefill, then "end"); the slots
+// are distinct, 1..kMaxSlots of them.
+struct Step {
+  std::vector<int64_t> slots, pos;
+};
 // Worker -> terminal.
 struct Ready { int64_t weight_bytes = 0; double load_ms = 0; };
 struct Error { std::string message; };
@@ -74,7 +86,7 @@ struct Error { std::string message; };
 struct Done { nlohmann::json figures = nlohmann::json::object(); };
 }  // namespace msg
 
-using ToWorker = std::variant<msg::Run, msg::Stop, msg::Ping, msg::Generate, msg::Decode, msg::End>;
+using ToWorker = std::variant<msg::Run, msg::Stop, msg::Ping, msg::Generate, msg::Decode, msg::End, msg::Step>;
 using ToTerminal = std::variant<msg::Ready, msg::Error, msg::Done>;
 
 Op op_of(const ToWorker& m);

@@ -167,7 +167,7 @@ class ConnectionThreads final : public httplib::TaskQueue {
 // --- the server --------------------------------------------------------------
 
 Server::Server(const ServeOptions& opts)
-    : opts_(opts), admission_(opts.queue), engine_(opts, metrics_),
+    : opts_(opts), admission_(opts.queue, opts.max_batch), engine_(opts, metrics_),
       model_name_(std::filesystem::path(opts.cluster.options().model_dir).lexically_normal().filename().string()) {
   if (model_name_.empty())
     model_name_ = std::filesystem::path(opts.cluster.options().model_dir).lexically_normal().parent_path().filename().string();

@@ -33,6 +33,9 @@ struct ServeOptions {
   int port = 8080;          // 0: any free port
   std::string api_key;      // set: requests need "Authorization: Bearer <api_key>"
   int queue = 16;           // requests admitted at once (running or waiting); more get 429
+  // Continuous batching (Session's max_batch): up to this many generations
+  // run at once, their decode steps batched; 1: one request at a time.
+  int max_batch = 1;
   int max_connections = 512;  // HTTP connections served at once, a thread each; more wait
   int64_t max_body_bytes = 8 << 20;
   int64_t deadline_ms = 120000;  // per request, queueing included

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -14,11 +15,12 @@ namespace tessera::runtime::serve_detail {
 
 using Clock = std::chrono::steady_clock;
 
-// At most `capacity` requests are admitted (running or waiting); the model
-// runs one at a time, in the order they were admitted.
+// At most `capacity` requests are admitted (running or waiting); up to
+// `concurrency` of them run at once (serve --max-batch; else one), taking
+// their turns in the order they were admitted.
 class Admission {
  public:
-  explicit Admission(int capacity) : capacity_(capacity) {}
+  explicit Admission(int capacity, int concurrency = 1) : capacity_(capacity), concurrency_(std::max(concurrency, 1)) {}
   bool try_admit() {
     std::lock_guard<std::mutex> l(mu_);
     if (admitted_ >= capacity_) return false;
@@ -33,21 +35,20 @@ class Admission {
     std::lock_guard<std::mutex> l(mu_);
     return admitted_;
   }
-  // Waits for the model (FIFO) until `deadline`; false when it passed.
+  // Waits for a turn at the model (FIFO) until `deadline`; false when it passed.
   bool acquire(Clock::time_point deadline) {
     std::unique_lock<std::mutex> l(mu_);
     const uint64_t ticket = next_++;
-    if (cv_.wait_until(l, deadline, [&] { return serving_ == ticket; })) return true;
-    abandoned_.push_back(ticket);  // skipped when its turn comes
-    return false;
+    waiting_.push_back(ticket);
+    const bool got = cv_.wait_until(l, deadline, [&] { return running_ < concurrency_ && waiting_.front() == ticket; });
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), ticket));
+    if (got) ++running_;
+    cv_.notify_all();  // the next in line may go (or move up)
+    return got;
   }
   void release() {
     std::lock_guard<std::mutex> l(mu_);
-    ++serving_;
-    while (std::find(abandoned_.begin(), abandoned_.end(), serving_) != abandoned_.end()) {
-      abandoned_.erase(std::find(abandoned_.begin(), abandoned_.end(), serving_));
-      ++serving_;
-    }
+    --running_;
     cv_.notify_all();
   }
 
@@ -55,9 +56,11 @@ class Admission {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   int capacity_;
+  const int concurrency_;
   int admitted_ = 0;
-  uint64_t next_ = 0, serving_ = 0;
-  std::vector<uint64_t> abandoned_;
+  int running_ = 0;
+  uint64_t next_ = 0;
+  std::deque<uint64_t> waiting_;  // tickets, in the order they came
 };
 
 }  // namespace tessera::runtime::serve_detail

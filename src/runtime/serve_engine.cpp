@@ -76,16 +76,32 @@ void Engine::probe_dropped() {
 
 Status Engine::with_failover(const std::function<Status(Session&)>& attempt) {
   for (int tries = 0;; ++tries) {
-    TESSERA_RETURN_IF_ERROR(ensure_session());
-    Status st = attempt(*session_);
+    std::shared_ptr<Session> s;
+    {
+      const std::lock_guard<std::mutex> l(engine_mu_);
+      TESSERA_RETURN_IF_ERROR(ensure_session());
+      s = session_;
+      ++users_;
+    }
+    const Status st = attempt(*s);
+    const Session* failed = s.get();
+    s.reset();  // let go before a failover needs the old session gone
+    std::unique_lock<std::mutex> l(engine_mu_);
+    --users_;
+    users_cv_.notify_all();
     if (st.ok() || !device_failure(st)) return st;
     if (tries >= kMaxFailoversPerRequest) return core::unavailable("devices keep failing: " + st.message());
-    failover(st);
+    if (session_.get() != failed) continue;  // another request failed it over already
+    // The other requests on it fail at their next chunk or step (a batched
+    // session breaks for all); the old session ends, its workers stopped
+    // and daemons freed, only when the last of them lets go.
+    users_cv_.wait_for(l, std::chrono::milliseconds(4 * opts_.failover_ms + 1000), [this] { return users_ == 0; });
+    if (session_.get() == failed) failover(st);
   }
 }
 
-void Engine::count_bytes() {
-  const json& stats = session_->last_stats();
+void Engine::count_bytes(const Session& session) {
+  const json stats = session.last_stats();
   if (!stats.contains("ranks")) return;
   for (const auto& r : stats["ranks"]) {
     const int rank = r.value("rank", -1);
@@ -96,12 +112,11 @@ void Engine::count_bytes() {
 
 Result<std::vector<int64_t>> Engine::generate(Session& session, const std::vector<int64_t>& prompt,
                                       const model::GenerateOptions& opts) {
-  auto seq = session.generate(prompt, opts);
-  if (seq.ok() && session.prefix_slots() > 0) {
-    const int64_t cached = session.last_stats().value("prefix_cached_tokens", int64_t{0});
-    metrics_.prefix(cached > 0, cached);
-  }
+  int64_t cached = 0;
+  auto seq = session.generate(prompt, opts, &cached);
+  if (seq.ok() && session.prefix_slots() > 0) metrics_.prefix(cached > 0, cached);
   if (seq.ok() || seq.status().code() != core::ErrorCode::kUnimplemented) return seq;
+  const std::lock_guard<std::mutex> l(fallback_mu_);
   if (!full_model_) {
     spdlog::warn("{}; generating on the terminal alone", seq.status().to_string());
     model::LoadOptions lo;
@@ -147,7 +162,7 @@ Status Engine::ensure_session() {
 }
 
 void Engine::reset_session() {
-  std::unique_ptr<Session> old;
+  std::shared_ptr<Session> old;
   {
     std::lock_guard<std::mutex> l(view_mu_);
     old = std::move(session_);
@@ -257,6 +272,10 @@ Status Engine::start_session(bool first) {
     // Budgets are checked for the model's longest input (the server takes any request).
     d->session.budget_rows = 0;
     d->session.prefix_slots = prefix_slots(*d);
+    if (config_.causal_lm() && opts_.max_batch > 1) {
+      d->session.max_batch = opts_.max_batch;
+      d->session.on_batch_step = [m = &metrics_](int rows) { m->batch_step(rows); };
+    }
     auto s = Session::start(d->session);
     if (s.ok()) {
       std::lock_guard<std::mutex> l(view_mu_);

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -33,9 +34,11 @@ using nlohmann::json;
 // A Prometheus histogram of seconds.
 class Histogram {
  public:
+  Histogram() = default;
+  explicit Histogram(std::vector<double> buckets) : buckets_(std::move(buckets)), counts_(buckets_.size() + 1) {}
   void add(double seconds) {
     size_t b = 0;
-    while (b < kBuckets.size() && seconds > kBuckets[b]) ++b;
+    while (b < buckets_.size() && seconds > buckets_[b]) ++b;
     ++counts_[b];
     sum_ += seconds;
     ++count_;
@@ -43,10 +46,10 @@ class Histogram {
   void render(std::ostringstream& o, const char* name, const char* help) const {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " histogram\n";
     int64_t cum = 0;
-    for (size_t b = 0; b <= kBuckets.size(); ++b) {
+    for (size_t b = 0; b <= buckets_.size(); ++b) {
       cum += counts_[b];
       o << name << "_bucket{le=\"";
-      if (b < kBuckets.size()) o << kBuckets[b];
+      if (b < buckets_.size()) o << buckets_[b];
       else o << "+Inf";
       o << "\"} " << cum << '\n';
     }
@@ -54,9 +57,8 @@ class Histogram {
   }
 
  private:
-  static constexpr std::array<double, 15> kBuckets{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                                    0.5,   1,      2.5,   5,    10,    30,   60};
-  std::array<int64_t, kBuckets.size() + 1> counts_{};
+  std::vector<double> buckets_{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  std::vector<int64_t> counts_ = std::vector<int64_t>(buckets_.size() + 1);
   double sum_ = 0.0;
   int64_t count_ = 0;
 };
@@ -88,6 +90,11 @@ class Metrics {
     prefix_tokens_ += cached_tokens;
   }
   void abandoned() { ++abandoned_; }
+  // A batched decode step (serve --max-batch) of `rows` sequences.
+  void batch_step(int rows) {
+    std::lock_guard<std::mutex> l(mu_);
+    occupancy_.add(rows);
+  }
   int64_t failovers() const { return failovers_; }
 
   std::string render(int queue_depth, int active, int dropped) const {
@@ -118,6 +125,7 @@ class Metrics {
     o << "# HELP tessera_prefix_cache_tokens_total Prompt tokens taken from the prefix cache, not prefilled.\n"
          "# TYPE tessera_prefix_cache_tokens_total counter\ntessera_prefix_cache_tokens_total "
       << prefix_tokens_.load() << '\n';
+    occupancy_.render(o, "tessera_batch_occupancy", "Sequences in each batched decode step (--max-batch).");
     o << "# HELP tessera_queue_depth Requests admitted and not yet answered.\n# TYPE tessera_queue_depth gauge\n"
       << "tessera_queue_depth " << queue_depth << '\n';
     o << "# HELP tessera_devices Devices by state.\n# TYPE tessera_devices gauge\n"
@@ -129,6 +137,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<int, int64_t> by_status_;
   Histogram duration_, ttft_, itl_;
+  Histogram occupancy_{{1, 2, 4, 8, 16, 32}};
   int64_t tokens_ = 0;
   std::map<std::string, int64_t> bytes_;
   std::atomic<int64_t> failovers_{0};
@@ -165,8 +174,10 @@ class Engine {
   // that a request never waits on a probe; re-admitted before the next one.
   void probe_dropped();
   // A request's model work, replayed on a new plan when a device fails.
+  // Safe from concurrent requests (--max-batch): the first to see a
+  // session fail fails it over, once the others have let go of it.
   Status with_failover(const std::function<Status(Session&)>& attempt);
-  void count_bytes();
+  void count_bytes(const Session& session);
   // Generation runs on the session's devices with a KV cache on each
   // (Session::generate); a failure of `session` here triggers the failover,
   // which resumes from the tokens already produced. A plan whose strategy
@@ -197,10 +208,16 @@ class Engine {
   std::unique_ptr<model::Tokenizer> tokenizer_;
   std::unique_ptr<model::ChatTemplate> chat_;
   std::vector<int64_t> stop_ids_;  // sorted
+  // The session's life: ensure_session, failover and start_session run
+  // under it, one request at a time; users_ counts the requests in an attempt.
+  std::mutex engine_mu_;
+  std::condition_variable users_cv_;
+  int users_ = 0;
   mutable std::mutex view_mu_;  // the cluster's membership, members_ and session_ (the pointer) for /health
   std::optional<Cluster> cluster_;  // set by start()
   std::vector<int> members_;
-  std::unique_ptr<Session> session_;
+  std::shared_ptr<Session> session_;
+  std::mutex fallback_mu_;  // full_model_ and pool_: one generation at a time
   std::vector<std::string> back_;  // dropped daemons that answered a probe
   std::unique_ptr<model::Transformer> full_model_;  // generation when the plan cannot decode (see generate)
   std::unique_ptr<core::ThreadPool> pool_;

@@ -15,7 +15,7 @@ Result<RunResult> Server::forward(const model::ModelInput& in) {
   RunResult out;
   TESSERA_RETURN_IF_ERROR(engine_.with_failover([&](Session& s) {
     TESSERA_ASSIGN_OR_RETURN(out, s.run_input(in));
-    engine_.count_bytes();
+    engine_.count_bytes(s);
     return core::ok_status();
   }));
   return out;

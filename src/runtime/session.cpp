@@ -78,6 +78,8 @@ Status Session::check_options() {
       return core::invalid_argument("the plan has " + std::to_string(opts_.plan.world) + " devices, the cluster " +
                                     std::to_string(world));
   }
+  if (opts_.max_batch < 1 || opts_.max_batch > msg::kMaxSlots)
+    return core::invalid_argument("--max-batch must be in [1, " + std::to_string(msg::kMaxSlots) + "]");
   if (opts_.plan.world < 1 || opts_.plan.world > core::kMaxDevices)
     return core::invalid_argument("--devices must be in [1, " + std::to_string(core::kMaxDevices) + "]");
   if (!opts_.device_speeds.empty()) {
@@ -100,7 +102,7 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
     parallel::add_kv_cache(sched, plan_, cfg, opts_.budget_ctx, opts_.budget_kv_dtype);
     // A prefix cache keeps a whole set of caches per slot (one of them the
     // running generation's).
-    const int64_t sets = std::clamp<int64_t>(opts_.prefix_slots, 1, msg::kMaxPrefixSlots);
+    const int64_t sets = slot_count();
     for (auto& dev : sched.devices) dev.kv_bytes *= sets;
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
@@ -326,6 +328,7 @@ Status Session::collect_stats(double latency_ms, json extra) {
       return core::invalid_argument("worker " + std::to_string(w) + " sent malformed figures");
     ranks.push_back(done->figures);
   }
+  const std::lock_guard<std::mutex> l(stats_mu_);
   stats_ = {{"strategy", plan_.strategy},
             {"plan", plan_.to_json()},
             {"devices", group_->size()},
@@ -339,7 +342,9 @@ Status Session::collect_stats(double latency_ms, json extra) {
   return core::ok_status();
 }
 
-Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts) {
+Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts,
+                                               int64_t* cached_tokens) {
+  if (opts_.max_batch > 1) return generate_batched(prompt, opts, cached_tokens);
   const std::lock_guard<std::mutex> run_lock(run_mu_);
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
@@ -357,7 +362,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
   int64_t cached = 0;
   bool reuse = false;
   if (opts_.prefix_slots > 0) {
-    if (prefix_.empty()) prefix_.resize(static_cast<size_t>(std::min<int64_t>(opts_.prefix_slots, msg::kMaxPrefixSlots)));
+    if (prefix_.empty()) prefix_.resize(static_cast<size_t>(slot_count()));
     for (PrefixSlot& s : prefix_) {
       if (!s.dec || s.spec.positions != spec.positions || s.spec.dtype != spec.dtype) continue;
       const int64_t usable = model::reusable_prefix(s.tokens, prompt);
@@ -441,6 +446,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     // only when every rank ended the generation cleanly.
     if (slot != nullptr) slot->tokens.assign(seq->begin(), seq->begin() + processed);
   }
+  if (cached_tokens != nullptr) *cached_tokens = cached;
   return seq;
 }
 

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -67,6 +68,15 @@ struct SessionOptions {
   // tokens prefills only the rest, in that generation's caches; the least
   // recently used is replaced.
   int prefix_slots = 0;
+  // > 1: continuous batching (serve --max-batch). Up to this many
+  // generate() calls run at once, each from its own thread: each prefills
+  // alone, between steps, and their decode steps go together, one row of
+  // each sequence per step (parallel::step_rows). Every sequence keeps its
+  // caches in a slot on every rank (max(prefix_slots, max_batch) slots, at
+  // most msg::kMaxSlots); the prefix cache still reuses them when on.
+  int max_batch = 1;
+  // Called after each batched step with its rows (serve's occupancy figure).
+  std::function<void(int rows)> on_batch_step;
 };
 
 class Session {
@@ -86,7 +96,11 @@ class Session {
   // With a prefix cache (SessionOptions::prefix_slots) the caches outlive
   // the call, and a prompt that starts with an earlier generation's tokens
   // prefills only the rest; the tokens are the same as without it.
-  core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts);
+  // With max_batch > 1 calls run concurrently and batch their steps.
+  // cached_tokens (when given): the prompt positions a prefix-cache slot
+  // already held.
+  core::Result<std::vector<int64_t>> generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts,
+                                              int64_t* cached_tokens = nullptr);
   // The same on an input already built (serve: tokenized or decoded there).
   core::Result<RunResult> run_input(const model::ModelInput& in, const std::string& dump_path = "");
   // Worker ranks whose connection is lost (crashed, or left).
@@ -97,10 +111,15 @@ class Session {
   void abandon() { abandoned_ = true; }
   // Per-rank figures of the last run (see docs): latency, compute and
   // communication time, bytes per collective kind, weight bytes.
-  const nlohmann::json& last_stats() const { return stats_; }
+  // A copy: with --max-batch, another call's prefill may be writing them.
+  nlohmann::json last_stats() const {
+    std::lock_guard<std::mutex> l(stats_mu_);
+    return stats_;
+  }
   const parallel::Plan& plan() const { return plan_; }
   // Prefix-cache slots this session keeps (0: no prefix cache).
   int prefix_slots() const { return opts_.prefix_slots; }
+  int max_batch() const { return opts_.max_batch; }
   const model::Transformer& model() const { return *model_; }
 
  private:
@@ -132,6 +151,7 @@ class Session {
   std::vector<pid_t> children_;
   std::vector<msg::Ready> ready_;  // what each worker reported after loading
   std::vector<int> unpinned_cpus_;  // the terminal's cores before cpus_per_device pinned it
+  mutable std::mutex stats_mu_;
   nlohmann::json stats_;
   // The prefix cache: per slot, the decoder, the tokens its caches hold
   // (positions 0..size-1; empty after a failed generation) and when it was used.
@@ -140,11 +160,29 @@ class Session {
     model::CacheSpec spec;
     std::vector<int64_t> tokens;
     uint64_t used = 0;
+    bool in_use = false;  // a batched generation holds it
   };
   std::vector<PrefixSlot> prefix_;
   uint64_t prefix_clock_ = 0;
   int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
   core::Status collect_stats(double latency_ms, nlohmann::json extra);
+  // Continuous batching (session_batch.cpp).
+  int slot_count() const;
+  core::Result<std::vector<int64_t>> generate_batched(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts,
+                                                      int64_t* cached_tokens);
+  struct StepSeat;
+  core::Result<core::Tensor> batched_step(size_t slot, core::Tensor x, int64_t pos);
+  void run_step(const std::vector<StepSeat*>& seats);
+  // The slots' in_use flags, the rows waiting for a step, who is decoding,
+  // whether a step runs, and broken_. Taken after run_mu_, never before it.
+  std::mutex batch_mu_;
+  std::condition_variable batch_cv_;
+  std::vector<StepSeat*> pending_;
+  int decoding_ = 0;  // sequences past their prefill, not yet ended
+  bool stepping_ = false;
+  // A batched chunk or step that failed leaves the ranks' states unknown:
+  // every later batched call fails with it (serve fails over).
+  core::Status broken_ = core::ok_status();
   std::mutex run_mu_;   // held by a run or a whole generation
   std::mutex wire_mu_;  // held by a run, a generation's chunk, and by the heartbeat thread between its pings
   std::condition_variable heartbeat_cv_;

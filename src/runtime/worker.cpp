@@ -138,6 +138,26 @@ class WorkerLoop {
     return send_done(decode_ms_);
   }
 
+  // Continuous batching: one row of each slot's sequence, every slot's
+  // decoder left there by its generation's "end". Checked before any
+  // collective, as the terminal checked it: a refusal stops no rank halfway.
+  Status handle(const msg::Step& s) {
+    if (dec_ != nullptr) return core::invalid_argument("a batched step during a generation");
+    std::vector<parallel::Decoder*> decs;
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+      const auto slot = static_cast<size_t>(s.slots[i]);
+      if (slot >= slots_.size() || !slots_[slot].dec)
+        return core::invalid_argument("a batched step of slot " + std::to_string(slot) + ", which holds no generation");
+      if (s.pos[i] >= slots_[slot].spec.positions)
+        return core::out_of_range("a batched step at position " + std::to_string(s.pos[i]) + " of a " +
+                                  std::to_string(slots_[slot].spec.positions) + "-position cache");
+      decs.push_back(slots_[slot].dec.get());
+    }
+    TESSERA_RETURN_IF_ERROR(parallel::step_rows(decs, Tensor(), s.pos, &pool_).status());
+    core::settle_device_speed();
+    return core::ok_status();
+  }
+
   Status send_done(double ms) {
     return send_to_terminal(group_, msg::Done{rank_stats(sync_, group_, ms, weight_bytes_, rss_before_load_)},
                             comm::Millis(job_.timeout_ms));

@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -195,6 +198,91 @@ TEST(SessionGenerateTest, PrefixCacheGivesTheSameTokensAndPrefillsOnlyTheRest) {
     }
   }
   EXPECT_GE(sessions, 5);  // single, tp, galaxy, pipeline on 2, and the pairs
+}
+
+// Continuous batching (SessionOptions::max_batch) with worker processes:
+// four concurrent generate() calls, greedy and seeded, with prompts of
+// different lengths (so their rows sit at different positions), each give
+// the tokens one device gives alone. Every call holds its first token until
+// all four have one, so that their steps meet in batches; every decode row
+// is in exactly one step, and no step is over max_batch.
+TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
+  const std::string dir = gpt2_12l();
+  auto m = model::Transformer::load(dir).value();
+  const std::vector<std::vector<int64_t>> prompts = {{3, 1, 4, 1, 5, 9, 2, 6}, {42}, {7, 7, 8, 100, 3}, {250, 1, 2}};
+  std::vector<model::GenerateOptions> opts(prompts.size());
+  for (size_t i = 0; i < opts.size(); ++i) {
+    opts[i].max_new_tokens = 10 + static_cast<int64_t>(i);
+    opts[i].eos_token_id = -1;
+    if (i % 2 == 1) {
+      opts[i].greedy = false;
+      opts[i].seed = 7 + i;
+      opts[i].top_k = 40;
+    }
+  }
+  std::vector<parallel::Plan> plans;
+  for (const auto& [s, k] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"tp", 2}, {"tp", 3}, {"pipeline", 2}}) {
+    parallel::Plan p;
+    p.strategy = s;
+    p.world = k;
+    plans.push_back(p);
+  }
+  parallel::Plan pair, d;
+  pair.strategy = "voltage";
+  pair.world = 2;
+  d.strategy = "single";
+  d.world = 1;
+  pair.decode = std::make_shared<const parallel::Plan>(d);
+  plans.push_back(pair);
+  for (const parallel::Plan& plan : plans) {
+    const std::string label = plan.to_json().dump();
+    std::mutex mu;
+    std::vector<int> steps;  // rows of each batched step
+    runtime::SessionOptions o;
+    o.model_dir = dir;
+    o.plan = plan;
+    o.timeout_ms = 30000;
+    o.max_batch = 3;  // four calls: one waits for a slot
+    o.on_batch_step = [&](int rows) {
+      std::lock_guard<std::mutex> l(mu);
+      steps.push_back(rows);
+    };
+    auto started = runtime::Session::start(o);
+    ASSERT_TRUE(started.ok()) << label << ": " << started.status().to_string();
+    runtime::Session& session = **started;
+    std::condition_variable cv;
+    size_t first_tokens = 0;
+    std::vector<core::Result<std::vector<int64_t>>> got(prompts.size(), core::internal_error("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      threads.emplace_back([&, i] {
+        model::GenerateOptions go = opts[i];
+        bool first = true;
+        go.on_token = [&](int64_t) {
+          if (!first) return;
+          first = false;
+          std::unique_lock<std::mutex> l(mu);
+          // The first three meet; the fourth has no slot until one ends.
+          if (++first_tokens <= 3) cv.notify_all();
+          cv.wait(l, [&] { return first_tokens >= 3; });
+        };
+        got[i] = session.generate(prompts[i], go);
+      });
+    for (auto& t : threads) t.join();
+    int64_t rows = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_TRUE(got[i].ok()) << label << ": " << got[i].status().to_string();
+      const auto want = model::generate(m, prompts[i], opts[i], nullptr).value();
+      if (opts[i].greedy)
+        compare(want, *got[i], margins(m, want, prompts[i].size()), prompts[i].size(), label + " call " + std::to_string(i));
+      else
+        EXPECT_EQ(*got[i], want) << label << " call " << i;
+      rows += static_cast<int64_t>(got[i]->size() - prompts[i].size()) - 1;  // the first token is the prefill's
+    }
+    EXPECT_EQ(std::accumulate(steps.begin(), steps.end(), int64_t{0}), rows) << label;
+    EXPECT_LE(*std::max_element(steps.begin(), steps.end()), 3) << label;
+    std::cout << label << ": " << steps.size() << " batched steps for " << rows << " rows\n";
+  }
 }
 
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {

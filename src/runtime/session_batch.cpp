@@ -1,0 +1,248 @@
+// Continuous batching on the terminal (SessionOptions::max_batch > 1):
+// concurrent Session::generate calls, each on its own thread running
+// model::generate_with, share the devices. A call prefills alone (between
+// steps), and its decode steps meet the other calls' at a rendezvous: the
+// first row to arrive waits until every decoding sequence has sent its row
+// (or a short gather window passes), then runs one step of all of them
+// (msg::Step to the workers, parallel::step_rows here). Sequences join and
+// leave at step boundaries; sampling, stopping and streaming stay each
+// call's own, so every sequence gets the tokens it would get alone.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "core/device_speed.h"
+#include "core/io.h"
+#include "parallel/strategy.h"
+#include "runtime/protocol.h"
+#include "runtime/session.h"
+
+namespace tessera::runtime {
+
+using core::Result;
+using core::Status;
+using core::Tensor;
+
+namespace {
+// How long the first row of a step waits for the rows of the sequences
+// still sampling or streaming their last token: a slow client delays the
+// others by at most this much a step.
+constexpr auto kGatherWindow = std::chrono::milliseconds(5);
+}  // namespace
+
+struct Session::StepSeat {
+  size_t slot = 0;
+  Tensor x;  // [1, F]
+  int64_t pos = 0;
+  Result<Tensor> out = Tensor();
+  bool done = false;
+};
+
+int Session::slot_count() const {
+  int64_t n = std::min<int64_t>(std::max(opts_.prefix_slots, 0), msg::kMaxPrefixSlots);
+  if (opts_.max_batch > 1) n = std::max<int64_t>(n, opts_.max_batch);
+  return static_cast<int>(std::clamp<int64_t>(n, 1, msg::kMaxSlots));
+}
+
+Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t>& prompt,
+                                                       const model::GenerateOptions& opts, int64_t* cached_tokens) {
+  TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
+  const comm::Millis timeout(run_timeout_ms());
+  const model::CacheSpec spec = model::generation_cache(model_->config(), opts);
+  // A free slot: with the prefix cache on, the one whose tokens share the
+  // longest prefix with the prompt; else the least recently used.
+  size_t si = 0;
+  int64_t cached = 0;
+  bool reuse = false;
+  {
+    std::unique_lock<std::mutex> l(batch_mu_);
+    if (prefix_.empty()) prefix_.resize(static_cast<size_t>(slot_count()));
+    if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
+    const auto free_slot = [&] {
+      return !broken_.ok() || std::any_of(prefix_.begin(), prefix_.end(), [](const PrefixSlot& s) { return !s.in_use; });
+    };
+    if (!batch_cv_.wait_for(l, std::chrono::milliseconds(opts_.timeout_ms), free_slot))
+      return core::timeout_error("no sequence slot came free within --timeout");
+    TESSERA_RETURN_IF_ERROR(broken_);
+    if (opts_.prefix_slots > 0)
+      for (size_t i = 0; i < prefix_.size(); ++i) {
+        const PrefixSlot& s = prefix_[i];
+        if (s.in_use || !s.dec || s.spec.positions != spec.positions || s.spec.dtype != spec.dtype) continue;
+        const int64_t usable = model::reusable_prefix(s.tokens, prompt);
+        if (usable > cached) cached = usable, si = i, reuse = true;
+      }
+    if (!reuse) {
+      bool found = false;
+      for (size_t i = 0; i < prefix_.size(); ++i)
+        if (!prefix_[i].in_use && (!found || prefix_[i].used < prefix_[si].used)) si = i, found = true;
+    }
+    PrefixSlot& s = prefix_[si];
+    s.in_use = true;
+    s.used = ++prefix_clock_;
+    s.tokens.clear();  // valid again only when this generation succeeds
+  }
+  PrefixSlot& slot = prefix_[si];
+  bool decoding = false;
+  struct Leave {  // the slot and the batch, however the call ends
+    Session& s;
+    PrefixSlot& slot;
+    bool& decoding;
+    ~Leave() {
+      {
+        std::lock_guard<std::mutex> l(s.batch_mu_);
+        slot.in_use = false;
+        if (decoding) --s.decoding_;
+      }
+      s.batch_cv_.notify_all();
+    }
+  } leave{*this, slot, decoding};
+
+  auto tell_workers = [&](const ToWorker& m) {
+    for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
+    return core::ok_status();
+  };
+  model::GenerateOptions run_opts = opts;
+  run_opts.cached_prefix = cached;
+  int64_t processed = 0;
+  // The prefill: alone on the wire, between two steps. The workers keep the
+  // slot's decoder after "end", for the steps.
+  auto prefill = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    const std::lock_guard<std::mutex> run_lock(run_mu_);
+    {
+      std::lock_guard<std::mutex> l(batch_mu_);
+      TESSERA_RETURN_IF_ERROR(broken_);
+    }
+    std::unique_lock<std::mutex> wire_lock(wire_mu_);
+    core::Timer t;
+    auto y = [&]() -> Result<Tensor> {
+      if (!reuse) {
+        slot.dec.reset();  // the old caches go before the new ones are allocated
+        TESSERA_ASSIGN_OR_RETURN(slot.dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
+        slot.spec = spec;
+      }
+      TESSERA_RETURN_IF_ERROR(tell_workers(
+          msg::Generate{spec.positions, spec.dtype == core::DType::kF16, static_cast<int64_t>(si), reuse}));
+      const int64_t n = x.dim(0);
+      const int told = std::min(group_->size(), slot.dec->ranks_in(n, pos0));
+      for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Decode{n, pos0}, timeout));
+      if (told <= 1) wire_lock.unlock();  // the terminal alone: pings go on
+      auto out = slot.dec->forward(std::move(x), n, pos0, pool_.get());
+      if (!wire_lock.owns_lock()) wire_lock.lock();
+      const double ms = t.ms();
+      // The workers end the chunk even when it failed; its own error comes first.
+      Status st = tell_workers(msg::End{});
+      if (st.ok())
+        st = collect_stats(ms, {{"rows", n},
+                                {"prompt_tokens", prompt.size()},
+                                {"prefix_cached_tokens", cached},
+                                {"prefill_ms", ms},
+                                {"max_batch", opts_.max_batch}});
+      TESSERA_RETURN_IF_ERROR(out.status());
+      TESSERA_RETURN_IF_ERROR(st);
+      processed = pos0 + n;
+      return out;
+    }();
+    std::lock_guard<std::mutex> l(batch_mu_);
+    if (!y.ok()) {
+      if (broken_.ok()) broken_ = y.status();
+      return y;
+    }
+    decoding = true;
+    ++decoding_;
+    return y;
+  };
+  auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    if (!decoding) return prefill(std::move(x), pos0);
+    auto y = batched_step(si, std::move(x), pos0);
+    if (y.ok()) processed = pos0 + 1;
+    return y;
+  };
+  auto seq = [&] {
+    const core::ScopedDeviceSpeed speed(device_speed_of(0));
+    return model::generate_with(*model_, prompt, run_opts, pool_.get(), layers);
+  }();
+  TESSERA_RETURN_IF_ERROR(seq.status());
+  if (opts_.prefix_slots > 0) slot.tokens.assign(seq->begin(), seq->begin() + processed);
+  if (cached_tokens != nullptr) *cached_tokens = cached;
+  return seq;
+}
+
+Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
+  StepSeat seat{slot, std::move(x), pos};
+  std::unique_lock<std::mutex> l(batch_mu_);
+  TESSERA_RETURN_IF_ERROR(broken_);
+  pending_.push_back(&seat);
+  batch_cv_.notify_all();
+  const auto gather_until = std::chrono::steady_clock::now() + kGatherWindow;
+  // Not done and no step running: the seat is still pending (a leader
+  // marks its seats done before it clears stepping_, under the lock).
+  while (!seat.done) {
+    if (stepping_) {
+      batch_cv_.wait(l);
+      continue;
+    }
+    if (static_cast<int>(pending_.size()) < decoding_ && std::chrono::steady_clock::now() < gather_until) {
+      batch_cv_.wait_until(l, gather_until);
+      continue;
+    }
+    // Lead this step: the rows pending now, at most max_batch of them.
+    const size_t take = std::min(pending_.size(), static_cast<size_t>(opts_.max_batch));
+    std::vector<StepSeat*> batch(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
+    pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
+    stepping_ = true;
+    l.unlock();
+    run_step(batch);
+    l.lock();
+    for (StepSeat* s : batch) s->done = true;
+    stepping_ = false;
+    batch_cv_.notify_all();
+  }
+  return std::move(seat.out);
+}
+
+void Session::run_step(const std::vector<StepSeat*>& seats) {
+  const int64_t b = static_cast<int64_t>(seats.size());
+  Status st = [&]() -> Status {
+    const std::lock_guard<std::mutex> run_lock(run_mu_);
+    {
+      std::lock_guard<std::mutex> l(batch_mu_);
+      TESSERA_RETURN_IF_ERROR(broken_);
+    }
+    const int64_t F = model_->config().hidden;
+    msg::Step step;
+    std::vector<parallel::Decoder*> decs;
+    Tensor x = Tensor::zeros_f32({b, F});
+    for (int64_t i = 0; i < b; ++i) {
+      const StepSeat& s = *seats[static_cast<size_t>(i)];
+      step.slots.push_back(static_cast<int64_t>(s.slot));
+      step.pos.push_back(s.pos);
+      decs.push_back(prefix_[s.slot].dec.get());
+      std::memcpy(x.f32() + i * F, s.x.f32(), static_cast<size_t>(F) * sizeof(float));
+    }
+    const comm::Millis timeout(run_timeout_ms());
+    std::unique_lock<std::mutex> wire_lock(wire_mu_);
+    const int told = std::min(group_->size(), decs[0]->ranks_in(1, step.pos[0]));
+    for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, step, timeout));
+    if (told <= 1) wire_lock.unlock();  // the terminal alone (a pair's steps): pings go on
+    TESSERA_ASSIGN_OR_RETURN(Tensor y, parallel::step_rows(decs, std::move(x), step.pos, pool_.get()));
+    if (y.rank() != 2 || y.dim(0) != b) return core::internal_error("a batched step gave the wrong rows");
+    const int64_t cols = y.dim(1);
+    for (int64_t i = 0; i < b; ++i) {
+      Tensor row = Tensor::zeros_f32({1, cols});
+      std::memcpy(row.f32(), y.f32() + i * cols, static_cast<size_t>(cols) * sizeof(float));
+      seats[static_cast<size_t>(i)]->out = std::move(row);
+    }
+    return core::ok_status();
+  }();
+  if (!st.ok()) {
+    {
+      std::lock_guard<std::mutex> l(batch_mu_);
+      if (broken_.ok()) broken_ = st;
+    }
+    for (StepSeat* s : seats) s->out = st;
+    return;
+  }
+  if (opts_.on_batch_step) opts_.on_batch_step(static_cast<int>(b));
+}
+
+}  // namespace tessera::runtime
