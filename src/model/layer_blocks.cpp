@@ -69,6 +69,19 @@ void attend_rows(const Transformer& m, int64_t l, const HeadShard& s, float* qkv
   }
 }
 
+void layer_rows(const Transformer& m, int64_t l, float* x, std::span<const int64_t> pos, std::span<KvCache* const> caches,
+                Workspace& ws, core::ThreadPool* pool) {
+  const ModelConfig& c = m.config();
+  TESSERA_CHECK_MSG(!c.decoupled(l), "layer_rows on decoupled layer " << l);
+  const LayerWeights& w = m.weights().layers[static_cast<size_t>(l)];
+  const auto b = static_cast<int64_t>(pos.size());
+  ws.ensure(c, b, 1);
+  m.layer_input(l, x, b, ws.a.f32(), pool);
+  kernels::linear_rows_f32(pool, ws.a.f32(), b, w.qkv_w, w.qkv_b, kernels::Activation::kNone, nullptr, ws.qkv.f32());
+  attend_rows(m, l, c.head_shard(0, c.heads), ws.qkv.f32(), pos, caches, ws.ctx.f32(), ws.scores, pool);
+  m.layer_tail(l, x, ws.ctx.f32(), b, x, ws, pool);
+}
+
 void position_heads(const Transformer& m, int64_t l, float* x, int64_t ld, int64_t n, int64_t pos0, int64_t heads,
                     bool keys, core::ThreadPool* pool) {
   const ModelConfig& c = m.config();

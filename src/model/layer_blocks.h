@@ -68,6 +68,10 @@ void position_qk(const Transformer& m, int64_t l, const HeadShard& s, float* qkv
 // once for the batch, which is what batching buys.
 void attend_rows(const Transformer& m, int64_t l, const HeadShard& s, float* qkv, std::span<const int64_t> pos,
                  std::span<KvCache* const> caches, float* ctx, core::Tensor& scores, core::ThreadPool* pool);
+// Transformer::layer on such rows: x [pos.size(), F] in place, the whole
+// layer (not a decoupled one) on this device.
+void layer_rows(const Transformer& m, int64_t l, float* x, std::span<const int64_t> pos, std::span<KvCache* const> caches,
+                Workspace& ws, core::ThreadPool* pool);
 
 // The same for `heads` query heads (keys false) or K heads (keys true) at x
 // (row stride ld) alone: for code that projects Q and K at different times.

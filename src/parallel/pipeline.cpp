@@ -9,8 +9,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
@@ -23,6 +26,9 @@ using core::Result;
 using core::Tensor;
 
 namespace {
+
+// Micro-batches of a batched decode step (the option "micro_batches").
+constexpr int64_t kDefaultMicroBatches = 1;
 
 // Layer l's big matrices that unit `u` uses: the whole layer, or one block.
 std::vector<const kernels::PackedLinear*> unit_matrices(const model::Transformer& model, int64_t u, bool blocks) {
@@ -60,6 +66,13 @@ struct PipelineDecoder final : Decoder {
   core::Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n) override {
     return model::take_handover(cache, l, k, ldk, v, ldv, m.config().kv_width(), n);
   }
+  bool batches(std::span<Decoder* const> decs) const override {
+    for (int64_t l = 0; l < m.config().layers; ++l)
+      if (m.config().decoupled(l)) return false;
+    return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<PipelineDecoder*>(d) != nullptr; });
+  }
+  Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                              core::ThreadPool* pool) override;
   const Pipeline& p;
   const model::Transformer& m;
   const Plan plan;
@@ -112,11 +125,16 @@ class Pipeline final : public Strategy {
     return {{"--layers", "layer_map", OptionFlag::Kind::kString, "pipeline placement, e.g. 0-5:0,6-11:1 (default contiguous)"},
             {"--units", "units", OptionFlag::Kind::kString, "pipeline units: layers (default) or blocks (attention, MLP)"},
             {"--no-preload", "preload", OptionFlag::Kind::kSetsBool, "pipeline: do not touch the next weights while waiting",
-             false}};
+             false},
+            {"--micro-batches", "micro_batches", OptionFlag::Kind::kNumber,
+             "pipeline: a batched decode step (serve --max-batch) goes through the stages in this many parts"}};
   }
 
   core::Status complete(Plan& plan, const model::ModelConfig& c) const override {
-    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map", "units", "preload"}));
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map", "units", "preload", "micro_batches"}));
+    TESSERA_ASSIGN_OR_RETURN(const int64_t parts, option<int64_t>(plan, "micro_batches", kDefaultMicroBatches));
+    if (parts < 1 || parts > 64) return core::invalid_argument("pipeline micro_batches must be in [1, 64]");
+    plan.options["micro_batches"] = parts;
     TESSERA_ASSIGN_OR_RETURN(const bool blocks, blocks_option(plan));
     TESSERA_ASSIGN_OR_RETURN(const bool pre, option<bool>(plan, "preload", true));
     TESSERA_ASSIGN_OR_RETURN(LayerMap map, unit_map(plan, c));
@@ -210,6 +228,49 @@ class Pipeline final : public Strategy {
     return me == 0 ? cur : Tensor();
   }
 
+  // A batched decode step (step_rows): one row of each sequence, row i at
+  // pos[i] over caches[i] (this device's layers). The rows go through the
+  // stages in `parts` micro-batches, so that a later stage works on one
+  // while an earlier stage works on the next; the rows come back to the
+  // terminal after the last micro-batch has left it. Every rank runs the
+  // same sequence of sends and receives, so no rank waits on a cycle.
+  Result<Tensor> run_rows(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x,
+                          std::span<const int64_t> pos, std::span<model::KvCache* const> caches, model::Workspace& ws,
+                          core::ThreadPool* pool) const {
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, unit_map(plan, m.config()));
+    TESSERA_ASSIGN_OR_RETURN(const int64_t want, option<int64_t>(plan, "micro_batches", kDefaultMicroBatches));
+    const int64_t F = m.config().hidden, b = static_cast<int64_t>(pos.size());
+    const int64_t parts = std::clamp<int64_t>(want, 1, b);
+    const int me = sync.rank();
+    Tensor cur = me == 0 ? x : Tensor::zeros_f32({b, F});
+    std::vector<int> last(static_cast<size_t>(parts), 0);  // where each micro-batch ends
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t r0 = b * part / parts, n = b * (part + 1) / parts - r0;
+      float* rows = cur.f32() + r0 * F;
+      const auto p = pos.subspan(static_cast<size_t>(r0), static_cast<size_t>(n));
+      const auto c = caches.subspan(static_cast<size_t>(r0), static_cast<size_t>(n));
+      int holder = 0;
+      for (const auto& stage : map.stages()) {
+        if (stage.device != holder) {
+          if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(stage.device, floats(rows, n * F)));
+          if (me == stage.device) TESSERA_RETURN_IF_ERROR(sync.recv(holder, floats(rows, n * F)));
+          holder = stage.device;
+        }
+        if (me != holder) continue;
+        for (int64_t u = stage.layers.begin; u < stage.layers.end; ++u) model::layer_rows(m, u, rows, p, c, ws, pool);
+      }
+      last[static_cast<size_t>(part)] = holder;
+    }
+    for (int64_t part = 0; part < parts; ++part) {
+      const int holder = last[static_cast<size_t>(part)];
+      if (holder == 0) continue;
+      const int64_t r0 = b * part / parts, n = b * (part + 1) / parts - r0;
+      if (me == holder) TESSERA_RETURN_IF_ERROR(sync.send(0, floats(cur.f32() + r0 * F, n * F)));
+      if (me == 0) TESSERA_RETURN_IF_ERROR(sync.recv(holder, floats(cur.f32() + r0 * F, n * F)));
+    }
+    return me == 0 ? cur : Tensor();
+  }
+
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
     const LayerMap map = unit_map(plan, c).value();
     const bool blocks = blocks_option(plan).value();
@@ -294,6 +355,13 @@ class Pipeline final : public Strategy {
 
 Result<Tensor> PipelineDecoder::forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) {
   return p.run_cached(m, plan, sync, std::move(x), n, pos0, &cache, ws, pool);
+}
+
+Result<Tensor> PipelineDecoder::forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                                             core::ThreadPool* pool) {
+  std::vector<model::KvCache*> caches;
+  for (Decoder* d : decs) caches.push_back(&static_cast<PipelineDecoder*>(d)->cache);
+  return p.run_rows(m, plan, sync, std::move(x), pos, caches, ws, pool);
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/gemm.h"
 #include "model/layer_blocks.h"
 #include "parallel/strategy.h"
 
@@ -35,20 +34,9 @@ class SingleDecoder final : public Decoder {
   }
   Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
                               core::ThreadPool* pool) override {
-    const model::ModelConfig& c = m_.config();
-    const int64_t b = x.dim(0);
     std::vector<model::KvCache*> caches;
     for (Decoder* d : decs) caches.push_back(&static_cast<SingleDecoder*>(d)->cache_);
-    const model::HeadShard all = c.head_shard(0, c.heads);
-    for (int64_t l = 0; l < c.layers; ++l) {
-      ws_.ensure(c, b, 1);
-      m_.layer_input(l, x.f32(), b, ws_.a.f32(), pool);
-      kernels::linear_rows_f32(pool, ws_.a.f32(), b, m_.weights().layers[static_cast<size_t>(l)].qkv_w,
-                               m_.weights().layers[static_cast<size_t>(l)].qkv_b, kernels::Activation::kNone, nullptr,
-                               ws_.qkv.f32());
-      model::attend_rows(m_, l, all, ws_.qkv.f32(), pos, caches, ws_.ctx.f32(), ws_.scores, pool);
-      m_.layer_tail(l, x.f32(), ws_.ctx.f32(), b, x.f32(), ws_, pool);
-    }
+    for (int64_t l = 0; l < m_.config().layers; ++l) model::layer_rows(m_, l, x.f32(), pos, caches, ws_, pool);
     return x;
   }
 

@@ -415,6 +415,32 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          const json a = answer(d.endpoint(), key, good.dump());
          EXPECT_EQ(a.value("ok", false), true) << a.dump();
        }},
+      {"a batched step past a slot's cache",  // refused before any collective: the job ends, the daemon stays
+       [&] {
+         runtime::JobSpec job = job_for(d, hostile_terminal, 20000);
+         job.plan.strategy = "tp";
+         const json a = answer(d.endpoint(), key, job.to_json().dump());
+         ASSERT_EQ(a.value("ok", false), true) << a.dump();
+         comm::GroupOptions o;
+         o.rank = 0;
+         o.endpoints = {hostile_terminal, d.data_endpoint()};
+         o.group_id = job.group_id;
+         o.key = key;
+         o.connect_timeout = milliseconds(20000);
+         auto g = comm::Group::create(o);
+         ASSERT_TRUE(g.ok()) << g.status().to_string();
+         const milliseconds t(20000);
+         auto ready = runtime::recv_from_worker(**g, 1, t);
+         ASSERT_TRUE(ready.ok() && std::holds_alternative<runtime::msg::Ready>(*ready));
+         // A generation in slot 0 with an 8-position cache, ended at once (the slot keeps it).
+         ASSERT_TRUE(runtime::send_to_worker(**g, 1, runtime::msg::Generate{8, false, 0, false}, t).ok());
+         ASSERT_TRUE(runtime::send_to_worker(**g, 1, runtime::msg::End{}, t).ok());
+         auto done = runtime::recv_from_worker(**g, 1, t);
+         ASSERT_TRUE(done.ok() && std::holds_alternative<runtime::msg::Done>(*done)) << done.status().to_string();
+         // Position 8 of an 8-position cache.
+         ASSERT_TRUE(runtime::send_to_worker(**g, 1, runtime::msg::Step{{0}, {8}}, t).ok());
+         EXPECT_EQ(runtime::recv_from_worker(**g, 1, t).status().code(), core::ErrorCode::kNetwork);
+       }},
       {"flood of unmatched frames",
        [&] {
          const json a = answer(d.endpoint(), key, job_for(d, hostile_terminal, 20000).to_json().dump());
@@ -466,6 +492,7 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
     ++peaks;
   }
   EXPECT_GE(peaks, 2u) << log;  // the silent terminal's job and the flood's
+  EXPECT_NE(log.find("a batched step at position 8 of a 8-position cache"), std::string::npos) << log;
   EXPECT_GT(dropped, 0u) << log;
   const int64_t rss_kib = status_kib(d.pid(), "VmRSS:");
   EXPECT_LE(rss_kib - start_rss_kib, static_cast<int64_t>(cap / 1024) + 50 * 1024)

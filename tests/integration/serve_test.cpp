@@ -291,6 +291,50 @@ TEST(ServeTest, CompletionsEqualTheSingleDevice) {
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
 
+// A /metrics counter or gauge (-1 when absent).
+double metric(const std::string& body, const std::string& name) {
+  const size_t at = body.find("\n" + name + " ");
+  return at == std::string::npos ? -1.0 : std::atof(body.c_str() + at + name.size() + 2);
+}
+
+// Four prompts of different lengths (their rows sit at different positions
+// in a batched step) and what one device generates for each.
+std::vector<std::vector<int64_t>> batch_prompts() {
+  return {kPrompt, {17, 4}, {300, 2, 9, 9, 41, 77, 5, 61, 8}, {250}};
+}
+
+// Continuous batching (--max-batch): concurrent clients, streamed and
+// whole, each get the tokens one device gives their prompt alone, and
+// /metrics counts every decode row in the batch occupancy.
+TEST(ServeTest, BatchedCompletionsEachEqualTheSingleDevice) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--max-batch", "4", "--link",
+            "1gbit,1ms"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const auto prompts = batch_prompts();
+  const int64_t n = 24;
+  std::vector<std::vector<int64_t>> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      const json body = {{"prompt", prompts[i]}, {"max_tokens", n}, {"temperature", 0}, {"stream", i % 2 == 0}};
+      if (i % 2 == 0) {
+        got[i] = stream_completion(s, body).tokens;
+      } else if (auto r = s.post("/v1/completions", body); r && r->status == 200) {
+        got[i] = json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>();
+      }
+    });
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], reference_tokens(prompts[i], n)) << "client " << i;
+  auto metrics = s.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  // Each generation's first token comes from its prefill, every other from one batched step.
+  EXPECT_EQ(metric(metrics->body, "tessera_batch_occupancy_sum"), static_cast<double>(prompts.size() * (n - 1)))
+      << metrics->body;
+  EXPECT_GT(metric(metrics->body, "tessera_batch_occupancy_count"), 0) << metrics->body;
+  s.proc().signal(SIGTERM);
+  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
+
 // The events of an SSE body, "[DONE]" excluded (which must end it).
 std::vector<json> sse_events(const std::string& body) {
   std::vector<json> out;
@@ -771,6 +815,40 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
 
+
+// A worker killed while batched streams decode: the batch's session fails
+// over once, and every stream completes on the devices left with the tokens
+// one device gives it alone (each replays from the tokens it had).
+TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "3", "--strategy", "tp", "--max-batch", "4", "--link",
+            "100mbit,5ms", "--failover-timeout", "1000"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const auto workers = s.proc().children();
+  ASSERT_EQ(workers.size(), 2u) << s.proc().log();
+  const auto prompts = batch_prompts();
+  const int64_t n = 40;
+  std::vector<Stream> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      got[i] = stream_completion(s, {{"prompt", prompts[i]}, {"max_tokens", n}, {"temperature", 0}, {"stream", true}},
+                                 [&, i] {
+                                   if (i == 0) ::kill(workers[1], SIGKILL);
+                                 });
+    });
+  for (auto& c : clients) c.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, reference_tokens(prompts[i], n)) << "stream " << i << "\n" << s.proc().log();
+    EXPECT_EQ(got[i].finish, "length") << "stream " << i;
+    EXPECT_TRUE(got[i].done);
+  }
+  auto metrics = s.client().Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metric(metrics->body, "tessera_failovers_total"), 1) << metrics->body << s.proc().log();
+  EXPECT_EQ(s.health()["status"], "degraded");
+  s.proc().signal(SIGTERM);
+  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
 
 // A daemon that falls silent (stopped, as a partitioned device would be)
 // during a request: the run's waits end after --failover-timeout, the

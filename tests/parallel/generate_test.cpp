@@ -466,13 +466,21 @@ TEST(GenerateTest, BatchedStepsGiveEachSequenceItsOwnTokens) {
     for (const auto& p : prompts) want.push_back(make_case(dir, p, new_tokens));
     size_t compared = 0;
     for (const Plan& p : {make_plan("single", 1), make_plan("tp", 2), make_plan("tp", 3, {1, 2, 1}),
-                          make_plan("pipeline", 2), make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline")}) {
+                          make_plan("pipeline", 2), make_plan("pipeline", 3, {}, {{"micro_batches", 2}}),
+                          make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline")}) {
       const auto got = batch::run(dir, p, prompts, join, new_tokens);
       for (size_t i = 0; i < prompts.size(); ++i)
         compared += compare(want[i].want, got[i], want[i].margin, prompts[i].size(),
                             p.to_json().dump() + " sequence " + std::to_string(i) + " " + dir).steps;
     }
     EXPECT_GT(compared, prompts.size() * 7);
+  }
+  // Micro-batches through stages that come back to the terminal in the middle.
+  const auto got = batch::run(gpt2_12l(), make_plan("pipeline", 3, {}, {{"layer_map", "0-2:1,3-7:0,8-11:2"}, {"micro_batches", 3}}),
+                              prompts, join, new_tokens);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Case c = make_case(gpt2_12l(), prompts[i], new_tokens);
+    compare(c.want, got[i], c.margin, prompts[i].size(), "mapped micro-batches, sequence " + std::to_string(i));
   }
 }
 

@@ -17,7 +17,8 @@ using nlohmann::json;
 TEST(ProtocolTest, OpValuesAndNamesArePinned) {
   const std::vector<std::pair<Op, std::string>> pinned = {
       {Op::kReady, "ready"}, {Op::kError, "error"}, {Op::kDone, "done"},         {Op::kRun, "run"},  {Op::kStop, "stop"},
-      {Op::kPing, "ping"},   {Op::kGenerate, "generate"}, {Op::kDecode, "decode"}, {Op::kEnd, "end"}};
+      {Op::kPing, "ping"},   {Op::kGenerate, "generate"}, {Op::kDecode, "decode"}, {Op::kEnd, "end"},
+      {Op::kStep, "step"}};
   ASSERT_EQ(static_cast<int>(pinned.size()), kOpCount);
   for (size_t i = 0; i < pinned.size(); ++i) {
     EXPECT_EQ(static_cast<int>(pinned[i].first), static_cast<int>(i));
@@ -31,7 +32,8 @@ TEST(ProtocolTest, OpValuesAndNamesArePinned) {
 TEST(ProtocolTest, EveryMessageRoundTrips) {
   const std::vector<ToWorker> to_worker = {msg::Run{7}, msg::Stop{}, msg::Ping{}, msg::Generate{64}, msg::Decode{3, 60},
                                            msg::End{}, msg::Generate{64, true, 0, false},
-                                           msg::Generate{64, false, msg::kMaxPrefixSlots - 1, true}};
+                                           msg::Generate{64, false, msg::kMaxSlots - 1, true},
+                                           msg::Step{{0, 5, msg::kMaxSlots - 1}, {12, 0, 100}}};
   for (const ToWorker& m : to_worker) {
     const json j = to_json(m);
     EXPECT_EQ(j["op"], op_name(op_of(m)));
@@ -62,10 +64,19 @@ TEST(ProtocolTest, BadMessagesAreRefused) {
       R"({"op": "run", "n": 1e300})",         // absurd
       R"({"op": "decode", "n": 1, "pos": -1})",
       R"({"op": "generate", "positions": 0})",
-      R"({"op": "generate", "positions": 8, "slot": 8})",    // past the prefix-cache slots
+      R"({"op": "generate", "positions": 8, "slot": 32})",   // past the slots (msg::kMaxSlots)
       R"({"op": "generate", "positions": 8, "slot": -2})",
       R"({"op": "generate", "positions": 8, "slot": 0, "reuse": 1})",  // not a bool
       R"({"op": "generate", "positions": 8, "reuse": true})",  // reuse of no slot
+      R"({"op": "step"})",                                      // no rows
+      R"({"op": "step", "slots": [], "pos": []})",
+      R"({"op": "step", "slots": [0, 1], "pos": [3]})",         // unequal
+      R"({"op": "step", "slots": [1, 1], "pos": [3, 4]})",      // a slot twice
+      R"({"op": "step", "slots": [32], "pos": [3]})",           // past the slots
+      R"({"op": "step", "slots": [0], "pos": [-1]})",
+      R"({"op": "step", "slots": [0], "pos": [1.5]})",
+      R"({"op": "step", "slots": "0", "pos": [1]})",
+      R"({"op": "step", "slots": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,0], "pos": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]})",
   };
   for (const std::string& text : to_worker_bad) {
     const json j = json::parse(text);
