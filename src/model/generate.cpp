@@ -95,8 +95,23 @@ int64_t reusable_prefix(const std::vector<int64_t>& cached, const std::vector<in
 
 CacheSpec generation_cache(const ModelConfig& c, const GenerateOptions& opts) { return {context_size(c, opts), opts.kv_dtype}; }
 
+Result<Tensor> chunk_logits(const Transformer& model, Tensor y, bool last_row_only, core::ThreadPool* pool) {
+  model.finish_hidden(y, pool);
+  ForwardOutput out;
+  TESSERA_RETURN_IF_ERROR(model.head(y, last_row_only, &out, pool));
+  return out.logits;
+}
+
 Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::vector<int64_t>& prompt,
                                            const GenerateOptions& opts, core::ThreadPool* pool, const ChunkLayers& layers) {
+  return generate_logits(model, prompt, opts, [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    TESSERA_ASSIGN_OR_RETURN(Tensor y, layers(std::move(x), pos0));
+    return chunk_logits(model, std::move(y), true, pool);
+  });
+}
+
+Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std::vector<int64_t>& prompt,
+                                             const GenerateOptions& opts, const ChunkLogits& logits) {
   const ModelConfig& c = model.config();
   if (!c.causal_lm())
     return core::invalid_argument("generation needs a causal LM with its head (GPT2LMHeadModel, LlamaForCausalLM, ...)");
@@ -125,12 +140,10 @@ Result<std::vector<int64_t>> generate_with(const Transformer& model, const std::
     if (static_cast<int64_t>(seq.size()) >= ctx) break;  // the context is full
     ModelInput chunk{{seq.begin() + pos, seq.end()}, {}, {}};
     TESSERA_ASSIGN_OR_RETURN(Tensor x, model.embed(chunk, pos));
-    TESSERA_ASSIGN_OR_RETURN(x, layers(std::move(x), pos));
-    model.finish_hidden(x, pool);
-    ForwardOutput out;
-    TESSERA_RETURN_IF_ERROR(model.head(x, true, &out, pool));
+    TESSERA_ASSIGN_OR_RETURN(const Tensor row, logits(std::move(x), pos));
+    if (row.numel() < c.vocab) return core::internal_error("a chunk gave " + std::to_string(row.numel()) + " logits");
     pos = static_cast<int64_t>(seq.size());
-    const int64_t next = pick_token(out.logits.f32(), c.vocab, opts, &rng_state);
+    const int64_t next = pick_token(row.f32(), c.vocab, opts, &rng_state);
     if (next < 0) return core::internal_error("the model produced only NaN logits at position " + std::to_string(pos));
     seq.push_back(next);
     if (opts.on_token) opts.on_token(next);

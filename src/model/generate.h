@@ -71,6 +71,17 @@ core::Result<std::vector<int64_t>> generate_with(const Transformer& model, const
                                                  const GenerateOptions& opts, core::ThreadPool* pool,
                                                  const ChunkLayers& layers);
 
+// The same loop with all of a chunk's model work in `logits`: the layers,
+// ln_f and the head, returning the logits of the chunk's last row [1, V]
+// (continuous batching runs the head on every sequence's row at once).
+using ChunkLogits = std::function<core::Result<core::Tensor>(core::Tensor x, int64_t pos0)>;
+core::Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std::vector<int64_t>& prompt,
+                                                   const GenerateOptions& opts, const ChunkLogits& logits);
+// ln_f and the head on a chunk's last layer output y [n, F]: the logits of
+// its last row, or of every row (last_row_only false: [n, V]).
+core::Result<core::Tensor> chunk_logits(const Transformer& model, core::Tensor y, bool last_row_only,
+                                        core::ThreadPool* pool);
+
 // The seed that continues a sampled generation after `tokens` new tokens:
 // generate(prompt + those tokens, seed = resume_seed(seed, tokens)) picks
 // what the unbroken generation would have picked next (the sampler's state

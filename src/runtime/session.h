@@ -179,6 +179,7 @@ class Session {
   std::condition_variable batch_cv_;
   std::vector<StepSeat*> pending_;
   int decoding_ = 0;  // sequences past their prefill, not yet ended
+  double last_step_ms_ = 0;
   bool stepping_ = false;
   // A batched chunk or step that failed leaves the ranks' states unknown:
   // every later batched call fails with it (serve fails over).

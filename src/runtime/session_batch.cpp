@@ -25,16 +25,18 @@ using core::Tensor;
 
 namespace {
 // How long the first row of a step waits for the rows of the sequences
-// still sampling or streaming their last token: a slow client delays the
-// others by at most this much a step.
-constexpr auto kGatherWindow = std::chrono::milliseconds(5);
+// still sampling or streaming their last token: as long as the last step
+// took, within these bounds. Waking eight threads on two cores took over
+// 5 ms often enough to halve the batches (docs/serving.md); a slow client
+// delays the others by at most one step's time a step.
+constexpr double kMinGatherMs = 5, kMaxGatherMs = 50;
 }  // namespace
 
 struct Session::StepSeat {
   size_t slot = 0;
   Tensor x;  // [1, F]
   int64_t pos = 0;
-  Result<Tensor> out = Tensor();
+  Result<Tensor> out = Tensor();  // the row's logits [1, V]
   bool done = false;
 };
 
@@ -140,7 +142,8 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
       TESSERA_RETURN_IF_ERROR(out.status());
       TESSERA_RETURN_IF_ERROR(st);
       processed = pos0 + n;
-      return out;
+      wire_lock.unlock();  // the head is the terminal's alone
+      return model::chunk_logits(*model_, std::move(out).value(), true, pool_.get());
     }();
     std::lock_guard<std::mutex> l(batch_mu_);
     if (!y.ok()) {
@@ -151,7 +154,9 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     ++decoding_;
     return y;
   };
-  auto layers = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+  // Each chunk's layers, ln_f and head: the head of a step runs on every
+  // sequence's row at once (its weights are as large as a few layers').
+  auto logits = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
     if (!decoding) return prefill(std::move(x), pos0);
     auto y = batched_step(si, std::move(x), pos0);
     if (y.ok()) processed = pos0 + 1;
@@ -159,7 +164,7 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
   };
   auto seq = [&] {
     const core::ScopedDeviceSpeed speed(device_speed_of(0));
-    return model::generate_with(*model_, prompt, run_opts, pool_.get(), layers);
+    return model::generate_logits(*model_, prompt, run_opts, logits);
   }();
   TESSERA_RETURN_IF_ERROR(seq.status());
   if (opts_.prefix_slots > 0) slot.tokens.assign(seq->begin(), seq->begin() + processed);
@@ -173,7 +178,9 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
   TESSERA_RETURN_IF_ERROR(broken_);
   pending_.push_back(&seat);
   batch_cv_.notify_all();
-  const auto gather_until = std::chrono::steady_clock::now() + kGatherWindow;
+  const auto gather_until =
+      std::chrono::steady_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(1000 * std::clamp(last_step_ms_, kMinGatherMs, kMaxGatherMs)));
   // Not done and no step running: the seat is still pending (a leader
   // marks its seats done before it clears stepping_, under the lock).
   while (!seat.done) {
@@ -191,8 +198,10 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
     stepping_ = true;
     l.unlock();
+    const core::Timer t;
     run_step(batch);
     l.lock();
+    last_step_ms_ = t.ms();
     for (StepSeat* s : batch) s->done = true;
     stepping_ = false;
     batch_cv_.notify_all();
@@ -224,8 +233,10 @@ void Session::run_step(const std::vector<StepSeat*>& seats) {
     const int told = std::min(group_->size(), decs[0]->ranks_in(1, step.pos[0]));
     for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, step, timeout));
     if (told <= 1) wire_lock.unlock();  // the terminal alone (a pair's steps): pings go on
-    TESSERA_ASSIGN_OR_RETURN(Tensor y, parallel::step_rows(decs, std::move(x), step.pos, pool_.get()));
-    if (y.rank() != 2 || y.dim(0) != b) return core::internal_error("a batched step gave the wrong rows");
+    TESSERA_ASSIGN_OR_RETURN(Tensor h, parallel::step_rows(decs, std::move(x), step.pos, pool_.get()));
+    if (h.rank() != 2 || h.dim(0) != b) return core::internal_error("a batched step gave the wrong rows");
+    if (wire_lock.owns_lock()) wire_lock.unlock();  // the head is the terminal's alone
+    TESSERA_ASSIGN_OR_RETURN(Tensor y, model::chunk_logits(*model_, std::move(h), false, pool_.get()));
     const int64_t cols = y.dim(1);
     for (int64_t i = 0; i < b; ++i) {
       Tensor row = Tensor::zeros_f32({1, cols});

@@ -821,7 +821,7 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
 // one device gives it alone (each replays from the tokens it had).
 TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) {
   Server s({"--model", kData + "/gpt2-tiny", "--devices", "3", "--strategy", "tp", "--max-batch", "4", "--link",
-            "100mbit,5ms", "--failover-timeout", "1000"});
+            "100mbit,5ms", "--failover-timeout", "5000"});
   ASSERT_TRUE(s.up()) << s.proc().log();
   const auto workers = s.proc().children();
   ASSERT_EQ(workers.size(), 2u) << s.proc().log();

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Aggregate tokens/s of `serve --max-batch B` against `--max-batch 1` (issue 27, continuous batching).
+
+  python3 bench/batch_throughput.py BUILD_DIR MODEL_DIR ROUNDS STREAMS BATCH [SERVE ARGS...]
+
+STREAMS clients at once, each a greedy /v1/completions of a 16-token prompt (token ids,
+seeded by the round and the client) and 64 new tokens. Both servers start once; in each
+round they take the same clients one after the other (never together), alternating which
+goes first. A round's figure is all completion tokens over the time from the first request
+to the last answer. With --max-batch 1 each request runs alone, so its tokens are the ones
+the request gets alone: the script checks that the batched server gives every stream the
+same tokens. Prints each round and the medians as JSON lines, with the batched server's
+mean batch occupancy (/metrics).
+"""
+import json, os, random, re, statistics, subprocess, sys, tempfile, threading, time, urllib.request
+
+build, model, rounds, streams, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+serve_args = sys.argv[6:]
+bin_ = os.path.join(build, "bin", "tessera")
+vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+PROMPT, NEW = 16, 64
+
+
+class Serve:
+    def __init__(self, *args):
+        self.log = tempfile.NamedTemporaryFile(prefix="tessera-batch-", suffix=".log", delete=False).name
+        self.p = subprocess.Popen([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "256",
+                                   "--queue", str(max(16, 2 * streams)), *args],
+                                  stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        end = time.time() + 300
+        while time.time() < end:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log).read())
+            if m:
+                self.port = int(m.group(1))
+                return
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("serve did not start: " + open(self.log).read())
+
+    def complete(self, ids):
+        body = {"prompt": ids, "max_tokens": NEW, "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read())["choices"][0]["token_ids"]
+
+    def metric(self, name):
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30).read().decode()
+        m = re.search(r"\n" + re.escape(name) + r" ([0-9.e+-]+)", text)
+        return float(m.group(1)) if m else 0.0
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
+
+
+def run(server, prompts):
+    """Tokens/s over all clients at once, and each client's tokens."""
+    out = [None] * len(prompts)
+    def client(i):
+        out[i] = server.complete(prompts[i])
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if any(o is None for o in out):
+        raise RuntimeError("a request failed")
+    return sum(len(o) for o in out) / seconds, out
+
+
+one = Serve("--max-batch", "1", *serve_args)
+many = Serve("--max-batch", str(batch), *serve_args)
+try:
+    # Warm-up: one request each (pages in the weights).
+    warm = [random.Random(-1).randrange(vocab) for _ in range(PROMPT)]
+    one.complete(warm)
+    many.complete(warm)
+    rows = []
+    for r in range(rounds):
+        rng = random.Random(r)
+        prompts = [[rng.randrange(vocab) for _ in range(PROMPT)] for _ in range(streams)]
+        order = [("one", one), ("many", many)] if r % 2 == 0 else [("many", many), ("one", one)]
+        got = {}
+        for name, server in order:
+            got[name] = run(server, prompts)
+        same = got["one"][1] == got["many"][1]
+        row = {"round": r, "tokens_per_s_batch1": round(got["one"][0], 2), f"tokens_per_s_batch{batch}": round(got["many"][0], 2),
+               "ratio": round(got["many"][0] / got["one"][0], 3), "streams_equal_alone": same}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        if not same:
+            for i, (a, b) in enumerate(zip(got["one"][1], got["many"][1])):
+                if a != b:
+                    print(json.dumps({"stream": i, "alone": a, "batched": b}), flush=True)
+    steps, rows_in_steps = many.metric("tessera_batch_occupancy_count"), many.metric("tessera_batch_occupancy_sum")
+    print(json.dumps({"median_ratio": statistics.median(r["ratio"] for r in rows),
+                      "median_tokens_per_s_batch1": statistics.median(r["tokens_per_s_batch1"] for r in rows),
+                      f"median_tokens_per_s_batch{batch}": statistics.median(r[f"tokens_per_s_batch{batch}"] for r in rows),
+                      "mean_occupancy": round(rows_in_steps / steps, 2) if steps else 0,
+                      "all_streams_equal_alone": all(r["streams_equal_alone"] for r in rows),
+                      "streams": streams, "max_batch": batch, "serve_args": " ".join(serve_args)}), flush=True)
+finally:
+    one.stop()
+    many.stop()
