@@ -17,8 +17,11 @@ import json, os, random, re, statistics, subprocess, sys, tempfile, threading, t
 build, model, rounds, streams, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 serve_args = sys.argv[6:]
 bin_ = os.path.join(build, "bin", "tessera")
-vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
-PROMPT, NEW = 16, 64
+# Prompt ids below the vocabulary: a GGUF file's is not read here, and every LLM has 30000 ids.
+config = os.path.join(model, "config.json")
+vocab = json.load(open(config))["vocab_size"] if os.path.isdir(model) else 30000
+# The figure: 16-token prompts, 64 new tokens (TESSERA_BATCH_NEW overrides the latter).
+PROMPT, NEW = 16, int(os.environ.get("TESSERA_BATCH_NEW", "64"))
 
 
 class Serve:
@@ -102,7 +105,7 @@ try:
                       f"median_tokens_per_s_batch{batch}": statistics.median(r[f"tokens_per_s_batch{batch}"] for r in rows),
                       "mean_occupancy": round(rows_in_steps / steps, 2) if steps else 0,
                       "all_streams_equal_alone": all(r["streams_equal_alone"] for r in rows),
-                      "streams": streams, "max_batch": batch, "serve_args": " ".join(serve_args)}), flush=True)
+                      "streams": streams, "max_batch": batch, "new_tokens": NEW, "serve_args": " ".join(serve_args)}), flush=True)
 finally:
     one.stop()
     many.stop()

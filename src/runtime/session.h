@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -178,8 +179,10 @@ class Session {
   std::mutex batch_mu_;
   std::condition_variable batch_cv_;
   std::vector<StepSeat*> pending_;
-  int decoding_ = 0;  // sequences past their prefill, not yet ended
+  int prefilling_ = 0;  // sequences with a slot, not yet prefilled
+  int decoding_ = 0;    // sequences past their prefill, not yet ended
   double last_step_ms_ = 0;
+  std::chrono::steady_clock::time_point last_step_end_;
   bool stepping_ = false;
   // A batched chunk or step that failed leaves the ranks' states unknown:
   // every later batched call fails with it (serve fails over).

@@ -13,6 +13,7 @@
 
 #include "core/device_speed.h"
 #include "core/io.h"
+#include "kernels/quant.h"
 #include "parallel/strategy.h"
 #include "runtime/protocol.h"
 #include "runtime/session.h"
@@ -80,24 +81,27 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     }
     PrefixSlot& s = prefix_[si];
     s.in_use = true;
+    ++prefilling_;
     s.used = ++prefix_clock_;
     s.tokens.clear();  // valid again only when this generation succeeds
   }
   PrefixSlot& slot = prefix_[si];
-  bool decoding = false;
+  bool prefilling = true, decoding = false;
   struct Leave {  // the slot and the batch, however the call ends
     Session& s;
     PrefixSlot& slot;
+    bool& prefilling;
     bool& decoding;
     ~Leave() {
       {
         std::lock_guard<std::mutex> l(s.batch_mu_);
         slot.in_use = false;
+        if (prefilling) --s.prefilling_;
         if (decoding) --s.decoding_;
       }
       s.batch_cv_.notify_all();
     }
-  } leave{*this, slot, decoding};
+  } leave{*this, slot, prefilling, decoding};
 
   auto tell_workers = [&](const ToWorker& m) {
     for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
@@ -146,6 +150,9 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
       return model::chunk_logits(*model_, std::move(out).value(), true, pool_.get());
     }();
     std::lock_guard<std::mutex> l(batch_mu_);
+    prefilling = false;
+    --prefilling_;
+    batch_cv_.notify_all();  // the steps held for it go on
     if (!y.ok()) {
       if (broken_.ok()) broken_ = y.status();
       return y;
@@ -178,22 +185,34 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
   TESSERA_RETURN_IF_ERROR(broken_);
   pending_.push_back(&seat);
   batch_cv_.notify_all();
-  const auto gather_until =
-      std::chrono::steady_clock::now() +
-      std::chrono::microseconds(static_cast<int64_t>(1000 * std::clamp(last_step_ms_, kMinGatherMs, kMaxGatherMs)));
+  const auto submitted = std::chrono::steady_clock::now();
   // Not done and no step running: the seat is still pending (a leader
   // marks its seats done before it clears stepping_, under the lock).
   while (!seat.done) {
-    if (stepping_) {
+    // Prefills go first: a sequence that joins then steps with the batch
+    // at once (the streams all arrive together), and the slots
+    // bound how long steps can wait.
+    if (stepping_ || prefilling_ > 0) {
       batch_cv_.wait(l);
       continue;
     }
+    // The window opens when this row came or the last step ended, whichever
+    // is later: rows that waited through a step must wait for the rows of
+    // that step too, or the batch splits into two halves for good.
+    const auto gather_until =
+        std::max(submitted, last_step_end_) +
+        std::chrono::microseconds(static_cast<int64_t>(1000 * std::clamp(last_step_ms_, kMinGatherMs, kMaxGatherMs)));
     if (static_cast<int>(pending_.size()) < decoding_ && std::chrono::steady_clock::now() < gather_until) {
       batch_cv_.wait_until(l, gather_until);
       continue;
     }
-    // Lead this step: the rows pending now, at most max_batch of them.
-    const size_t take = std::min(pending_.size(), static_cast<size_t>(opts_.max_batch));
+    // Lead this step: the rows pending now, at most max_batch of them. With
+    // quantized weights at most the decode kernels' rows (more rows take
+    // the prefill's path, whose sums are added in another order): each
+    // sequence then gets the bits it gets alone.
+    int64_t cap = opts_.max_batch;
+    if (model_->config().weights != kernels::WeightType::kF32) cap = std::min(cap, kernels::kQuantDotRows);
+    const size_t take = std::min(pending_.size(), static_cast<size_t>(cap));
     std::vector<StepSeat*> batch(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
     stepping_ = true;
@@ -202,6 +221,7 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     run_step(batch);
     l.lock();
     last_step_ms_ = t.ms();
+    last_step_end_ = std::chrono::steady_clock::now();
     for (StepSeat* s : batch) s->done = true;
     stepping_ = false;
     batch_cv_.notify_all();

@@ -273,6 +273,13 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           dot_fn(ops, t)(seven.data(), q.size(), 7, nb, xq.data(), m, ldq, many.data(), 7);
           for (int64_t i = 0; i < m; ++i)
             for (int r = 0; r < 7; ++r) EXPECT_EQ(many[static_cast<size_t>(i * 7 + r)], out[static_cast<size_t>(i)]) << r;
+          // Each input row alone gives the same bits as with the others (a
+          // batched decode step equals each sequence's own step).
+          for (int64_t i = 0; i < m; ++i) {
+            float alone = -1.0f;
+            dot_fn(ops, t)(q.data(), 0, 1, nb, xq.data() + i * ldq, 1, ldq, &alone, 1);
+            EXPECT_EQ(alone, out[static_cast<size_t>(i)]) << isa_name(isa) << " " << weight_type_name(t) << " m=" << m << " row " << i;
+          }
           for (int64_t i = 0; i < m; ++i) {
             const float r = dot_row_ref(t, q.data(), nb, xq.data() + i * ldq);
             // Against the widened blocks in double: the same products.
