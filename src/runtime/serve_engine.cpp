@@ -77,26 +77,27 @@ void Engine::probe_dropped() {
 Status Engine::with_failover(const std::function<Status(Session&)>& attempt) {
   for (int tries = 0;; ++tries) {
     std::shared_ptr<Session> s;
+    uint64_t epoch = 0;  // which session (an address may be reused)
     {
       const std::lock_guard<std::mutex> l(engine_mu_);
       TESSERA_RETURN_IF_ERROR(ensure_session());
       s = session_;
+      epoch = session_epoch_;
       ++users_;
     }
     const Status st = attempt(*s);
-    const Session* failed = s.get();
     s.reset();  // let go before a failover needs the old session gone
     std::unique_lock<std::mutex> l(engine_mu_);
     --users_;
     users_cv_.notify_all();
     if (st.ok() || !device_failure(st)) return st;
     if (tries >= kMaxFailoversPerRequest) return core::unavailable("devices keep failing: " + st.message());
-    if (session_.get() != failed) continue;  // another request failed it over already
+    if (session_epoch_ != epoch) continue;  // another request failed it over already
     // The other requests on it fail at their next chunk or step (a batched
     // session breaks for all); the old session ends, its workers stopped
     // and daemons freed, only when the last of them lets go.
     users_cv_.wait_for(l, std::chrono::milliseconds(4 * opts_.failover_ms + 1000), [this] { return users_ == 0; });
-    if (session_.get() == failed) failover(st);
+    if (session_epoch_ == epoch) failover(st);
   }
 }
 
@@ -166,6 +167,7 @@ void Engine::reset_session() {
   {
     std::lock_guard<std::mutex> l(view_mu_);
     old = std::move(session_);
+    ++session_epoch_;
     members_.clear();
   }
   old.reset();  // stops the workers that are left (outside the lock: it waits)
@@ -280,6 +282,7 @@ Status Engine::start_session(bool first) {
     if (s.ok()) {
       std::lock_guard<std::mutex> l(view_mu_);
       session_ = std::move(*s);
+      ++session_epoch_;
       // The replaced session's model part and buffers were freed; hand the
       // pages back so that failovers do not ratchet the server's RSS.
       ::malloc_trim(0);

@@ -213,6 +213,7 @@ class Engine {
   std::mutex engine_mu_;
   std::condition_variable users_cv_;
   int users_ = 0;
+  uint64_t session_epoch_ = 0;  // counts the sessions started and ended
   mutable std::mutex view_mu_;  // the cluster's membership, members_ and session_ (the pointer) for /health
   std::optional<Cluster> cluster_;  // set by start()
   std::vector<int> members_;

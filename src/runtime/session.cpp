@@ -263,6 +263,9 @@ Result<std::unique_ptr<Session>> Session::start(const SessionOptions& opts) {
   TESSERA_RETURN_IF_ERROR(s->prepare_key());
   TESSERA_RETURN_IF_ERROR(s->opts_.cluster ? s->start_daemon_jobs() : s->fork_local_workers());
   TESSERA_RETURN_IF_ERROR(s->connect_and_load(cfg));
+  // Batched generations share it from their own threads: made once, here,
+  // rather than by whichever call comes first.
+  if (s->opts_.max_batch > 1) s->pool_ = std::make_unique<core::ThreadPool>(s->opts_.threads_per_device);
   return s;
 }
 

@@ -60,7 +60,6 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
   {
     std::unique_lock<std::mutex> l(batch_mu_);
     if (prefix_.empty()) prefix_.resize(static_cast<size_t>(slot_count()));
-    if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
     const auto free_slot = [&] {
       return !broken_.ok() || std::any_of(prefix_.begin(), prefix_.end(), [](const PrefixSlot& s) { return !s.in_use; });
     };
