@@ -94,7 +94,7 @@ def start_server(name, model, workers, terminal):
                 ", ".join(f'"tcp://127.0.0.1:{w}"' for w in workers) + "]\n")
     log = f"{work}/{name}.log"
     proc = spawn(["serve", "--model", f"{data}/{model}", "--cluster", cluster, "--key", f"{work}/k.key", "--strategy", "tp",
-                  "--port", "0", "--queue", "8"], log)
+                  "--port", "0", "--queue", "8", *os.environ.get("SOAK_SERVE_ARGS", "").split()], log)
     for _ in range(1200):
         text = open(log).read()
         if "listening on http://127.0.0.1:" in text:

@@ -6,6 +6,7 @@
 # answer equals its single-device reference, every invalid one gets 400,
 # RSS grows <= 10% after warm-up and both servers exit 0 on SIGTERM.
 #   bash bench/soak.sh [REQUESTS] [BUILD_DIR] [CLIENTS]      (default 1000, build, 4)
+# SOAK_SERVE_ARGS adds flags to both servers (e.g. "--max-batch 8").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE

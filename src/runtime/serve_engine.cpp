@@ -287,7 +287,8 @@ Status Engine::start_session(bool first) {
       // pages back so that failovers do not ratchet the server's RSS.
       ::malloc_trim(0);
       members_ = d->members;
-      spdlog::info("serve: {} over {} device(s){}", parallel::plan_name(d->plan), members_.size(),
+      spdlog::info("serve: {} over {} device(s){}{}", parallel::plan_name(d->plan), members_.size(),
+                   d->session.max_batch > 1 ? fmt::format(", batches of up to {}", d->session.max_batch) : std::string(),
                    d->chosen && d->chosen->measured_loss >= 0
                        ? fmt::format(", measured top-1 disagreement {:.2f}% (--max-loss {:.2f}%)",
                                      100.0 * d->chosen->measured_loss, 100.0 * opts_.max_loss)

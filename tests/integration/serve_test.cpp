@@ -611,40 +611,45 @@ TEST(ServeTest, IdleAndSlowConnectionsDoNotStarveOthers) {
 // Whole (not streamed) completions whose clients left stop at the next
 // token or, still queued, never start: the model is free for the next
 // client (before, each ran all its tokens for nobody).
+// One at a time (two of the three wait in the queue), and batched (all three
+// decode together and each leaves the batch at its next step).
 TEST(ServeTest, AbandonedWholeCompletionsStop) {
-  // 5 ms links: every token takes at least 10 ms, 100 tokens a second or more.
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--link", "1gbit,5ms"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 100}, {"temperature", 0}}.dump();
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  std::vector<int> fds;
-  for (int i = 0; i < 3; ++i) {
-    fds.push_back(s.connect_raw());
-    ASSERT_GE(fds.back(), 0);
-    ASSERT_EQ(::send(fds.back(), request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+  for (const char* batch : {"1", "3"}) {
+    SCOPED_TRACE(std::string("--max-batch ") + batch);
+    // 5 ms links: every token takes at least 10 ms, 100 tokens a second or more.
+    Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--link", "1gbit,5ms", "--max-batch", batch});
+    ASSERT_TRUE(s.up()) << s.proc().log();
+    const std::string body = json{{"prompt", kPrompt}, {"max_tokens", 100}, {"temperature", 0}}.dump();
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    std::vector<int> fds;
+    for (int i = 0; i < 3; ++i) {
+      fds.push_back(s.connect_raw());
+      ASSERT_GE(fds.back(), 0);
+      ASSERT_EQ(::send(fds.back(), request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    }
+    // All three admitted (generating, or queued behind the one), then their clients leave.
+    bool admitted = false;
+    for (const auto end = Clock::now() + std::chrono::seconds(60); !admitted && Clock::now() < end;) {
+      admitted = s.health().value("queue_depth", 0) >= 3;
+      if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(admitted) << s.proc().log();
+    for (int fd : fds) ::close(fd);
+    bool stopped = false;
+    std::string metrics;
+    for (const auto end = Clock::now() + std::chrono::seconds(60); !stopped && Clock::now() < end;) {
+      auto m = s.client().Get("/metrics");
+      metrics = m ? m->body : "";
+      stopped = metrics.find("tessera_requests_abandoned_total 3") != std::string::npos;
+      if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_TRUE(stopped) << metrics;
+    auto r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 4));
   }
-  // All three admitted (one generating, two queued), then their clients leave.
-  bool admitted = false;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); !admitted && Clock::now() < end;) {
-    admitted = s.health().value("queue_depth", 0) >= 3;
-    if (!admitted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(admitted) << s.proc().log();
-  for (int fd : fds) ::close(fd);
-  bool stopped = false;
-  std::string metrics;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); !stopped && Clock::now() < end;) {
-    auto m = s.client().Get("/metrics");
-    metrics = m ? m->body : "";
-    stopped = metrics.find("tessera_requests_abandoned_total 3") != std::string::npos;
-    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  EXPECT_TRUE(stopped) << metrics;
-  auto r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 4));
 }
 
 TEST(ServeTest, MissingKeyGets401) {

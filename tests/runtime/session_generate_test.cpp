@@ -243,6 +243,7 @@ TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
     o.plan = plan;
     o.timeout_ms = 30000;
     o.max_batch = 3;  // four calls: one waits for a slot
+    o.prefix_slots = 2;  // the slots are the prefix cache's too
     o.on_batch_step = [&](int rows) {
       std::lock_guard<std::mutex> l(mu);
       steps.push_back(rows);
@@ -282,6 +283,18 @@ TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
     EXPECT_EQ(std::accumulate(steps.begin(), steps.end(), int64_t{0}), rows) << label;
     EXPECT_LE(*std::max_element(steps.begin(), steps.end()), 3) << label;
     std::cout << label << ": " << steps.size() << " batched steps for " << rows << " rows\n";
+    // The prefix cache in the batch's slots: a call that continues the
+    // last one's tokens prefills only its new token.
+    auto a = session.generate(prompts[0], opts[0]);
+    ASSERT_TRUE(a.ok()) << label << ": " << a.status().to_string();
+    std::vector<int64_t> next = *a;
+    next.push_back(5);
+    int64_t cached = -1;
+    auto b = session.generate(next, opts[0], &cached);
+    ASSERT_TRUE(b.ok()) << label << ": " << b.status().to_string();
+    EXPECT_EQ(cached, static_cast<int64_t>(a->size()) - 1) << label;
+    const auto want = model::generate(m, next, opts[0], nullptr).value();
+    compare(want, *b, margins(m, want, next.size()), next.size(), label + " after a cached prefix");
   }
 }
 
