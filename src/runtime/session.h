@@ -174,6 +174,7 @@ class Session {
   struct StepSeat;
   core::Result<core::Tensor> batched_step(size_t slot, core::Tensor x, int64_t pos);
   void run_step(const std::vector<StepSeat*>& seats);
+  void break_batch(const core::Status& why);
   // The slots' in_use flags, the rows waiting for a step, who is decoding,
   // whether a step runs, and broken_. Taken after run_mu_, never before it.
   std::mutex batch_mu_;

@@ -1,6 +1,6 @@
 // Continuous batching on the terminal (SessionOptions::max_batch > 1):
 // concurrent Session::generate calls, each on its own thread running
-// model::generate_with, share the devices. A call prefills alone (between
+// model::generate_logits, share the devices. A call prefills alone (between
 // steps), and its decode steps meet the other calls' at a rendezvous: the
 // first row to arrive waits until every decoding sequence has sent its row
 // (or a short gather window passes), then runs one step of all of them
@@ -32,6 +32,16 @@ namespace {
 // delays the others by at most one step's time a step.
 constexpr double kMinGatherMs = 5, kMaxGatherMs = 50;
 }  // namespace
+
+// Every later batched call fails with it, as a device failure (so serve
+// fails the session over rather than keep a broken one): after a chunk or
+// step the workers heard of fails, the ranks' states are unknown.
+void Session::break_batch(const Status& why) {
+  std::lock_guard<std::mutex> l(batch_mu_);
+  if (!broken_.ok()) return;
+  const bool device = why.code() == core::ErrorCode::kNetwork || why.code() == core::ErrorCode::kTimeout;
+  broken_ = device ? why : core::network_error("a batched chunk failed on the terminal: " + why.message());
+}
 
 struct Session::StepSeat {
   size_t slot = 0;
@@ -119,12 +129,14 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     }
     std::unique_lock<std::mutex> wire_lock(wire_mu_);
     core::Timer t;
+    bool told = false;  // the workers heard of the chunk
     auto y = [&]() -> Result<Tensor> {
       if (!reuse) {
         slot.dec.reset();  // the old caches go before the new ones are allocated
         TESSERA_ASSIGN_OR_RETURN(slot.dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
         slot.spec = spec;
       }
+      told = group_->size() > 1;
       TESSERA_RETURN_IF_ERROR(tell_workers(
           msg::Generate{spec.positions, spec.dtype == core::DType::kF16, static_cast<int64_t>(si), reuse}));
       const int64_t n = x.dim(0);
@@ -148,14 +160,12 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
       wire_lock.unlock();  // the head is the terminal's alone
       return model::chunk_logits(*model_, std::move(out).value(), true, pool_.get());
     }();
+    if (!y.ok() && told) break_batch(y.status());
     std::lock_guard<std::mutex> l(batch_mu_);
     prefilling = false;
     --prefilling_;
     batch_cv_.notify_all();  // the steps held for it go on
-    if (!y.ok()) {
-      if (broken_.ok()) broken_ = y.status();
-      return y;
-    }
+    if (!y.ok()) return y;
     decoding = true;
     ++decoding_;
     return y;
@@ -265,10 +275,7 @@ void Session::run_step(const std::vector<StepSeat*>& seats) {
     return core::ok_status();
   }();
   if (!st.ok()) {
-    {
-      std::lock_guard<std::mutex> l(batch_mu_);
-      if (broken_.ok()) broken_ = st;
-    }
+    if (group_->size() > 1) break_batch(st);
     for (StepSeat* s : seats) s->out = st;
     return;
   }
