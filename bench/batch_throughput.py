@@ -14,6 +14,8 @@ mean batch occupancy (/metrics).
 """
 import json, os, random, re, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 
+from serve_util import start_serve
+
 build, model, rounds, streams, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 serve_args = sys.argv[6:]
 bin_ = os.path.join(build, "bin", "tessera")
@@ -26,20 +28,8 @@ PROMPT, NEW = 16, int(os.environ.get("TESSERA_BATCH_NEW", "64"))
 
 class Serve:
     def __init__(self, *args):
-        self.log = tempfile.NamedTemporaryFile(prefix="tessera-batch-", suffix=".log", delete=False).name
-        self.p = subprocess.Popen([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "256",
-                                   "--queue", str(max(16, 2 * streams)), *args],
-                                  stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        end = time.time() + 300
-        while time.time() < end:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log).read())
-            if m:
-                self.port = int(m.group(1))
-                return
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError("serve did not start: " + open(self.log).read())
+        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "256",
+                                                  "--queue", str(max(16, 2 * streams)), *args], "tessera-batch-")
 
     def complete(self, ids):
         body = {"prompt": ids, "max_tokens": NEW, "temperature": 0}

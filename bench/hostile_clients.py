@@ -15,6 +15,8 @@ Four measurements, each on a fresh server with gpt2-tiny:
 """
 import json, os, re, signal, socket, subprocess, sys, tempfile, time, urllib.request
 
+from serve_util import start_serve
+
 build = sys.argv[1] if len(sys.argv) > 1 else "build"
 data = sys.argv[2] if len(sys.argv) > 2 else "tests/data"
 bin_ = os.path.join(build, "bin", "tessera")
@@ -23,17 +25,7 @@ model = os.path.join(data, "gpt2-tiny")
 
 class Serve:
     def __init__(self, *args):
-        self.log = tempfile.NamedTemporaryFile(prefix="tessera-hostile-", suffix=".log", delete=False).name
-        self.p = subprocess.Popen([bin_, "serve", "--model", model, "--port", "0", *args],
-                                  stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        end = time.time() + 120
-        while time.time() < end:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log).read())
-            if m:
-                self.port = int(m.group(1))
-                return
-            time.sleep(0.05)
-        raise RuntimeError("serve did not start: " + open(self.log).read())
+        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", model, "--port", "0", *args], "tessera-hostile-")
 
     def post(self, body, timeout=120):
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),

@@ -13,6 +13,8 @@ that every turn's tokens are the same with the cache on and off.
 """
 import json, os, random, re, statistics, subprocess, sys, tempfile, time, urllib.request
 
+from serve_util import start_serve
+
 build, model, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 serve_args = sys.argv[4:]
 bin_ = os.path.join(build, "bin", "tessera")
@@ -22,19 +24,7 @@ HISTORY, NEW, GEN, TURNS = 400, 20, 20, 3
 
 class Serve:
     def __init__(self, *args):
-        self.log = tempfile.NamedTemporaryFile(prefix="tessera-prefix-", suffix=".log", delete=False).name
-        self.p = subprocess.Popen([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "1024", *args],
-                                  stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        end = time.time() + 300
-        while time.time() < end:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log).read())
-            if m:
-                self.port = int(m.group(1))
-                return
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError("serve did not start: " + open(self.log).read())
+        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "1024", *args], "tessera-prefix-")
 
     def stream(self, ids):
         """Seconds to the first token, and the generated ids."""
