@@ -40,8 +40,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (const auto* d = std::get_if<tessera::runtime::msg::Decode>(&*m); d && (d->n < 1 || d->pos < 0)) __builtin_trap();
       if (const auto* r = std::get_if<tessera::runtime::msg::Run>(&*m); r && r->n < 1) __builtin_trap();
       if (const auto* g = std::get_if<tessera::runtime::msg::Generate>(&*m);
-          g && (g->slot < -1 || g->slot >= tessera::runtime::msg::kMaxPrefixSlots || (g->reuse && g->slot < 0)))
+          g && (g->slot < -1 || g->slot >= tessera::runtime::msg::kMaxSlots || (g->reuse && g->slot < 0)))
         __builtin_trap();
+      if (const auto* s = std::get_if<tessera::runtime::msg::Step>(&*m)) {
+        // 1..kMaxSlots rows, as many positions, distinct slots in range, positions >= 0.
+        if (s->slots.empty() || s->slots.size() != s->pos.size() ||
+            s->slots.size() > static_cast<size_t>(tessera::runtime::msg::kMaxSlots))
+          __builtin_trap();
+        for (size_t i = 0; i < s->slots.size(); ++i) {
+          if (s->slots[i] < 0 || s->slots[i] >= tessera::runtime::msg::kMaxSlots || s->pos[i] < 0) __builtin_trap();
+          for (size_t k = 0; k < i; ++k)
+            if (s->slots[k] == s->slots[i]) __builtin_trap();
+        }
+      }
       auto back = tessera::runtime::to_worker_from_json(tessera::runtime::to_json(*m));
       if (!back.ok() || tessera::runtime::op_of(*back) != tessera::runtime::op_of(*m)) __builtin_trap();
     }
