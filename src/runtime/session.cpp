@@ -345,18 +345,19 @@ Status Session::collect_stats(double latency_ms, json extra) {
   return core::ok_status();
 }
 
+Status Session::tell_workers(const ToWorker& m, int upto) {
+  const comm::Millis timeout(run_timeout_ms());  // serve's failover timeout notices a silent device
+  for (int w = 1; w < std::min(upto, group_->size()); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
+  return core::ok_status();
+}
+
 Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts,
                                                int64_t* cached_tokens) {
   if (opts_.max_batch > 1) return generate_batched(prompt, opts, cached_tokens);
   const std::lock_guard<std::mutex> run_lock(run_mu_);
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
   if (!pool_) pool_ = std::make_unique<core::ThreadPool>(opts_.threads_per_device);
-  const comm::Millis timeout(run_timeout_ms());  // serve's failover timeout notices a silent device
   const model::CacheSpec spec = model::generation_cache(model_->config(), opts);
-  auto tell_workers = [&](const ToWorker& m) {
-    for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
-    return core::ok_status();
-  };
   // The prefix cache: the slot whose tokens share the longest prefix with
   // the prompt (its caches hold those positions), else the least recently
   // used one, started afresh. One prompt row is always computed: its logits
@@ -409,7 +410,7 @@ Result<std::vector<int64_t>> Session::generate(const std::vector<int64_t>& promp
     // Only the ranks that take part (a pair's steps: its decode plan's):
     // the others would only wake for nothing.
     const int told = std::min(group_->size(), dec->ranks_in(n, pos0));
-    for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Decode{n, pos0}, timeout));
+    TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}, told));
     // The terminal alone (a pair's steps, a prompt after a reused prefix):
     // the idle workers still hear pings, however long the chunk.
     if (told <= 1) wire_lock.unlock();

@@ -167,6 +167,9 @@ class Session {
   uint64_t prefix_clock_ = 0;
   int64_t rss_before_load_ = 0;  // the terminal's resident memory just before it loaded
   core::Status collect_stats(double latency_ms, nlohmann::json extra);
+  // `m` to the workers below rank `upto` (all by default: a chunk names the
+  // ranks that take part, Decoder::ranks_in), each send within the run timeout.
+  core::Status tell_workers(const ToWorker& m, int upto = core::kMaxDevices);
   // Continuous batching (session_batch.cpp).
   int slot_count() const;
   core::Result<std::vector<int64_t>> generate_batched(const std::vector<int64_t>& prompt, const model::GenerateOptions& opts,

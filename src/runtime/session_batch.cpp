@@ -60,7 +60,6 @@ int Session::slot_count() const {
 Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t>& prompt,
                                                        const model::GenerateOptions& opts, int64_t* cached_tokens) {
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan_.strategy));
-  const comm::Millis timeout(run_timeout_ms());
   const model::CacheSpec spec = model::generation_cache(model_->config(), opts);
   // A free slot: with the prefix cache on, the one whose tokens share the
   // longest prefix with the prompt; else the least recently used.
@@ -112,10 +111,6 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     }
   } leave{*this, slot, prefilling, decoding};
 
-  auto tell_workers = [&](const ToWorker& m) {
-    for (int w = 1; w < group_->size(); ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, m, timeout));
-    return core::ok_status();
-  };
   model::GenerateOptions run_opts = opts;
   run_opts.cached_prefix = cached;
   int64_t processed = 0;
@@ -129,19 +124,19 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     }
     std::unique_lock<std::mutex> wire_lock(wire_mu_);
     core::Timer t;
-    bool told = false;  // the workers heard of the chunk
+    bool heard = false;  // the workers heard of the chunk
     auto y = [&]() -> Result<Tensor> {
       if (!reuse) {
         slot.dec.reset();  // the old caches go before the new ones are allocated
         TESSERA_ASSIGN_OR_RETURN(slot.dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
         slot.spec = spec;
       }
-      told = group_->size() > 1;
+      heard = group_->size() > 1;
       TESSERA_RETURN_IF_ERROR(tell_workers(
           msg::Generate{spec.positions, spec.dtype == core::DType::kF16, static_cast<int64_t>(si), reuse}));
       const int64_t n = x.dim(0);
       const int told = std::min(group_->size(), slot.dec->ranks_in(n, pos0));
-      for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, msg::Decode{n, pos0}, timeout));
+      TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}, told));
       if (told <= 1) wire_lock.unlock();  // the terminal alone: pings go on
       auto out = slot.dec->forward(std::move(x), n, pos0, pool_.get());
       if (!wire_lock.owns_lock()) wire_lock.lock();
@@ -160,7 +155,7 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
       wire_lock.unlock();  // the head is the terminal's alone
       return model::chunk_logits(*model_, std::move(out).value(), true, pool_.get());
     }();
-    if (!y.ok() && told) break_batch(y.status());
+    if (!y.ok() && heard) break_batch(y.status());
     std::lock_guard<std::mutex> l(batch_mu_);
     prefilling = false;
     --prefilling_;
@@ -257,10 +252,9 @@ void Session::run_step(const std::vector<StepSeat*>& seats) {
       decs.push_back(prefix_[s.slot].dec.get());
       std::memcpy(x.f32() + i * F, s.x.f32(), static_cast<size_t>(F) * sizeof(float));
     }
-    const comm::Millis timeout(run_timeout_ms());
     std::unique_lock<std::mutex> wire_lock(wire_mu_);
     const int told = std::min(group_->size(), decs[0]->ranks_in(1, step.pos[0]));
-    for (int w = 1; w < told; ++w) TESSERA_RETURN_IF_ERROR(send_to_worker(*group_, w, step, timeout));
+    TESSERA_RETURN_IF_ERROR(tell_workers(step, told));
     if (told <= 1) wire_lock.unlock();  // the terminal alone (a pair's steps): pings go on
     TESSERA_ASSIGN_OR_RETURN(Tensor h, parallel::step_rows(decs, std::move(x), step.pos, pool_.get()));
     if (h.rank() != 2 || h.dim(0) != b) return core::internal_error("a batched step gave the wrong rows");
