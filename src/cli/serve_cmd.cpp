@@ -97,6 +97,11 @@ void add_serve_command(CLI::App& app) {
                   "1: one request at a time")
       ->check(CLI::Range(1, 32))
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", f->serve.prefill_chunk,
+                  "with --max-batch > 1: a longer prompt is prefilled in chunks of this many tokens, the other "
+                  "streams' decode steps running between two (a long prompt no longer stalls them); 0: whole")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
   add_quantize_flag(cmd, f->serve.weights);
   cmd->callback([f] { throw CLI::RuntimeError(serve_command(*f)); });
 }

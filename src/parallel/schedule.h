@@ -25,6 +25,9 @@ struct Work {
   std::string what;  // "qkv", "attention", "ffn_in", ...
   int64_t m = 0, k = 0, n = 0;
   double flops = 0;  // 2 per multiply-add (GEMM, attention); 0 for element-wise
+  // Memory it streams that its FLOPs do not price: a decode step's read of
+  // its K/V caches (add_cache_reads), bound by bandwidth, not arithmetic.
+  int64_t bytes = 0;
 };
 
 // One collective (or point-to-point message) as this device takes part in it.

@@ -265,6 +265,9 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
 // Every device's kv_bytes in `s` (positions <= 0: none).
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions,
                   core::DType dtype = core::DType::kF32);
+// A decode step: each one-row attention call reads `keys` positions of the
+// K/V heads its query heads use, in `dtype`; its n_kv, FLOPs and bytes say so.
+void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype = core::DType::kF32);
 // The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
 // layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);

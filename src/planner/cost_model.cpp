@@ -14,7 +14,13 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d) {
   double s = 0;
   switch (w.kind) {
     case parallel::WorkKind::kGemm: s = w.flops / (d.gemm_gflops(w.m, w.k, w.n) * 1e9); break;
-    case parallel::WorkKind::kAttention: s = w.flops / (std::max(d.attention_gflops, 1e-6) * 1e9); break;
+    case parallel::WorkKind::kAttention:
+      // A step's one row over its caches reads them at the streaming rate,
+      // two FLOPs per float read. (The one-row profile's attention rate is of
+      // one row over one key: its overheads, not this arithmetic.)
+      if (w.bytes > 0 && d.stream_gbps > 0) s = static_cast<double>(w.bytes) / (d.stream_gbps * 1e9);
+      else s = w.flops / (std::max(d.attention_gflops, 1e-6) * 1e9);
+      break;
     case parallel::WorkKind::kElementwise:
       // Read and write each float once.
       s = 2.0 * static_cast<double>(w.m * w.n) * 4.0 / (std::max(d.elementwise_gbps, 1e-6) * 1e9);

@@ -24,8 +24,10 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // refuses the plan.
 // kv_positions > 0: a generation plan, whose devices also hold their KV
 // caches at that context.
+// cache_keys > 0: a decode step (n = 1) whose attention reads that many
+// cached positions.
 Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
-                            int64_t kv_positions, core::DType kv_dtype = core::DType::kF32) {
+                            int64_t kv_positions, core::DType kv_dtype = core::DType::kF32, int64_t cache_keys = 0) {
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
   {  // open choices (bp's --bp-plan auto) decided on the same profile
     TESSERA_ASSIGN_OR_RETURN(VariantChoice v, choose_variant(plan, c, p, n));
@@ -33,6 +35,7 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   }
   TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, n));
   parallel::add_kv_cache(s, plan, c, kv_positions, kv_dtype);
+  if (cache_keys > 0) parallel::add_cache_reads(s, c, cache_keys, kv_dtype);
   TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
   // A generation's prefill needs only its last row's logits (the first token).
   add_terminal_work(pred, c, p, n, kv_positions > 0 ? 1 : -1);
@@ -621,8 +624,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       }
     }
   }
-  // A generation: each decoding row's step (one row, the caches' attention
-  // aside), on its own devices' one-row profile.
+  // A generation: each decoding row's step (one row, and its attention over
+  // the cached positions), on its own devices' one-row profile.
   const bool generation = o.ctx_size > 0 && o.new_tokens > 0;
   double alone_total = kInf;
   if (generation) {
@@ -667,6 +670,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       }
     }
     const ClusterProfile& sp = o.step_profile != nullptr ? *o.step_profile : p;
+    // The N - 1 steps attend over n + 1 .. n + N - 1 cached positions: N/2 more than the prompt on average.
+    const int64_t step_keys = std::min(o.rows + o.new_tokens / 2, o.ctx_size);
     if (sp.size() != p.size()) return core::invalid_argument("the one-row profile has another device count");
     for (Candidate& r : table.rows) {
       if (!r.feasible || !parallel::plan_decodes(r.plan)) continue;
@@ -676,7 +681,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
                                           r.members.begin() + std::min<size_t>(r.members.size(), static_cast<size_t>(step.world)));
       model::ModelConfig ct = c;
       ct.weights = r.plan.weights;
-      auto pred = evaluate(step, ct, sp.subset(step_members), 1, 0);
+      auto pred = evaluate(step, ct, sp.subset(step_members), 1, 0, o.kv_dtype, step_keys);
       char buf[200];
       if (!pred.ok()) {
         r.notes.push_back("decode step not priced (" + pred.status().message() + "): not chosen for a generation");

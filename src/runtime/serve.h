@@ -36,6 +36,9 @@ struct ServeOptions {
   // Continuous batching (Session's max_batch): up to this many generations
   // run at once, their decode steps batched; 1: one request at a time.
   int max_batch = 1;
+  // With max_batch > 1: prompts longer than this are prefilled in chunks of
+  // it, the other streams' steps between two (Session's prefill_chunk); 0: whole.
+  int64_t prefill_chunk = 256;
   int max_connections = 512;  // HTTP connections served at once, a thread each; more wait
   int64_t max_body_bytes = 8 << 20;
   int64_t deadline_ms = 120000;  // per request, queueing included

@@ -276,6 +276,7 @@ Status Engine::start_session(bool first) {
     d->session.prefix_slots = prefix_slots(*d);
     if (config_.causal_lm() && opts_.max_batch > 1) {
       d->session.max_batch = opts_.max_batch;
+      d->session.prefill_chunk = opts_.prefill_chunk;
       d->session.on_batch_step = [m = &metrics_](int rows) { m->batch_step(rows); };
     }
     auto s = Session::start(d->session);

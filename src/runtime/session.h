@@ -76,6 +76,12 @@ struct SessionOptions {
   // caches in a slot on every rank (max(prefix_slots, max_batch) slots, at
   // most msg::kMaxSlots); the prefix cache still reuses them when on.
   int max_batch = 1;
+  // With max_batch > 1, a prompt longer than this many rows is prefilled in
+  // chunks of it, and the decode steps waiting go between two chunks: a
+  // long prompt no longer stalls the other streams for its whole prefill.
+  // 0: whole. A pair's prefill is never cut (its later chunks would run on
+  // the decode layout).
+  int64_t prefill_chunk = 0;
   // Called after each batched step with its rows (serve's occupancy figure).
   std::function<void(int rows)> on_batch_step;
 };
@@ -183,8 +189,9 @@ class Session {
   std::mutex batch_mu_;
   std::condition_variable batch_cv_;
   std::vector<StepSeat*> pending_;
-  int prefilling_ = 0;  // sequences with a slot, not yet prefilled
+  int prefilling_ = 0;  // sequences with a slot, not yet prefilled (less those between two chunks)
   int decoding_ = 0;    // sequences past their prefill, not yet ended
+  uint64_t steps_done_ = 0;
   double last_step_ms_ = 0;
   std::chrono::steady_clock::time_point last_step_end_;
   bool stepping_ = false;

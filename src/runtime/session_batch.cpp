@@ -1,7 +1,8 @@
 // Continuous batching on the terminal (SessionOptions::max_batch > 1):
 // concurrent Session::generate calls, each on its own thread running
-// model::generate_logits, share the devices. A call prefills alone (between
-// steps), and its decode steps meet the other calls' at a rendezvous: the
+// model::generate_logits, share the devices. A call prefills alone, between
+// steps (a long prompt in chunks, with steps between them:
+// SessionOptions::prefill_chunk), and its decode steps meet the other calls' at a rendezvous: the
 // first row to arrive waits until every decoding sequence has sent its row
 // (or a short gather window passes), then runs one step of all of them
 // (msg::Step to the workers, parallel::step_rows here). Sequences join and
@@ -113,10 +114,13 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
 
   model::GenerateOptions run_opts = opts;
   run_opts.cached_prefix = cached;
-  int64_t processed = 0;
-  // The prefill: alone on the wire, between two steps. The workers keep the
-  // slot's decoder after "end", for the steps.
-  auto prefill = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+  int64_t processed = 0, chunks = 0;
+  double prefill_ms = 0;
+  // One chunk of the prefill, alone on the wire, between two steps: rows
+  // from pos0 into the slot's caches (new ones first unless `keep`). The
+  // workers keep the slot's decoder after "end", for the next chunk and the
+  // steps. The last chunk's last row gives the logits.
+  auto run_chunk = [&](Tensor x, int64_t pos0, bool keep, bool last) -> Result<Tensor> {
     const std::lock_guard<std::mutex> run_lock(run_mu_);
     {
       std::lock_guard<std::mutex> l(batch_mu_);
@@ -126,14 +130,14 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     core::Timer t;
     bool heard = false;  // the workers heard of the chunk
     auto y = [&]() -> Result<Tensor> {
-      if (!reuse) {
+      if (!keep) {
         slot.dec.reset();  // the old caches go before the new ones are allocated
         TESSERA_ASSIGN_OR_RETURN(slot.dec, parallel::make_decoder(*strategy, *model_, plan_, *sync_, spec));
         slot.spec = spec;
       }
       heard = group_->size() > 1;
       TESSERA_RETURN_IF_ERROR(tell_workers(
-          msg::Generate{spec.positions, spec.dtype == core::DType::kF16, static_cast<int64_t>(si), reuse}));
+          msg::Generate{spec.positions, spec.dtype == core::DType::kF16, static_cast<int64_t>(si), keep}));
       const int64_t n = x.dim(0);
       const int told = std::min(group_->size(), slot.dec->ranks_in(n, pos0));
       TESSERA_RETURN_IF_ERROR(tell_workers(msg::Decode{n, pos0}, told));
@@ -141,21 +145,53 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
       auto out = slot.dec->forward(std::move(x), n, pos0, pool_.get());
       if (!wire_lock.owns_lock()) wire_lock.lock();
       const double ms = t.ms();
+      prefill_ms += ms;
+      ++chunks;
       // The workers end the chunk even when it failed; its own error comes first.
       Status st = tell_workers(msg::End{});
       if (st.ok())
         st = collect_stats(ms, {{"rows", n},
                                 {"prompt_tokens", prompt.size()},
                                 {"prefix_cached_tokens", cached},
-                                {"prefill_ms", ms},
+                                {"prefill_ms", prefill_ms},
+                                {"prefill_chunks", chunks},
                                 {"max_batch", opts_.max_batch}});
       TESSERA_RETURN_IF_ERROR(out.status());
       TESSERA_RETURN_IF_ERROR(st);
       processed = pos0 + n;
+      if (!last) return Tensor();
       wire_lock.unlock();  // the head is the terminal's alone
       return model::chunk_logits(*model_, std::move(out).value(), true, pool_.get());
     }();
     if (!y.ok() && heard) break_batch(y.status());
+    return y;
+  };
+  // Between two chunks the rows waiting for a step get one; rows still on
+  // their way are not waited for past about a gather window.
+  auto let_steps_run = [&] {
+    std::unique_lock<std::mutex> l(batch_mu_);
+    --prefilling_;
+    const uint64_t seen = steps_done_;
+    batch_cv_.notify_all();
+    batch_cv_.wait_for(l, std::chrono::microseconds(static_cast<int64_t>(1000 * (2 * kMaxGatherMs + last_step_ms_))), [&] {
+      return steps_done_ != seen || (pending_.empty() && !stepping_) || !broken_.ok();
+    });
+    ++prefilling_;
+  };
+  auto prefill = [&](Tensor x, int64_t pos0) -> Result<Tensor> {
+    const int64_t n = x.dim(0), F = x.dim(1);
+    // A pair's later chunks would run on its decode layout: its prefill stays whole.
+    const int64_t chunk = opts_.prefill_chunk > 0 && !plan_.decode ? std::min(opts_.prefill_chunk, n) : n;
+    Result<Tensor> y = Tensor();
+    int64_t at = 0;
+    do {
+      const int64_t rows = std::min(chunk, n - at);
+      if (at > 0) let_steps_run();
+      Tensor part = rows == n ? std::move(x) : Tensor::zeros_f32({rows, F});
+      if (rows != n) std::memcpy(part.f32(), x.f32() + at * F, static_cast<size_t>(rows * F) * sizeof(float));
+      y = run_chunk(std::move(part), pos0 + at, reuse || at > 0, at + rows == n);
+      at += rows;
+    } while (y.ok() && at < n);
     std::lock_guard<std::mutex> l(batch_mu_);
     prefilling = false;
     --prefilling_;
@@ -227,6 +263,7 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     last_step_ms_ = t.ms();
     last_step_end_ = std::chrono::steady_clock::now();
     for (StepSeat* s : batch) s->done = true;
+    ++steps_done_;
     stepping_ = false;
     batch_cv_.notify_all();
   }

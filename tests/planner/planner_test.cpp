@@ -642,8 +642,9 @@ TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
       EXPECT_GT(r.step_ms, 0) << r.plan.strategy;
       // More devices than the choice must have been predicted slower, or not
       // enough faster to be worth them (PlannerOptions::min_gain).
-      if (r.members.size() == g.members.size() && r.exact)
+      if (r.members.size() == g.members.size() && r.exact) {
         EXPECT_GE(r.generation_ms(500), g.generation_ms(500) * 0.99 - 1e-9) << r.plan.strategy << " " << latency_ms;
+      }
     }
     EXPECT_LE(g.generation_ms(500), row_of(gen.value(), "single").generation_ms(500) * 1.01 + 1e-9) << latency_ms;
     // The prompt alone priced the same rows the same way.
@@ -652,6 +653,34 @@ TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
     if (f.members.size() > 1 && g.members.size() == 1) ++prompt_on_two_generation_on_one;
   }
   EXPECT_GT(prompt_on_two_generation_on_one, 0);  // the case the pricing is for
+}
+
+// A step's attention reads the cached positions: the longer the prompt, the
+// slower each step, by the K/V bytes read at the streaming rate; a TP shard
+// reads its own heads' share, an F16 cache half the bytes.
+TEST(Planner, AStepIsPricedWithItsReadOfTheCaches) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.1, 10000);
+  auto steps = [&](int64_t prompt, core::DType kv) {
+    PlannerOptions o;
+    o.rows = prompt;
+    o.ctx_size = 1024;
+    o.new_tokens = 32;
+    o.kv_dtype = kv;
+    const auto t = plan_all(c, p, o);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return std::pair{row_of(t.value(), "single").step_ms, row_of(t.value(), "tp").step_ms};
+  };
+  const auto [single128, tp128] = steps(128, core::DType::kF32);
+  const auto [single512, tp512] = steps(512, core::DType::kF32);
+  const auto [single512h, tp512h] = steps(512, core::DType::kF16);
+  // 384 more keys in each of 12 layers: K and V, 256 floats each, at 10 GB/s.
+  const double more_ms = 384.0 * 12 * 2 * 256 * 4 / 10e9 * 1e3;
+  EXPECT_NEAR(single512 - single128, more_ms, 1e-6);
+  EXPECT_NEAR(tp512 - tp128, more_ms / 2, 1e-6);  // two heads of four each
+  EXPECT_NEAR(single512 - single512h, (more_ms / 384 * (512 + 16)) / 2, 1e-6);
 }
 
 // A pair (Voltage's prefill, the terminal's decode): its first token costs

@@ -298,6 +298,80 @@ TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
   }
 }
 
+// A prompt longer than SessionOptions::prefill_chunk is prefilled in chunks,
+// while another sequence decodes: both get the single device's tokens, every
+// decode row is in a batched step, and a pair's prefill stays whole.
+TEST(SessionGenerateTest, LongPromptsArePrefilledInChunksWhileOthersDecode) {
+  const std::string dir = gpt2_12l();
+  auto m = model::Transformer::load(dir).value();
+  const std::vector<int64_t> short_prompt = {42}, long_prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  model::GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.eos_token_id = -1;
+  std::vector<parallel::Plan> plans;
+  for (const auto& [s, k] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"tp", 2}, {"pipeline", 2}}) {
+    parallel::Plan p;
+    p.strategy = s;
+    p.world = k;
+    plans.push_back(p);
+  }
+  parallel::Plan pair, d;
+  pair.strategy = "voltage";
+  pair.world = 2;
+  d.strategy = "single";
+  d.world = 1;
+  pair.decode = std::make_shared<const parallel::Plan>(d);
+  plans.push_back(pair);
+  for (const parallel::Plan& plan : plans) {
+    const std::string label = plan.to_json().dump();
+    std::mutex mu;
+    int64_t step_rows = 0;
+    runtime::SessionOptions o;
+    o.model_dir = dir;
+    o.plan = plan;
+    o.timeout_ms = 30000;
+    o.max_batch = 2;
+    o.prefill_chunk = 3;
+    o.on_batch_step = [&](int rows) {
+      std::lock_guard<std::mutex> l(mu);
+      step_rows += rows;
+    };
+    auto started = runtime::Session::start(o);
+    ASSERT_TRUE(started.ok()) << label << ": " << started.status().to_string();
+    runtime::Session& session = **started;
+    std::condition_variable cv;
+    bool decoding = false;
+    core::Result<std::vector<int64_t>> a = core::internal_error("not run"), b = a;
+    std::thread ta([&] {
+      model::GenerateOptions ga = go;
+      ga.on_token = [&](int64_t) {
+        std::lock_guard<std::mutex> l(mu);
+        decoding = true;
+        cv.notify_all();
+      };
+      a = session.generate(short_prompt, ga);
+    });
+    std::thread tb([&] {  // the long prompt arrives while the short one decodes
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return decoding; });
+      }
+      b = session.generate(long_prompt, go);
+    });
+    ta.join();
+    tb.join();
+    ASSERT_TRUE(a.ok()) << label << ": " << a.status().to_string();
+    ASSERT_TRUE(b.ok()) << label << ": " << b.status().to_string();
+    for (const auto& [got, prompt] : {std::pair{&a, &short_prompt}, std::pair{&b, &long_prompt}}) {
+      const auto want = model::generate(m, *prompt, go, nullptr).value();
+      compare(want, **got, margins(m, want, prompt->size()), prompt->size(), label);
+    }
+    EXPECT_EQ(step_rows, 2 * (go.max_new_tokens - 1)) << label;  // the first token is each prefill's
+    // The long prompt's prefill was the last: 11 rows in chunks of 3.
+    EXPECT_EQ(session.last_stats().value("prefill_chunks", 0), plan.decode ? 1 : 4) << label;
+  }
+}
+
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
   const std::string dir = gpt2_12l();
   auto session = start(dir, "tp", 2);
