@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "comm/control.h"
+#include "comm/keys.h"
 #include "comm/link.h"
 #include "core/io.h"
 #include "core/json.h"
@@ -146,12 +147,16 @@ Result<LinkProfiles> measure_links(comm::Group& g, comm::Millis timeout) {
   return out;
 }
 
-Result<LinkProfiles> measure_local_links(int K, const std::string& link) {
+Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure) {
   if (K < 2) return LinkProfiles(static_cast<size_t>(std::max(K, 0)), std::vector<LinkProfile>(static_cast<size_t>(std::max(K, 0))));
   TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
   comm::LinkMatrix links;
   if (!link.empty()) {
     TESSERA_ASSIGN_OR_RETURN(links, comm::LinkMatrix::from_arg(link, K));
+  }
+  std::optional<comm::ClusterKey> key;
+  if (secure) {
+    TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
   }
   const comm::Millis wait(120000);
   std::vector<Result<LinkProfiles>> results(static_cast<size_t>(K), core::internal_error("not run"));
@@ -160,7 +165,8 @@ Result<LinkProfiles> measure_local_links(int K, const std::string& link) {
     o.rank = rank;
     o.endpoints = endpoints;
     o.group_id = "tessera-profile";
-    o.insecure = true;  // loopback measurement: the payload is zeros
+    o.insecure = !secure;
+    o.key = key;
     o.links = links;
     TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
     return measure_links(*g, wait);

@@ -35,8 +35,10 @@ using LinkProfiles = std::vector<std::vector<planner::LinkProfile>>;
 // acknowledgement. Rank 0 returns the K x K matrix, the others an empty one.
 [[nodiscard]] core::Result<LinkProfiles> measure_links(comm::Group& g, comm::Millis timeout);
 
-// K local devices: K ranks as threads over loopback with `link` emulated.
-[[nodiscard]] core::Result<LinkProfiles> measure_local_links(int K, const std::string& link);
+// K local devices: K ranks as threads over loopback with `link` emulated,
+// CURVE-encrypted with a throwaway key when `secure` (as the run will be:
+// encrypting and decrypting each message is part of a transfer's time).
+[[nodiscard]] core::Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure = true);
 
 // What a terminal asks a daemon. Part kDevice: measure (or read) the
 // device's profile and answer with it. Part kLinks: answer {"ok": true},

@@ -149,7 +149,7 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
     TESSERA_ASSIGN_OR_RETURN(planner::DeviceProfile d, device_profile(c, rows, opts_.threads_per_device, opts_.reprofile));
     d.memory_bytes /= K;  // local devices share this machine's memory
     p.devices.assign(static_cast<size_t>(K), d);
-    TESSERA_ASSIGN_OR_RETURN(p.links, measure_local_links(K, opts_.link));
+    TESSERA_ASSIGN_OR_RETURN(p.links, measure_local_links(K, opts_.link, !opts_.insecure));
   }
   if (p.size() != size())
     return core::invalid_argument("the profile has " + std::to_string(p.size()) + " devices, the cluster " +
