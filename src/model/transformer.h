@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -68,6 +69,13 @@ class Transformer {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // A generation pair whose decode layout's layers are not part of this
+  // model's (a TP shard beside Voltage's whole layers): those layers, loaded
+  // beside it (parallel::load_rank_model). Without one, this model.
+  void set_decode_layout(std::shared_ptr<const Transformer> m) { decode_layout_ = std::move(m); }
+  const Transformer& decode_layout() const { return decode_layout_ ? *decode_layout_ : *this; }
+  // The bytes of every weight loaded: this model's and a decode layout's.
+  size_t loaded_bytes() const { return weights_.bytes() + (decode_layout_ ? decode_layout_->loaded_bytes() : 0); }
 
   // Checks ids, token types, lengths and pixel shapes against the config.
   core::Status validate_input(const ModelInput& in) const;
@@ -122,6 +130,7 @@ class Transformer {
 
   ModelConfig config_;
   ModelWeights weights_;
+  std::shared_ptr<const Transformer> decode_layout_;
 };
 
 }  // namespace tessera::model

@@ -52,7 +52,15 @@ Status exchange_sum(Synchronizer& sync, float* data, int64_t n, std::vector<floa
 class TpDecoder final : public Decoder {
  public:
   TpDecoder(const model::Transformer& m, Synchronizer& sync, Range heads, int64_t il, model::KvCache cache)
-      : m_(m), sync_(sync), layers_(m, heads, il), cache_(std::move(cache)) {}
+      : m_(m), sync_(sync), heads_(heads), layers_(m, heads, il), cache_(std::move(cache)) {}
+
+  // A handover holds every K/V head: this rank keeps those its query heads read.
+  Status take_kv(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n) override {
+    const model::HeadShard s = m_.config().head_shard(heads_.begin, heads_.end);
+    if (s.kv_width() == 0) return core::ok_status();  // no heads here
+    const int64_t at = s.kv0 * s.head_dim;
+    return model::take_handover(cache_, l, k + at, ldk, v + at, ldv, s.kv_width(), n);
+  }
 
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
     const int64_t F = m_.config().hidden;
@@ -78,6 +86,7 @@ class TpDecoder final : public Decoder {
  private:
   const model::Transformer& m_;
   Synchronizer& sync_;
+  Range heads_;
   TpLayers layers_;
   model::KvCache cache_;
 };
@@ -101,7 +110,7 @@ class PairDecoder final : public Decoder {
       solo_sync_ = solo_->member(0);
       s = solo_sync_.get();
     }
-    TESSERA_ASSIGN_OR_RETURN(dec_, make_decoder(*ds, m_, d, *s, spec));
+    TESSERA_ASSIGN_OR_RETURN(dec_, make_decoder(*ds, m_.decode_layout(), d, *s, spec));
     return core::ok_status();
   }
 

@@ -438,16 +438,13 @@ Status complete_pair(Plan& plan, const Strategy& prefill, const model::ModelConf
     return core::invalid_argument("a pair's decode plan runs on 1 or " + std::to_string(plan.world) + " devices, not " +
                                   std::to_string(d.world));
   if (Status st = complete_plan(d, config); !st.ok()) return st.with_context("the decode plan");
-  for (int r = 0; r < d.world; ++r) {
-    // With every rank's share > 0, a prompt as long as the context gives each rank rows.
+  // With every rank's share > 0, a prompt as long as the context gives each rank rows.
+  for (int r = 0; r < d.world; ++r)
     if (!prefill.hands_over_kv(plan, config.max_positions, r))
       return core::unimplemented("strategy '" + plan.strategy + "' (as planned) does not hand device " + std::to_string(r) +
                                  " the K/V a decode needs (prefills of a pair: " + (prefills.empty() ? "none" : prefills) + ")");
-    if (!load_covers(load_options(plan, config, r), load_options(d, config, r), config.layers))
-      return core::unimplemented("device " + std::to_string(r) + " of the decode plan (" + d.strategy +
-                                 ") needs weights the prefill's (" + plan.strategy +
-                                 ") does not load; a pair that loads both layouts is not built");
-  }
+  // A decode layout whose weights are not part of the prefill's is loaded
+  // beside them (decode_load_options), and counted so (estimate).
   plan.decode = std::make_shared<const Plan>(std::move(d));
   return core::ok_status();
 }
@@ -512,6 +509,24 @@ model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& conf
   return o;
 }
 
+std::optional<model::LoadOptions> decode_load_options(const Plan& plan, const model::ModelConfig& config, int rank) {
+  if (!plan.decode || rank >= plan.decode->world) return std::nullopt;
+  model::LoadOptions d = load_options(*plan.decode, config, rank);
+  if (load_covers(load_options(plan, config, rank), d, config.layers)) return std::nullopt;
+  d.embeddings = d.head = false;
+  return d;
+}
+
+Result<model::Transformer> load_rank_model(const std::string& dir, const Plan& plan, const model::ModelConfig& config,
+                                           int rank) {
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(dir, load_options(plan, config, rank)));
+  if (const auto d = decode_load_options(plan, config, rank)) {
+    TESSERA_ASSIGN_OR_RETURN(model::Transformer layers, model::Transformer::load(dir, *d));
+    m.set_decode_layout(std::make_shared<const model::Transformer>(std::move(layers)));
+  }
+  return m;
+}
+
 Result<Tensor> run_layers(const model::Transformer& model, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
                           core::ThreadPool* pool) {
   TESSERA_ASSIGN_OR_RETURN(const Strategy* s, strategy_for(plan.strategy));
@@ -555,6 +570,16 @@ Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, in
   Schedule sched = s->estimate(plan, with_weights(config, plan), n);
   if (static_cast<int>(sched.devices.size()) != plan.world)
     return core::internal_error("strategy '" + plan.strategy + "' estimated the wrong number of devices");
+  // A pair's decode layout loaded beside the prefill's weights: its layers.
+  for (int r = 0; plan.decode && r < std::min(plan.decode->world, plan.world); ++r) {
+    const auto apart = decode_load_options(plan, config, r);
+    if (!apart) continue;
+    TESSERA_ASSIGN_OR_RETURN(const Schedule d, estimate(*plan.decode, config, 1));
+    const model::LoadOptions whole = load_options(*plan.decode, config, r);
+    sched.devices[static_cast<size_t>(r)].weight_bytes +=
+        d.devices[static_cast<size_t>(r)].weight_bytes -
+        (whole.embeddings || whole.head ? terminal_weight_bytes(with_weights(config, plan)) : 0);
+  }
   // A transfer's floats as one run of rows: exact when every message's rows
   // are whole 32-value blocks (hidden sizes and their K-way parts are).
   if (plan.wire != core::WireType::kF32)

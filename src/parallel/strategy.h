@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -203,6 +204,16 @@ std::string plan_name(const Plan& plan);
 // Common checks (world, ratios), then the strategy's own complete().
 [[nodiscard]] core::Status complete_plan(Plan& plan, const model::ModelConfig& config);
 model::LoadOptions load_options(const Plan& plan, const model::ModelConfig& config, int rank);
+// A pair whose decode layout on `rank` needs layers that the prefill's do
+// not hold in the same form (a TP shard beside Voltage's whole layers): what
+// the rank loads beside them, layers only (the terminal's embeddings and head
+// are the prefill's). None where the decode's weights are part of the
+// prefill's, or the rank is outside the decode plan. `plan` is completed.
+std::optional<model::LoadOptions> decode_load_options(const Plan& plan, const model::ModelConfig& config, int rank);
+// Rank `rank`'s model for a completed plan, with a pair's decode layout
+// beside it where decode_load_options says (Transformer::decode_layout).
+[[nodiscard]] core::Result<model::Transformer> load_rank_model(const std::string& dir, const Plan& plan,
+                                                               const model::ModelConfig& config, int rank);
 // `config` with the plan's weight type (what its ranks load).
 model::ModelConfig with_weights(const model::ModelConfig& config, const Plan& plan);
 // Runs every layer. Rank 0 passes the embedded input [n, F] and gets back the

@@ -48,6 +48,9 @@ class Tp final : public Strategy {
   }
 
   bool decodes() const override { return true; }
+  // After another layout's prefill (a pair) each device keeps its heads' K/V
+  // of the handover; its shard is loaded beside the prefill's layers.
+  bool takes_kv() const override { return true; }
   // Each device caches the K/V of its heads; a step is one row through the same layers.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 const model::CacheSpec& spec) const override {

@@ -51,7 +51,7 @@ Result<std::vector<model::Transformer>> load_rank_models(const std::string& dir,
   TESSERA_ASSIGN_OR_RETURN(model::ModelConfig cfg, model::load_config(dir));
   std::vector<model::Transformer> models;
   for (int r = 0; r < plan.world; ++r) {
-    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, model::Transformer::load(dir, parallel::load_options(plan, cfg, r)));
+    TESSERA_ASSIGN_OR_RETURN(model::Transformer m, parallel::load_rank_model(dir, plan, cfg, r));
     models.push_back(std::move(m));
   }
   return models;

@@ -214,8 +214,7 @@ Status Session::connect_and_load(const model::ModelConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(group_, comm::Group::create(go));
   start_heartbeats();  // workers that load faster than the terminal must not give up on it
   rss_before_load_ = memory_baseline();
-  TESSERA_ASSIGN_OR_RETURN(model::Transformer m,
-                           model::Transformer::load(opts_.model_dir, parallel::load_options(plan_, cfg, 0)));
+  TESSERA_ASSIGN_OR_RETURN(model::Transformer m, parallel::load_rank_model(opts_.model_dir, plan_, cfg, 0));
   model_ = std::make_unique<model::Transformer>(std::move(m));
   for (int r = 1; r < plan_.world; ++r) {
     TESSERA_ASSIGN_OR_RETURN(const ToTerminal reply, recv_from_worker(*group_, r, comm::Millis(opts_.timeout_ms)));
@@ -321,7 +320,7 @@ Result<RunResult> Session::run_input(const model::ModelInput& in, const std::str
 Status Session::collect_stats(double latency_ms, json extra) {
   const comm::Millis timeout(run_timeout_ms());
   json ranks = json::array();
-  ranks.push_back(rank_stats(*sync_, *group_, latency_ms, static_cast<int64_t>(model_->weights().bytes()), rss_before_load_));
+  ranks.push_back(rank_stats(*sync_, *group_, latency_ms, static_cast<int64_t>(model_->loaded_bytes()), rss_before_load_));
   for (int w = 1; w < group_->size(); ++w) {
     TESSERA_ASSIGN_OR_RETURN(const ToTerminal reply, recv_from_worker(*group_, w, timeout));
     const auto* done = std::get_if<msg::Done>(&reply);

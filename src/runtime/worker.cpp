@@ -205,13 +205,13 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* strategy, parallel::strategy_for(plan.strategy));
   core::Timer load;
   const int64_t rss_before_load = memory_baseline();
-  auto model = model::Transformer::load(model_dir, parallel::load_options(plan, cfg, job.rank));
+  auto model = parallel::load_rank_model(model_dir, plan, cfg, job.rank);
   const comm::Millis timeout(job.timeout_ms);
   if (!model.ok()) {
     (void)send_to_terminal(*group, msg::Error{model.status().to_string()}, timeout);
     return model.status();
   }
-  const int64_t weight_bytes = static_cast<int64_t>(model->weights().bytes());
+  const int64_t weight_bytes = static_cast<int64_t>(model->loaded_bytes());
   TESSERA_RETURN_IF_ERROR(send_to_terminal(*group, msg::Ready{weight_bytes, load.ms()}, timeout));
   kernels::set_blas_threads(job.threads);
   core::set_device_speed(job.device_speed);

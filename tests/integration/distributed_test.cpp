@@ -130,7 +130,7 @@ TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
 // heads (replicated over 3 devices), Llama 3 RoPE scaling, and post-LN OPT
 // with projected embeddings; every exact strategy but bp on 3 devices
 // equals the PyTorch reference, and tp, galaxy, pipeline and the pairs
-// (Voltage's or SP's prefill, the terminal's or a pipeline's decode) generate its greedy
+// (Voltage's or SP's prefill, the terminal's, a pipeline's or TP's decode) generate its greedy
 // continuation.
 TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
   for (const char* fixture : {"qwen3-mqa-tiny", "llama3rope-tiny", "opt-postln-tiny"}) {
@@ -159,9 +159,10 @@ TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
     }
     const std::string want = ids_arg("generate.output");
     const std::string prompt = ids_arg("generate.prompt");
-    // The pairs too: Voltage's or SP's prefill, the terminal's decode.
+    // The pairs too: Voltage's or SP's prefill, the terminal's, a pipeline's or TP's decode.
     for (const char* strategy : {"tp", "galaxy", "pipeline", "voltage --decode-strategy single", "sp --decode-strategy single",
-                                 "voltage --decode-strategy pipeline"}) {
+                                 "voltage --decode-strategy pipeline", "voltage --decode-strategy tp",
+                                 "sp --decode-strategy tp"}) {
       const auto r = run("generate --model " + dir + " --ids " + prompt + " --max-new-tokens 8 --greedy --strategy " +
                          strategy + " --devices 3");
       ASSERT_EQ(r.code, 0) << r.err;
@@ -323,23 +324,28 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
   const auto refused = run("generate --model " + dir + args + " --strategy voltage --devices 2");
   EXPECT_NE(refused.code, 0);
   EXPECT_NE(refused.err.find("cannot generate across devices"), std::string::npos) << refused.err;
-  // A pair: Voltage (or SP) prefills across the processes, the terminal decodes from the K/V it got.
+  // A pair: Voltage (or SP) prefills across the processes, the terminal (or
+  // TP on every process, its shards loaded beside the whole layers) decodes
+  // from the K/V it got.
   for (int k = 2; k <= 4; ++k)
-    for (const std::string prefill : {"voltage", "sp"}) {
-      const auto pair = run("generate --model " + dir + args + " --prefill-strategy " + prefill +
-                            " --decode-strategy single --devices " + std::to_string(k));
-      ASSERT_EQ(pair.code, 0) << pair.err;
-      EXPECT_EQ(pair.out, want) << prefill << " " << k;
-    }
+    for (const std::string prefill : {"voltage", "sp"})
+      for (const std::string decode : {"single", "tp"}) {
+        const auto pair = run("generate --model " + dir + args + " --prefill-strategy " + prefill +
+                              " --decode-strategy " + decode + " --devices " + std::to_string(k));
+        ASSERT_EQ(pair.code, 0) << pair.err;
+        EXPECT_EQ(pair.out, want) << prefill << "+" << decode << " " << k;
+      }
   {  // the trained copy model (32 tokens and the separator): its answer is mostly the prompt again, not degenerate
     std::string ids;
     for (int i = 0; i < 32; ++i) ids += std::to_string((i * 37 + 5) % 60) + ",";
     const std::string copy = "generate --model " + kData + "/gpt2-copy --ids " + ids + "61 --max-new-tokens 32 --greedy";
     const auto alone = run(copy);
     ASSERT_EQ(alone.code, 0) << alone.err;
-    const auto pair = run(copy + " --strategy voltage --decode-strategy single --devices 3 --partition 1,2,1");
-    ASSERT_EQ(pair.code, 0) << pair.err;
-    EXPECT_EQ(pair.out, alone.out);
+    for (const std::string decode : {"single", "tp"}) {
+      const auto pair = run(copy + " --strategy voltage --decode-strategy " + decode + " --devices 3 --partition 1,2,1");
+      ASSERT_EQ(pair.code, 0) << pair.err;
+      EXPECT_EQ(pair.out, alone.out) << decode;
+    }
   }
 
   const std::string key = tmp("cluster.key"), cluster = tmp("cluster.toml");

@@ -232,11 +232,13 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
   }
 }
 
-// A pair: Voltage or SP prefills across the devices and hands the terminal
-// every layer's K/V; the terminal decodes alone. Its tokens are one device's, on
-// random weights, on the trained copy model, on Llama-style layers, with
-// uneven shares, without the ring, in F16 caches and for a prompt too short
-// to give the terminal rows (the decode layout prefills it then).
+// A pair: Voltage or SP prefills across the devices and hands each decode
+// rank every layer's K/V; the terminal decodes alone, a pipeline, or TP
+// (each rank keeping its heads', its shard loaded beside the whole layers).
+// Its tokens are one device's, on random weights, on the trained copy model,
+// on Llama-style layers (grouped and multi-query K/V), with uneven shares,
+// without the ring, in F16 caches and for a prompt too short to give the
+// terminal rows (the decode layout prefills it then).
 Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object(),
                const std::string& prefill = "voltage", const std::string& decode = single_device_plan().strategy) {
   Plan p = make_plan(prefill, k, std::move(ratios), std::move(options));
@@ -251,11 +253,13 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   std::vector<Case> all;
   all.push_back(make_case(gpt2_12l(), {5, 17, 300, 42, 9, 11, 7, 3, 250, 18}, 16));
   all.push_back(make_case(kData + "/llama-tiny", {3, 9, 27, 81, 12, 5, 60}, 12));
+  all.push_back(make_case(kData + "/qwen3-mqa-tiny", {3, 9, 27, 81, 12, 5, 60}, 12));
   size_t compared = 0, runs = 0;
   for (const Case& c : all)
     for (int k = 2; k <= 4; ++k) {
       for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}}), pair_plan(k, {}, {}, "sp"),
-                            pair_plan(k, {}, {}, "voltage", "pipeline"), pair_plan(k, {}, {}, "sp", "pipeline")}) {
+                            pair_plan(k, {}, {}, "voltage", "pipeline"), pair_plan(k, {}, {}, "sp", "pipeline"),
+                            pair_plan(k, {}, {}, "voltage", "tp"), pair_plan(k, {}, {}, "sp", "tp")}) {
         const Compared r = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
                                    p.to_json().dump() + " " + c.dir);
         compared += r.steps;
@@ -266,12 +270,13 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   // The trained copy model stays 100% accurate (it is in F32 on one device).
   for (int k = 2; k <= 4; ++k)
     for (const std::string prefill : {"voltage", "sp"})
-      EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
-                                     -> core::Result<std::vector<int64_t>> {
-                  return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill), prompt, o);
-                }),
-                1.0)
-          << prefill << " K=" << k;
+      for (const std::string& decode : {single_device_plan().strategy, std::string("tp")})
+        EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
+                                       -> core::Result<std::vector<int64_t>> {
+                    return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill, decode), prompt, o);
+                  }),
+                  1.0)
+            << prefill << "+" << decode << " K=" << k;
   // Uneven shares, F16 caches, and a one-token prompt on 3 devices (two of
   // them without rows: the terminal's decoder prefills it).
   const Case& c = all.front();
@@ -283,6 +288,12 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   Plan mapped = pair_plan(3, {2, 1, 1});
   mapped.decode = std::make_shared<const Plan>(make_plan("pipeline", 3, {}, {{"layer_map", "0-2:1,3-7:0,8-11:2"}}));
   compare(c.want, generate_threads(c.dir, mapped, c.prompt, c.opts), c.margin, c.prompt.size(), "mapped pipeline decode");
+  // A TP decode with head shares of its own, and one into F16 caches.
+  Plan tp_shares = pair_plan(3, {2, 1, 1});
+  tp_shares.decode = std::make_shared<const Plan>(make_plan("tp", 3, {1, 2, 1}));
+  compare(c.want, generate_threads(c.dir, tp_shares, c.prompt, c.opts), c.margin, c.prompt.size(), "tp decode, own shares");
+  compare(f16.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}, {}, "voltage", "tp"), c.prompt, f16.opts), c.margin,
+          c.prompt.size(), "tp decode, f16");
   const Case one = make_case(c.dir, {42}, 8);
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), one.prompt, one.opts), one.margin, 1, "one token");
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}, {}, "sp"), one.prompt, one.opts), one.margin, 1,
@@ -299,9 +310,19 @@ TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   Plan tp_prefill = make_plan("tp", 2);  // tp holds its heads' K/V only
   tp_prefill.decode = std::make_shared<const Plan>(single_device_plan());
   refused(tp_prefill, "does not hand device 0 the K/V");
-  Plan tp_decode = make_plan("voltage", 2);  // a TP shard is packed apart from Voltage's whole layers
-  tp_decode.decode = std::make_shared<const Plan>(make_plan("tp", 2));
-  refused(tp_decode, "cannot decode after another layout's prefill");
+  Plan galaxy_decode = make_plan("voltage", 2);  // galaxy's decoders take no handover
+  galaxy_decode.decode = std::make_shared<const Plan>(make_plan("galaxy", 2));
+  refused(galaxy_decode, "cannot decode after another layout's prefill");
+  // A TP shard is packed apart from Voltage's whole layers: each rank loads it beside them.
+  Plan tp_decode = pair_plan(2, {}, {}, "voltage", "tp");
+  ASSERT_TRUE(complete_plan(tp_decode, cfg).ok());
+  EXPECT_EQ(tp_decode.decode->world, 2);
+  for (int r = 0; r < 2; ++r) {
+    const auto apart = decode_load_options(tp_decode, cfg, r);
+    ASSERT_TRUE(apart.has_value()) << r;
+    EXPECT_FALSE(apart->embeddings || apart->head) << r;  // the layers only: the terminal's are the prefill's
+  }
+  EXPECT_FALSE(decode_load_options(pair_plan(2), cfg, 0).has_value());  // the terminal's decode: its own layers
   refused(pair_plan(2, {0, 1}), "does not hand device 0");  // the terminal has no rows
   refused(pair_plan(2, {1, 0}, {}, "voltage", "pipeline"), "does not hand device 1");  // nor has device 1
   Plan three = pair_plan(3);
@@ -467,7 +488,8 @@ TEST(GenerateTest, BatchedStepsGiveEachSequenceItsOwnTokens) {
     size_t compared = 0;
     for (const Plan& p : {make_plan("single", 1), make_plan("tp", 2), make_plan("tp", 3, {1, 2, 1}),
                           make_plan("pipeline", 2), make_plan("pipeline", 3, {}, {{"micro_batches", 2}}),
-                          make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline")}) {
+                          make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline"),
+                          pair_plan(3, {}, {}, "voltage", "tp")}) {
       const auto got = batch::run(dir, p, prompts, join, new_tokens);
       for (size_t i = 0; i < prompts.size(); ++i)
         compared += compare(want[i].want, got[i], want[i].margin, prompts[i].size(),

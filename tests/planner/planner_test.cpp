@@ -501,10 +501,11 @@ TEST(Planner, GalaxyPlansWholeKvGroupsAndCountsTheirCaches) {
   for (int d = 0; d < 2; ++d) {
     const int64_t kv = parallel::kv_cache_bytes(gen->plan, c, d, 4096);
     EXPECT_GT(kv, 0);
-    if (gen->plan.ratios == plain->plan.ratios)
+    if (gen->plan.ratios == plain->plan.ratios) {
       EXPECT_EQ(gen->prediction.devices[static_cast<size_t>(d)].memory_bytes -
                     plain->prediction.devices[static_cast<size_t>(d)].memory_bytes,
                 kv);
+    }
   }
   // A budget that holds the weights but not the caches: the generation plan does not fit.
   ClusterProfile tight = p;
@@ -716,9 +717,24 @@ TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
                       parallel::kv_cache_bytes(*r.plan.decode, c, d, o.ctx_size));
       EXPECT_GT(r.step_ms, 0);
     }
+    if (r.plan.strategy == "voltage" && r.plan.decode->strategy == "tp") {
+      // A TP decode: each device loads its shard's layers beside Voltage's
+      // whole ones (not the terminal's embeddings and head again), and keeps
+      // its heads' caches. Its steps are the tp row's.
+      ASSERT_EQ(r.plan.decode->world, 2);
+      const auto shard = parallel::estimate(*r.plan.decode, c, 1).value();
+      for (int d = 0; d < 2; ++d) {
+        const int64_t layers = shard.devices[static_cast<size_t>(d)].weight_bytes - (d == 0 ? parallel::terminal_weight_bytes(c) : 0);
+        EXPECT_GT(layers, 0);
+        EXPECT_EQ(r.prediction.devices[static_cast<size_t>(d)].memory_bytes,
+                  voltage.prediction.devices[static_cast<size_t>(d)].memory_bytes + layers +
+                      parallel::kv_cache_bytes(*r.plan.decode, c, d, o.ctx_size));
+      }
+      EXPECT_NEAR(r.step_ms, row_of(gen.value(), "tp").step_ms, 1e-9);
+    }
   }
-  // voltage's and sp's prefill, each with the terminal's decode and with a pipeline's
-  EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 2}}));
+  // voltage's and sp's prefill, each with the terminal's decode, a pipeline's and TP's
+  EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 2}, {"tp", 2}}));
   ASSERT_NE(pair, nullptr);
   const Candidate& single = row_of(gen.value(), "single");
   EXPECT_EQ(pair->plan.strategy, "voltage");

@@ -113,11 +113,13 @@ TEST(JobTest, APairsDecodePlanIsCheckedLikeThePlan) {
     return parsed->completed_plan(config).status();
   };
   EXPECT_TRUE(with_decode({{"strategy", "single"}, {"world", 1}}).ok());
+  EXPECT_TRUE(with_decode({{"strategy", "tp"}, {"world", 2}}).ok());  // its shards loaded beside Voltage's layers
   const nlohmann::json single = {{"strategy", "single"}, {"world", 1}};
   for (const nlohmann::json& bad : std::vector<nlohmann::json>{
            {{"strategy", "single"}, {"world", 0}},                        // out of range
            {{"strategy", "single"}, {"world", 2}},                        // single runs on one device
-           {{"strategy", "tp"}, {"world", 2}},                            // its shards are not Voltage's layers
+           {{"strategy", "tp"}, {"world", 3}},                            // not the prefill's devices
+           {{"strategy", "galaxy"}, {"world", 2}},                        // takes no handover
            {{"strategy", "voltage"}, {"world", 2}},                       // does not decode
            {{"strategy", "nope"}, {"world", 1}},                          // unknown
            {{"strategy", "single"}, {"world", 1}, {"decode", single}},    // no nesting

@@ -234,6 +234,10 @@ TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
   d.world = 1;
   pair.decode = std::make_shared<const parallel::Plan>(d);
   plans.push_back(pair);
+  d.strategy = "tp";  // TP decodes on both, its shards loaded beside Voltage's layers
+  d.world = 2;
+  pair.decode = std::make_shared<const parallel::Plan>(d);
+  plans.push_back(pair);
   for (const parallel::Plan& plan : plans) {
     const std::string label = plan.to_json().dump();
     std::mutex mu;
