@@ -86,12 +86,23 @@ class Galaxy final : public Strategy {
                      core::ThreadPool* pool) const override {
     return run_cached(m, plan, sync, std::move(x), n, pool, nullptr, nullptr);
   }
+  // A pair's prefill for the terminal's decode: after each MHA block every
+  // device sends the K/V of its heads to the terminal (a row per device is
+  // Galaxy's own need). A decode on several devices would need its K/V
+  // scattered by its own layout: not built.
+  bool hands_over_kv(const Plan& plan, int64_t n, int rank) const override { return rank == 0 && n >= plan.world; }
+  Result<Tensor> run_handing_over(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
+                                  core::ThreadPool* pool, const KvSink& sink) const override {
+    return run_cached(m, plan, sync, std::move(x), n, pool, nullptr, nullptr, &sink);
+  }
   bool decodes() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 const model::CacheSpec& spec) const override;
-  // run(), and with `cache` the K/V of this rank's heads kept (positions 0..n-1).
+  // run(), and with `cache` the K/V of this rank's heads kept (positions
+  // 0..n-1); with `sink`, every head's K/V handed to the terminal's.
   Result<Tensor> run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x, int64_t n,
-                            core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const;
+                            core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache,
+                            const KvSink* sink = nullptr) const;
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override;
 
  private:
@@ -104,8 +115,45 @@ class Galaxy final : public Strategy {
   }
 };
 
+// The handover of layer l: each device's K/V heads of all n rows (its qkv
+// [n, q | k | v]) to the terminal, which puts them in place (a K/V head that
+// two devices read comes twice, the same) and hands the whole layer's over.
+Status hand_kv_to_terminal(const model::ModelConfig& c, const std::vector<Range>& heads, Synchronizer& sync,
+                           const float* qkv, int64_t n, int64_t l, const KvSink& sink, std::vector<float>& buf,
+                           std::vector<float>& whole) {
+  auto shard_of = [&](int r) { return c.head_shard(heads[static_cast<size_t>(r)].begin, heads[static_cast<size_t>(r)].end); };
+  const model::HeadShard mine = shard_of(sync.rank());
+  if (sync.rank() != 0) {
+    const int64_t kv2 = 2 * mine.kv_width();
+    if (kv2 == 0) return core::ok_status();
+    buf.resize(static_cast<size_t>(n * kv2));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(qkv + i * mine.qkv_width() + mine.q_width(), kv2, buf.data() + i * kv2);
+    return sync.send(0, buf);
+  }
+  const int64_t W = c.kv_width();
+  whole.resize(static_cast<size_t>(2 * n * W));  // K [n, W], then V [n, W]
+  auto put = [&](const model::HeadShard& s, const float* rows, int64_t ld) {
+    const int64_t kv = s.kv_width(), at = s.kv0 * s.head_dim;
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(rows + i * ld, kv, whole.data() + i * W + at);
+      std::copy_n(rows + i * ld + kv, kv, whole.data() + (n + i) * W + at);
+    }
+  };
+  if (mine.kv_width() > 0) put(mine, qkv + mine.q_width(), mine.qkv_width());
+  for (int r = 1; r < sync.world(); ++r) {
+    const model::HeadShard s = shard_of(r);
+    if (s.kv_width() == 0) continue;
+    buf.resize(static_cast<size_t>(n * 2 * s.kv_width()));
+    TESSERA_RETURN_IF_ERROR(sync.recv(r, buf));
+    put(s, buf.data(), 2 * s.kv_width());
+  }
+  return sink(l, whole.data(), W, whole.data() + n * W, W, n);
+}
+
 Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan, Synchronizer& sync, Tensor x,
-                                  int64_t n, core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache) const {
+                                  int64_t n, core::ThreadPool* pool, const TpLayers* kv, model::KvCache* cache,
+                                  const KvSink* sink) const {
   const model::ModelConfig& c = m.config();
   const int64_t F = c.hidden;
   const auto me = static_cast<size_t>(sync.rank());
@@ -115,6 +163,7 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
   const auto counts = seq_counts(n, sync.world());
   const auto at = row_offsets(counts);
   const int64_t s = counts[me];
+  std::vector<float> handover_buf, handover_whole;
 
   // Sequence-parallel state: the residual stream (xr), the input of the next
   // TP block (ar), the reduce-scatter result (g) and the MLP's residual (hr),
@@ -154,6 +203,9 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
                                nullptr, slot.out.data());
     };
     TESSERA_RETURN_IF_ERROR(block.run(floats(ar.f32(), s * F), qkv_tile, attention, out_proj, floats(g.f32(), s * F)));
+    if (sink != nullptr)
+      TESSERA_RETURN_IF_ERROR(hand_kv_to_terminal(c, head_ranges(c, plan.ratios), sync, qkv.f32(), n, l, *sink,
+                                                  handover_buf, handover_whole));
 
     // Connective block on this rank's rows: residual add and layer norm.
     const float* mlp_in = model::attention_residual(m, l, g.f32(), xr.f32(), true, s, ar.f32(), pool);
@@ -247,6 +299,11 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
       for (size_t q = 0; q < counts.size(); ++q)
         (overlap && q == last_in ? before1 : scatter1).work.push_back(gemm("attn_out", counts[q], w, F));
       scatter1.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "attn_out", ring_reduce_scatter_sent(counts, F, r), others));
+      // A pair's handover: this device's K/V heads of every row, to the terminal.
+      Phase handover{"kv handover", l, {}, {}, false};
+      if (plan.decode)
+        handover.transfers.push_back(
+            transfer(CollectiveKind::kGather, "kv", r == 0 ? 0 : n * (sd.qkv - sd.q), {0}));  // K and V
       Phase gather2{"mlp allgather", l, {elementwise("residual+norm", s, F)}, {}, overlap}, after2{"mlp last part", l, {}, {}, false};
       for (size_t q = 0; q < counts.size(); ++q)
         if (counts[q] > 0 && il > 0) (overlap && q == last_in ? after2 : gather2).work.push_back(gemm("ffn_in", counts[q], F, sd.ffn_in));
@@ -255,7 +312,7 @@ Schedule Galaxy::estimate(const Plan& plan, const model::ModelConfig& c, int64_t
       for (size_t q = 0; q < counts.size(); ++q)
         (overlap && q == last_in ? before2 : scatter2).work.push_back(gemm("ffn_out", counts[q], il, F));
       scatter2.transfers.push_back(transfer(CollectiveKind::kReduceScatter, "ffn_out", ring_reduce_scatter_sent(counts, F, r), others));
-      for (Phase* ph : {&gather1, &after1, &middle, &before1, &scatter1, &gather2, &after2, &before2, &scatter2})
+      for (Phase* ph : {&gather1, &after1, &middle, &before1, &scatter1, &handover, &gather2, &after2, &before2, &scatter2})
         d.phases.push_back(std::move(*ph));
       d.phases.push_back({"residual", l, {elementwise("residual+norm", s, F)}, {}, false});
     }

@@ -130,7 +130,8 @@ TEST(DistributedTest, EveryStrategyEqualsSingleDeviceWithProcesses) {
 // heads (replicated over 3 devices), Llama 3 RoPE scaling, and post-LN OPT
 // with projected embeddings; every exact strategy but bp on 3 devices
 // equals the PyTorch reference, and tp, galaxy, pipeline and the pairs
-// (Voltage's or SP's prefill, the terminal's, a pipeline's or TP's decode) generate its greedy
+// (Voltage's or SP's prefill, the terminal's, a pipeline's or TP's decode;
+// Galaxy's, the terminal's) generate its greedy
 // continuation.
 TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
   for (const char* fixture : {"qwen3-mqa-tiny", "llama3rope-tiny", "opt-postln-tiny"}) {
@@ -162,7 +163,7 @@ TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
     // The pairs too: Voltage's or SP's prefill, the terminal's, a pipeline's or TP's decode.
     for (const char* strategy : {"tp", "galaxy", "pipeline", "voltage --decode-strategy single", "sp --decode-strategy single",
                                  "voltage --decode-strategy pipeline", "voltage --decode-strategy tp",
-                                 "sp --decode-strategy tp"}) {
+                                 "sp --decode-strategy tp", "galaxy --decode-strategy single"}) {
       const auto r = run("generate --model " + dir + " --ids " + prompt + " --max-new-tokens 8 --greedy --strategy " +
                          strategy + " --devices 3");
       ASSERT_EQ(r.code, 0) << r.err;

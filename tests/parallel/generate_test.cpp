@@ -235,6 +235,8 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
 // A pair: Voltage or SP prefills across the devices and hands each decode
 // rank every layer's K/V; the terminal decodes alone, a pipeline, or TP
 // (each rank keeping its heads', its shard loaded beside the whole layers).
+// Galaxy's prefill sends the terminal every device's K/V heads for its
+// decode alone (its whole layers loaded beside its shard).
 // Its tokens are one device's, on random weights, on the trained copy model,
 // on Llama-style layers (grouped and multi-query K/V), with uneven shares,
 // without the ring, in F16 caches and for a prompt too short to give the
@@ -259,7 +261,8 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
     for (int k = 2; k <= 4; ++k) {
       for (const Plan& p : {pair_plan(k), pair_plan(k, {}, {{"overlap", false}}), pair_plan(k, {}, {}, "sp"),
                             pair_plan(k, {}, {}, "voltage", "pipeline"), pair_plan(k, {}, {}, "sp", "pipeline"),
-                            pair_plan(k, {}, {}, "voltage", "tp"), pair_plan(k, {}, {}, "sp", "tp")}) {
+                            pair_plan(k, {}, {}, "voltage", "tp"), pair_plan(k, {}, {}, "sp", "tp"),
+                            pair_plan(k, {}, {}, "galaxy"), pair_plan(k, {}, {{"overlap", false}}, "galaxy")}) {
         const Compared r = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
                                    p.to_json().dump() + " " + c.dir);
         compared += r.steps;
@@ -269,14 +272,14 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   EXPECT_GT(compared, runs);
   // The trained copy model stays 100% accurate (it is in F32 on one device).
   for (int k = 2; k <= 4; ++k)
-    for (const std::string prefill : {"voltage", "sp"})
-      for (const std::string& decode : {single_device_plan().strategy, std::string("tp")})
-        EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
-                                       -> core::Result<std::vector<int64_t>> {
-                    return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill, decode), prompt, o);
-                  }),
-                  1.0)
-            << prefill << "+" << decode << " K=" << k;
+    for (const auto& [prefill, decode] : std::vector<std::pair<std::string, std::string>>{
+             {"voltage", "single"}, {"voltage", "tp"}, {"sp", "single"}, {"sp", "tp"}, {"galaxy", "single"}})
+      EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
+                                     -> core::Result<std::vector<int64_t>> {
+                  return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill, decode), prompt, o);
+                }),
+                1.0)
+          << prefill << "+" << decode << " K=" << k;
   // Uneven shares, F16 caches, and a one-token prompt on 3 devices (two of
   // them without rows: the terminal's decoder prefills it).
   const Case& c = all.front();
@@ -298,6 +301,8 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}), one.prompt, one.opts), one.margin, 1, "one token");
   compare(one.want, generate_threads(c.dir, pair_plan(3, {1, 3, 2}, {}, "sp"), one.prompt, one.opts), one.margin, 1,
           "sp, one token");
+  compare(one.want, generate_threads(c.dir, pair_plan(3, {}, {}, "galaxy"), one.prompt, one.opts), one.margin, 1,
+          "galaxy, one token");  // fewer rows than devices: the terminal's decode prefills it
 }
 
 TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
@@ -313,6 +318,7 @@ TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   Plan galaxy_decode = make_plan("voltage", 2);  // galaxy's decoders take no handover
   galaxy_decode.decode = std::make_shared<const Plan>(make_plan("galaxy", 2));
   refused(galaxy_decode, "cannot decode after another layout's prefill");
+  refused(pair_plan(2, {}, {}, "galaxy", "pipeline"), "does not hand device 1");  // Galaxy hands the terminal only
   // A TP shard is packed apart from Voltage's whole layers: each rank loads it beside them.
   Plan tp_decode = pair_plan(2, {}, {}, "voltage", "tp");
   ASSERT_TRUE(complete_plan(tp_decode, cfg).ok());

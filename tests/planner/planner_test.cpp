@@ -732,9 +732,23 @@ TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
       }
       EXPECT_NEAR(r.step_ms, row_of(gen.value(), "tp").step_ms, 1e-9);
     }
+    if (r.plan.strategy == "galaxy") {
+      // Galaxy's prefill sends the terminal its K/V heads (a cost on the first
+      // token); the terminal loads whole layers beside its shard and keeps
+      // every cache, device 1 none (Galaxy's own decode keeps its heads' there).
+      const Candidate& galaxy = row_of(gen.value(), "galaxy");
+      EXPECT_EQ(r.plan.decode->strategy, "single");
+      EXPECT_GT(r.prediction.latency_ms, galaxy.prediction.latency_ms);
+      EXPECT_GT(r.prediction.devices[0].memory_bytes,
+                galaxy.prediction.devices[0].memory_bytes + parallel::kv_cache_bytes(*r.plan.decode, c, 0, o.ctx_size));
+      EXPECT_EQ(r.prediction.devices[1].memory_bytes,
+                galaxy.prediction.devices[1].memory_bytes - parallel::kv_cache_bytes(galaxy.plan, c, 1, o.ctx_size));
+      EXPECT_NEAR(r.step_ms, row_of(gen.value(), "single").step_ms, 1e-9);
+    }
   }
-  // voltage's and sp's prefill, each with the terminal's decode, a pipeline's and TP's
-  EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 2}, {"tp", 2}}));
+  // voltage's and sp's prefill, each with the terminal's decode, a pipeline's and TP's;
+  // galaxy's with the terminal's
+  EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 3}, {"tp", 2}}));
   ASSERT_NE(pair, nullptr);
   const Candidate& single = row_of(gen.value(), "single");
   EXPECT_EQ(pair->plan.strategy, "voltage");
