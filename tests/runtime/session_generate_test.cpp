@@ -200,6 +200,29 @@ TEST(SessionGenerateTest, PrefixCacheGivesTheSameTokensAndPrefillsOnlyTheRest) {
   EXPECT_GE(sessions, 5);  // single, tp, galaxy, pipeline on 2, and the pairs
 }
 
+// The plans a session test runs: each (strategy, devices), then Voltage's
+// prefill on 2 devices with each (decode strategy, devices).
+std::vector<parallel::Plan> session_plans(const std::vector<std::pair<std::string, int>>& plain,
+                                          const std::vector<std::pair<std::string, int>>& voltage_decodes) {
+  std::vector<parallel::Plan> plans;
+  for (const auto& [s, k] : plain) {
+    parallel::Plan p;
+    p.strategy = s;
+    p.world = k;
+    plans.push_back(p);
+  }
+  for (const auto& [s, k] : voltage_decodes) {
+    parallel::Plan pair, d;
+    pair.strategy = "voltage";
+    pair.world = 2;
+    d.strategy = s;
+    d.world = k;
+    pair.decode = std::make_shared<const parallel::Plan>(d);
+    plans.push_back(pair);
+  }
+  return plans;
+}
+
 // Continuous batching (SessionOptions::max_batch) with worker processes:
 // four concurrent generate() calls, greedy and seeded, with prompts of
 // different lengths (so their rows sit at different positions), each give
@@ -220,24 +243,10 @@ TEST(SessionGenerateTest, BatchedCallsEachGetTheirOwnTokens) {
       opts[i].top_k = 40;
     }
   }
-  std::vector<parallel::Plan> plans;
-  for (const auto& [s, k] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"tp", 2}, {"tp", 3}, {"pipeline", 2}}) {
-    parallel::Plan p;
-    p.strategy = s;
-    p.world = k;
-    plans.push_back(p);
-  }
-  parallel::Plan pair, d;
-  pair.strategy = "voltage";
-  pair.world = 2;
-  d.strategy = "single";
-  d.world = 1;
-  pair.decode = std::make_shared<const parallel::Plan>(d);
-  plans.push_back(pair);
-  d.strategy = "tp";  // TP decodes on both, its shards loaded beside Voltage's layers
-  d.world = 2;
-  pair.decode = std::make_shared<const parallel::Plan>(d);
-  plans.push_back(pair);
+  // The pairs: Voltage's prefill, the terminal's decode or TP's on both (its
+  // shards loaded beside Voltage's layers).
+  const std::vector<parallel::Plan> plans =
+      session_plans({{"single", 1}, {"tp", 2}, {"tp", 3}, {"pipeline", 2}}, {{"single", 1}, {"tp", 2}});
   for (const parallel::Plan& plan : plans) {
     const std::string label = plan.to_json().dump();
     std::mutex mu;
@@ -312,20 +321,7 @@ TEST(SessionGenerateTest, LongPromptsArePrefilledInChunksWhileOthersDecode) {
   model::GenerateOptions go;
   go.max_new_tokens = 12;
   go.eos_token_id = -1;
-  std::vector<parallel::Plan> plans;
-  for (const auto& [s, k] : std::vector<std::pair<std::string, int>>{{"single", 1}, {"tp", 2}, {"pipeline", 2}}) {
-    parallel::Plan p;
-    p.strategy = s;
-    p.world = k;
-    plans.push_back(p);
-  }
-  parallel::Plan pair, d;
-  pair.strategy = "voltage";
-  pair.world = 2;
-  d.strategy = "single";
-  d.world = 1;
-  pair.decode = std::make_shared<const parallel::Plan>(d);
-  plans.push_back(pair);
+  const std::vector<parallel::Plan> plans = session_plans({{"single", 1}, {"tp", 2}, {"pipeline", 2}}, {{"single", 1}});
   for (const parallel::Plan& plan : plans) {
     const std::string label = plan.to_json().dump();
     std::mutex mu;
