@@ -571,13 +571,15 @@ Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, in
   if (static_cast<int>(sched.devices.size()) != plan.world)
     return core::internal_error("strategy '" + plan.strategy + "' estimated the wrong number of devices");
   // A pair's decode layout loaded beside the prefill's weights: its layers.
+  std::optional<Schedule> decode;
   for (int r = 0; plan.decode && r < std::min(plan.decode->world, plan.world); ++r) {
-    const auto apart = decode_load_options(plan, config, r);
-    if (!apart) continue;
-    TESSERA_ASSIGN_OR_RETURN(const Schedule d, estimate(*plan.decode, config, 1));
+    if (!decode_load_options(plan, config, r)) continue;
+    if (!decode) {
+      TESSERA_ASSIGN_OR_RETURN(decode, estimate(*plan.decode, config, 1));
+    }
     const model::LoadOptions whole = load_options(*plan.decode, config, r);
     sched.devices[static_cast<size_t>(r)].weight_bytes +=
-        d.devices[static_cast<size_t>(r)].weight_bytes -
+        decode->devices[static_cast<size_t>(r)].weight_bytes -
         (whole.embeddings || whole.head ? terminal_weight_bytes(with_weights(config, plan)) : 0);
   }
   // A transfer's floats as one run of rows: exact when every message's rows
