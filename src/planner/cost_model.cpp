@@ -118,6 +118,20 @@ void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const Clus
   pred.comm_ms = std::max(0.0, pred.latency_ms - pred.compute_ms);
 }
 
+void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p) {
+  double slowest = 0;
+  for (size_t d = 0; d < s.devices.size() && d < pred.devices.size() && d < p.devices.size(); ++d) {
+    if (s.devices[d].kv_bytes <= 0 || p.devices[d].zero_gbps <= 0) continue;
+    // Memory, not a kernel: --device-speed does not slow it.
+    const double ms = 1e3 * static_cast<double>(s.devices[d].kv_bytes) / (p.devices[d].zero_gbps * 1e9);
+    pred.devices[d].compute_ms += ms;
+    pred.devices[d].end_ms += ms;
+    slowest = std::max(slowest, ms);
+  }
+  pred.latency_ms += slowest;
+  pred.compute_ms += slowest;
+}
+
 core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p) {
   const int K = static_cast<int>(s.devices.size());
   if (K < 1 || K > p.size())

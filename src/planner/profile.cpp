@@ -70,7 +70,7 @@ json DeviceProfile::to_json() const {
   for (const GemmSample& s : gemm) g.push_back({s.m, s.k, s.n, s.gflops});
   return {{"name", name},     {"threads", threads},       {"gemm", g},
           {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
-          {"stream_gbps", stream_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
+          {"stream_gbps", stream_gbps}, {"zero_gbps", zero_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
           {"speed", speed}};
 }
 
@@ -90,6 +90,7 @@ Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
   TESSERA_ASSIGN_OR_RETURN(d.attention_gflops, positive(j, "attention_gflops"));
   TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.stream_gbps, positive(j, "stream_gbps"));
+  TESSERA_ASSIGN_OR_RETURN(d.zero_gbps, core::json_field_number(j, "zero_gbps", 0.0, 1e12, 0.0));
   TESSERA_ASSIGN_OR_RETURN(d.memory_bytes, core::json_field_int(j, "memory_bytes", 0, INT64_MAX));
   TESSERA_ASSIGN_OR_RETURN(d.runtime_bytes, core::json_field_int(j, "runtime_bytes", 0, INT64_MAX, 0));
   TESSERA_ASSIGN_OR_RETURN(d.speed, core::json_field_number(j, "speed", 1e-3, 1e3, 1.0));
@@ -251,6 +252,17 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     });
     d.stream_gbps = static_cast<double>(floats * 4) / s / 1e9;
   }
+  {
+    // A generation's KV caches are allocated and zeroed when it starts: 64 MB
+    // is its own mapping each time, so every page is a fresh one (a fault).
+    const int64_t floats = 16 << 20;
+    volatile float sink = 0;
+    const double s = time_best(3, [&] {
+      const core::Tensor z = core::Tensor::zeros_f32({floats});
+      sink = sink + z.f32()[floats - 1];
+    });
+    d.zero_gbps = static_cast<double>(floats * 4) / s / 1e9;
+  }
   d.memory_bytes = static_cast<int64_t>(core::available_memory_bytes());
   return d;
 }
@@ -262,7 +274,7 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  return base + "/tessera/profile6-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  return base + "/tessera/profile7-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
 }
 

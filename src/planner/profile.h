@@ -29,6 +29,9 @@ struct DeviceProfile {
   double attention_gflops = 0;
   double elementwise_gbps = 0;  // bytes read + written per second by layer norm, in GB/s
   double stream_gbps = 0;       // a streaming read
+  // Fresh memory allocated and zeroed, page faults included: what a
+  // generation's KV caches cost when it starts (0: not measured).
+  double zero_gbps = 0;
   int64_t memory_bytes = 0;     // the memory available to Tessera (its budget)
   // What the kernels' libraries keep resident once used (JIT code, scratch
   // pools), on top of a plan's weights and activations.

@@ -684,6 +684,35 @@ TEST(Planner, AStepIsPricedWithItsReadOfTheCaches) {
   EXPECT_NEAR(single512 - single512h, (more_ms / 384 * (512 + 16)) / 2, 1e-6);
 }
 
+// A generation allocates and zeroes its caches when it starts: the first
+// token costs the slowest device's cache bytes at its zeroing rate more,
+// the steps nothing more; a profile without the rate prices none.
+TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  PlannerOptions o;
+  o.rows = 128;
+  o.ctx_size = 1024;
+  o.new_tokens = 8;
+  const ClusterProfile none = cluster({device(10), device(10)}, 0.1, 10000);
+  ClusterProfile zeroing = none;
+  zeroing.devices[0].zero_gbps = 5;
+  zeroing.devices[1].zero_gbps = 2.5;  // the slower device decides
+  const auto a = plan_all(c, none, o), b = plan_all(c, zeroing, o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (const std::string s : {"single", "tp"}) {
+    const Candidate &x = row_of(a.value(), s), &y = row_of(b.value(), s);
+    double slowest = 0;
+    for (int d = 0; d < static_cast<int>(y.members.size()); ++d)
+      slowest = std::max(slowest, 1e3 * static_cast<double>(parallel::kv_cache_bytes(y.plan, c, d, o.ctx_size)) /
+                                      (zeroing.devices[static_cast<size_t>(y.members[static_cast<size_t>(d)])].zero_gbps * 1e9));
+    EXPECT_GT(slowest, 0) << s;
+    EXPECT_NEAR(y.prediction.latency_ms - x.prediction.latency_ms, slowest, 1e-9) << s;
+    EXPECT_NEAR(y.step_ms, x.step_ms, 1e-12) << s;
+  }
+}
+
 // A pair (Voltage's prefill, the terminal's decode): its first token costs
 // Voltage's forward, each step the terminal's, its memory Voltage's weights
 // and the terminal's whole KV cache. Where links are fast and steps short,
