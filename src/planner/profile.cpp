@@ -253,15 +253,21 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     d.stream_gbps = static_cast<double>(floats * 4) / s / 1e9;
   }
   {
-    // A generation's KV caches are allocated and zeroed when it starts: 64 MB
-    // is its own mapping each time, so every page is a fresh one (a fault).
-    const int64_t floats = 16 << 20;
-    volatile float sink = 0;
-    const double s = time_best(3, [&] {
-      const core::Tensor z = core::Tensor::zeros_f32({floats});
-      sink = sink + z.f32()[floats - 1];
-    });
-    d.zero_gbps = static_cast<double>(floats * 4) / s / 1e9;
+    // A generation's KV caches, allocated and zeroed as a decoder does when
+    // it starts: a K and a V tensor a layer (1024 positions here). Freed
+    // pages go back first, as they have by the next generation, so each is
+    // a fresh page and a fault. The median: a run that found pages still
+    // mapped (or huge ones) is no guide to the next generation.
+    const int64_t positions = 1024, width = std::max<int64_t>(c.kv_width(), 1);
+    std::vector<double> seconds;
+    for (int rep = 0; rep < 3; ++rep) {
+      ::malloc_trim(0);
+      std::vector<core::Tensor> caches;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < 2 * c.layers; ++i) caches.push_back(core::Tensor::zeros_f32({positions, width}));
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    d.zero_gbps = static_cast<double>(2 * c.layers * positions * width * 4) / std::max(core::median(seconds), 1e-9) / 1e9;
   }
   d.memory_bytes = static_cast<int64_t>(core::available_memory_bytes());
   return d;
