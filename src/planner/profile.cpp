@@ -257,8 +257,10 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     // it starts: a K and a V tensor a layer (1024 positions here). Freed
     // pages go back first, as they have by the next generation, so each is
     // a fresh page and a fault. The median: a run that found pages still
-    // mapped (or huge ones) is no guide to the next generation.
-    const int64_t positions = 1024, width = std::max<int64_t>(c.kv_width(), 1);
+    // mapped (or huge ones) is no guide to the next generation. At most
+    // 64 MB (a large model's caches need not be allocated to be timed).
+    const int64_t width = std::max<int64_t>(c.kv_width(), 1);
+    const int64_t positions = std::clamp<int64_t>((int64_t{64} << 20) / (8 * std::max<int64_t>(c.layers, 1) * width), 16, 1024);
     std::vector<double> seconds;
     for (int rep = 0; rep < 3; ++rep) {
       ::malloc_trim(0);
