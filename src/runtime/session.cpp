@@ -8,10 +8,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <thread>
+#include <utility>
 
 #include "comm/control.h"
 #include "core/device_speed.h"
@@ -34,6 +41,49 @@ using core::Tensor;
 using nlohmann::json;
 
 namespace {
+
+// fork() on one thread that lasts as long as the process, `child` run in the
+// child: a child's PR_SET_PDEATHSIG signal comes when the *thread* that
+// forked it ends, and serve starts a failover's session on a request's
+// thread, which ends with its connection (its workers were killed then, a
+// second or two into the new session). Returns the pid and fork's errno.
+std::pair<pid_t, int> fork_on_lasting_thread(const std::function<void()>& child) {
+  struct Forker {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::packaged_task<std::pair<pid_t, int>()>> tasks;
+    Forker() {
+      std::thread([this] {
+        for (;;) {
+          std::packaged_task<std::pair<pid_t, int>()> task;
+          {
+            std::unique_lock<std::mutex> l(mu);
+            cv.wait(l, [this] { return !tasks.empty(); });
+            task = std::move(tasks.front());
+            tasks.pop_front();
+          }
+          task();
+        }
+      }).detach();
+    }
+  };
+  static Forker* forker = new Forker();  // never destroyed: its thread runs until the process exits
+  std::packaged_task<std::pair<pid_t, int>()> task([&child] {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      child();
+      ::_exit(127);
+    }
+    return std::pair<pid_t, int>{pid, pid < 0 ? errno : 0};
+  });
+  std::future<std::pair<pid_t, int>> done = task.get_future();
+  {
+    std::lock_guard<std::mutex> l(forker->mu);
+    forker->tasks.push_back(std::move(task));
+  }
+  forker->cv.notify_one();
+  return done.get();
+}
 
 // The cores this process may use; cpus_per_device indexes into them, so a
 // restricted cpuset still gets valid masks.
@@ -175,12 +225,8 @@ Status Session::fork_local_workers() {
       }
     }
     const std::string key_fd = std::to_string(fds[0]);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      if (fds[0] >= 0) ::close(fds[0]);
-      return core::internal_error("fork failed: " + std::string(std::strerror(errno)));
-    }
-    if (pid == 0) {
+    const std::string threads = std::to_string(w.threads);
+    const auto [pid, err] = fork_on_lasting_thread([&] {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
       if (!cpus.empty()) {  // inherited across exec
         const cpu_set_t set = device_cpus(cpus, r, opts_.cpus_per_device);
@@ -188,10 +234,13 @@ Status Session::fork_local_workers() {
       }
       if (fds[0] >= 0) (void)::fcntl(fds[0], F_SETFD, 0);  // this one descriptor survives exec
       // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
-      ::setenv("OPENBLAS_NUM_THREADS", std::to_string(w.threads).c_str(), 1);
+      ::setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
       const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), "--key-fd", key_fd.c_str(), nullptr};
       ::execv("/proc/self/exe", const_cast<char* const*>(argv));
-      ::_exit(127);
+    });
+    if (pid < 0) {
+      if (fds[0] >= 0) ::close(fds[0]);
+      return core::internal_error("fork failed: " + std::string(std::strerror(err)));
     }
     if (fds[0] >= 0) ::close(fds[0]);
     children_.push_back(pid);

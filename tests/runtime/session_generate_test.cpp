@@ -372,6 +372,27 @@ TEST(SessionGenerateTest, LongPromptsArePrefilledInChunksWhileOthersDecode) {
   }
 }
 
+// serve starts a failover's session on a request's thread, which ends with
+// its connection: the workers must outlive that thread (a child's
+// PR_SET_PDEATHSIG fires when the thread that forked it ends).
+TEST(SessionGenerateTest, WorkersOutliveTheThreadThatStartedTheSession) {
+  const std::string dir = gpt2_12l();
+  std::unique_ptr<runtime::Session> session;
+  std::thread([&] { session = start(dir, "tp", 3); }).join();
+  ASSERT_NE(session, nullptr);
+  model::GenerateOptions o;
+  o.max_new_tokens = 4;
+  o.eos_token_id = -1;
+  // Long enough for a killed worker's loss to be seen: its heartbeats stop,
+  // and the group notices a closed connection within its loss grace.
+  for (int round = 0; round < 3; ++round) {
+    auto got = session->generate({1, 2, 3}, o);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    EXPECT_EQ(*got, model::generate(model::Transformer::load(dir).value(), {1, 2, 3}, o, nullptr).value());
+  }
+  EXPECT_TRUE(session->lost_workers().empty());
+}
+
 TEST(SessionGenerateTest, HeartbeatsGoOnWhileTheCallerHoldsAToken) {
   const std::string dir = gpt2_12l();
   auto session = start(dir, "tp", 2);
