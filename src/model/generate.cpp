@@ -141,6 +141,7 @@ Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std
     ModelInput chunk{{seq.begin() + pos, seq.end()}, {}, {}};
     TESSERA_ASSIGN_OR_RETURN(Tensor x, model.embed(chunk, pos));
     TESSERA_ASSIGN_OR_RETURN(const Tensor row, logits(std::move(x), pos));
+    if (row.empty()) break;  // stopped between two chunks of the prefill
     if (row.numel() < c.vocab) return core::internal_error("a chunk gave " + std::to_string(row.numel()) + " logits");
     pos = static_cast<int64_t>(seq.size());
     const int64_t next = pick_token(row.f32(), c.vocab, opts, &rng_state);

@@ -28,8 +28,9 @@ struct GenerateOptions {
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
-  // Asked after each new token; true ends the generation there (a stop
-  // string, a deadline, a client gone). May be empty.
+  // Asked after each new token, and between the chunks of a chunked
+  // prefill (Session's prefill_chunk); true ends the generation there (a
+  // stop string, a deadline, a client gone). May be empty.
   std::function<bool()> stop_requested;
   // Positions 0..cached_prefix-1 of the prompt are already in the layers'
   // caches (a prefix cache kept from an earlier generation): the prefill
@@ -74,6 +75,8 @@ core::Result<std::vector<int64_t>> generate_with(const Transformer& model, const
 // The same loop with all of a chunk's model work in `logits`: the layers,
 // ln_f and the head, returning the logits of the chunk's last row [1, V]
 // (continuous batching runs the head on every sequence's row at once).
+// An empty tensor (Tensor()) ends the generation there, with no new token: `logits`
+// asked opts.stop_requested between two parts of a long prefill.
 using ChunkLogits = std::function<core::Result<core::Tensor>(core::Tensor x, int64_t pos0)>;
 core::Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std::vector<int64_t>& prompt,
                                                    const GenerateOptions& opts, const ChunkLogits& logits);

@@ -23,7 +23,7 @@ struct Server::Generation {
   std::string finish = "length";
 };
 
-Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline,
+Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline, int conn,
                         const std::function<bool(const std::string&, int64_t)>& emit) {
   model::GenerateOptions o;
   o.greedy = r.temperature == 0.0;
@@ -62,7 +62,11 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
     if (Clock::now() > deadline) late = true;
   };
   o.on_token = on_token;
-  o.stop_requested = [&] { return stop || gone || late; };
+  o.stop_requested = [&] {
+    late = late || Clock::now() > deadline;
+    gone = gone || client_closed(conn);
+    return stop || gone || late;
+  };
   Status st = engine_.with_failover([&](Session& s) {
     const int64_t done = static_cast<int64_t>(g.tokens.size());
     if (done >= max_new || stop || gone || late) return core::ok_status();
@@ -183,7 +187,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
       }
       std::string text;
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
-      const Status st = generate(r, *g, deadline, [&](const std::string& t, int64_t) {
+      const Status st = generate(r, *g, deadline, conn, [&](const std::string& t, int64_t) {
         text += t;
         return !client_closed(conn);
       });
@@ -208,9 +212,11 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
     if (!left->exchange(true)) admission_.leave();
   };
   res.set_header("Cache-Control", "no-cache");
+  // The provider runs on this connection's thread while it is open.
+  const int conn = connection_socket(req);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, request, g, shape, deadline, leave](size_t, httplib::DataSink& sink) {
+      [this, request, g, shape, deadline, leave, conn](size_t, httplib::DataSink& sink) {
         const auto event = [&](const json& j) {
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
@@ -222,7 +228,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         } else {
           if (const auto first = shape.opening()) alive = event(*first);
           if (alive)
-            st = generate(*request, *g, deadline, [&](const std::string& text, int64_t token) {
+            st = generate(*request, *g, deadline, conn, [&](const std::string& text, int64_t token) {
               if (shape.chat && text.empty()) return alive;  // a chat delta carries text
               alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr));
               return alive;

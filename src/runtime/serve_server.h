@@ -68,7 +68,9 @@ class Server {
   // Runs one completion; `emit(text, token)` gets each piece as it is
   // produced (token -1: trailing text only) and returns false when the
   // client is gone. Replays on failover from the tokens produced so far.
-  Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline,
+  // `conn`, the client's socket (-1: unknown), is also watched between the
+  // chunks of a long prompt's prefill, before any token.
+  Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline, int conn,
                   const std::function<bool(const std::string&, int64_t)>& emit);
   struct Shape;  // a text or a chat completion's answer
   static json usage(const Generation& g);

@@ -184,8 +184,16 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     const int64_t chunk = opts_.prefill_chunk > 0 && !plan_.decode ? std::min(opts_.prefill_chunk, n) : n;
     Result<Tensor> y = Tensor();
     int64_t at = 0;
+    bool stopped = false;
     do {
       const int64_t rows = std::min(chunk, n - at);
+      // A client that left, or a deadline that passed, is seen here rather
+      // than after the whole prompt: the slot and the wire come free.
+      if (at > 0 && opts.stop_requested && opts.stop_requested()) {
+        stopped = true;
+        y = Tensor();
+        break;
+      }
       if (at > 0) let_steps_run();
       Tensor part = rows == n ? std::move(x) : Tensor::zeros_f32({rows, F});
       if (rows != n) std::memcpy(part.f32(), x.f32() + at * F, static_cast<size_t>(rows * F) * sizeof(float));
@@ -196,7 +204,7 @@ Result<std::vector<int64_t>> Session::generate_batched(const std::vector<int64_t
     prefilling = false;
     --prefilling_;
     batch_cv_.notify_all();  // the steps held for it go on
-    if (!y.ok()) return y;
+    if (!y.ok() || stopped) return y;
     decoding = true;
     ++decoding_;
     return y;

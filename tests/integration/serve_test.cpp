@@ -652,6 +652,44 @@ TEST(ServeTest, AbandonedWholeCompletionsStop) {
   }
 }
 
+// A client that leaves while its long prompt is prefilled in chunks is seen
+// between two chunks: its request ends there, before any token (before, the
+// whole prompt was prefilled and a first token made for no one).
+TEST(ServeTest, AClientThatLeavesDuringAChunkedPrefillGetsNoToken) {
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    // 120 chunks of one row over 5 ms links: over a second of prefill.
+    Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--link", "1gbit,5ms",
+              "--max-batch", "2", "--prefill-chunk", "1"});
+    ASSERT_TRUE(s.up()) << s.proc().log();
+    std::vector<int64_t> prompt;
+    for (int i = 0; i < 120; ++i) prompt.push_back(kPrompt[static_cast<size_t>(i) % kPrompt.size()]);
+    const std::string body = json{{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"stream", stream}}.dump();
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int fd = s.connect_raw();
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    const auto queue_depth_is = [&](int want) {
+      for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;) {
+        if (s.health().value("queue_depth", -1) == want) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return false;
+    };
+    ASSERT_TRUE(queue_depth_is(1)) << s.proc().log();
+    ::close(fd);
+    ASSERT_TRUE(queue_depth_is(0)) << s.proc().log();
+    auto m = s.client().Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_NE(m->body.find("tessera_tokens_generated_total 0\n"), std::string::npos) << m->body;
+    auto r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 4));
+  }
+}
+
 TEST(ServeTest, MissingKeyGets401) {
   const std::string key_file = tmp("api.key");
   ASSERT_TRUE(core::write_file(key_file, "s3cret-key\n").ok());

@@ -372,6 +372,44 @@ TEST(SessionGenerateTest, LongPromptsArePrefilledInChunksWhileOthersDecode) {
   }
 }
 
+// A generation whose stop_requested turns true during a chunked prefill (a
+// client gone, a deadline passed) ends after that chunk, with no token; the
+// slot it held then serves the next call as if nothing had happened.
+TEST(SessionGenerateTest, AChunkedPrefillStopsBetweenChunksWhenAsked) {
+  const std::string dir = gpt2_12l();
+  auto m = model::Transformer::load(dir).value();
+  const std::vector<int64_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  model::GenerateOptions go;
+  go.max_new_tokens = 4;
+  go.eos_token_id = -1;
+  for (const parallel::Plan& plan : session_plans({{"single", 1}, {"tp", 2}, {"pipeline", 2}}, {})) {
+    const std::string label = plan.to_json().dump();
+    runtime::SessionOptions o;
+    o.model_dir = dir;
+    o.plan = plan;
+    o.timeout_ms = 30000;
+    o.max_batch = 2;
+    o.prefill_chunk = 3;
+    o.prefix_slots = 2;  // the cut prompt's partial caches must not be taken for a prefix
+    auto started = runtime::Session::start(o);
+    ASSERT_TRUE(started.ok()) << label << ": " << started.status().to_string();
+    runtime::Session& session = **started;
+    int asked = 0;
+    model::GenerateOptions gone = go;
+    gone.stop_requested = [&] { return ++asked >= 2; };  // true before the third chunk
+    gone.on_token = [&](int64_t) { ADD_FAILURE() << label << ": a token after the stop"; };
+    auto cut = session.generate(prompt, gone);
+    ASSERT_TRUE(cut.ok()) << label << ": " << cut.status().to_string();
+    EXPECT_EQ(*cut, prompt) << label;
+    EXPECT_EQ(asked, 2) << label;
+    EXPECT_EQ(session.last_stats().value("prefill_chunks", 0), 2) << label;
+    auto whole = session.generate(prompt, go);
+    ASSERT_TRUE(whole.ok()) << label << ": " << whole.status().to_string();
+    const auto want = model::generate(m, prompt, go, nullptr).value();
+    compare(want, *whole, margins(m, want, prompt.size()), prompt.size(), label);
+  }
+}
+
 // serve starts a failover's session on a request's thread, which ends with
 // its connection: the workers must outlive that thread (a child's
 // PR_SET_PDEATHSIG fires when the thread that forked it ends).
