@@ -1,247 +1,20 @@
 // `tessera serve` as a real process on 127.0.0.1, spoken to over HTTP:
 // answers equal the single device (computed here, in process), the limits
-// answer 429/413/401/400, SIGTERM drains, and a worker daemon killed during
-// a streamed completion costs the client nothing.
+// answer 429/413/401/400, hostile and departing clients cost the others
+// nothing, and SIGTERM drains (failover: serve_failover_test.cpp).
 #include <gtest/gtest.h>
-#include <httplib.h>
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <future>
 #include <sstream>
-#include <nlohmann/json.hpp>
-#include <thread>
 
-#include "cli_util.h"
-#include "comm/control.h"
-#include "comm/keys.h"
-#include "model/generate.h"
 #include "model/image.h"
-#include "model/transformer.h"
-#include "runtime/protocol.h"
-#include "runtime/serve_api.h"
+#include "serve_harness.h"
 
 namespace tessera {
 namespace {
 
-using nlohmann::json;
-using testing::kBin;
-using testing::kData;
-using testing::tmp;
-using Clock = std::chrono::steady_clock;
-
-// A `tessera ARGS` process with its stdout and stderr in `log`.
-class Proc {
- public:
-  Proc(const std::vector<std::string>& args, const std::string& log) : log_(log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv{const_cast<char*>("tessera")};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(kBin.c_str(), argv.data());
-      ::_exit(127);
-    }
-  }
-  ~Proc() {
-    if (pid_ > 0 && exit_code_ == kRunning) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  // The processes it started (serve's local workers): those whose parent
-  // it is, from /proc/PID/stat ("pid (comm) state ppid ...").
-  std::vector<pid_t> children() const {
-    std::vector<pid_t> out;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      auto stat = core::read_file(e.path().string() + "/stat");
-      if (!stat.ok()) continue;
-      const size_t close = stat->rfind(')');
-      if (close == std::string::npos) continue;
-      std::stringstream ss(stat->substr(close + 1));
-      std::string state;
-      pid_t ppid = 0;
-      if (ss >> state >> ppid && ppid == pid_) out.push_back(static_cast<pid_t>(std::stol(name)));
-    }
-    return out;
-  }
-  // The exit code (-1: killed by a signal), waiting up to 60 s.
-  int wait_exit() {
-    for (const auto end = Clock::now() + std::chrono::seconds(60); exit_code_ == kRunning && Clock::now() < end;) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      else std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return exit_code_;
-  }
-  std::string log() const {
-    auto r = core::read_file(log_);
-    return r.ok() ? *r : std::string();
-  }
-
- private:
-  static constexpr int kRunning = -1000;
-  std::string log_;
-  pid_t pid_ = -1;
-  int exit_code_ = kRunning;
-};
-
-// A server and a client for it; the port is the one it prints.
-class Server {
- public:
-  explicit Server(std::vector<std::string> args) {
-    args.insert(args.begin(), "serve");
-    args.insert(args.end(), {"--port", "0"});
-    proc_ = std::make_unique<Proc>(args, tmp("serve-" + std::to_string(++count_) + ".log"));
-    const std::string marker = "listening on http://127.0.0.1:";
-    for (const auto end = Clock::now() + std::chrono::seconds(120); Clock::now() < end;) {
-      const std::string log = proc_->log();
-      if (const size_t at = log.find(marker); at != std::string::npos) {
-        port_ = std::atoi(log.c_str() + at + marker.size());
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-  bool up() const { return port_ > 0; }
-  httplib::Client client(const std::string& key = "") const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(std::chrono::seconds(120));
-    if (!key.empty()) c.set_bearer_token_auth(key);
-    return c;
-  }
-  httplib::Result post(const std::string& path, const json& body, const std::string& key = "") const {
-    return client(key).Post(path, body.dump(), "application/json");
-  }
-  json health() const {
-    auto r = client().Get("/health");
-    return r ? json::parse(r->body, nullptr, false) : json();
-  }
-  Proc& proc() { return *proc_; }
-  // A TCP connection to the server (-1 when it cannot be made).
-  int connect_raw() const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port_));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
-    if (fd >= 0) ::close(fd);
-    return -1;
-  }
-  // Sends `head` (a request line and headers) and nothing more; returns the
-  // server's answer up to the end of its headers (or until it closes).
-  std::string raw_head(const std::string& head) const {
-    const int fd = connect_raw();
-    std::string out;
-    if (fd >= 0 && ::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size())) {
-      char buf[512];
-      for (ssize_t n; out.find("\r\n\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
-        out.append(buf, static_cast<size_t>(n));
-    }
-    if (fd >= 0) ::close(fd);
-    return out;
-  }
-
- private:
-  static inline int count_ = 0;
-  std::unique_ptr<Proc> proc_;
-  int port_ = -1;
-};
-
-model::Transformer load(const std::string& name) { return model::Transformer::load(kData + "/" + name).value(); }
-
-std::vector<int64_t> reference_tokens(const std::vector<int64_t>& prompt, int64_t n) {
-  const auto m = load("gpt2-tiny");
-  model::GenerateOptions o;
-  o.greedy = true;
-  o.max_new_tokens = n;
-  core::ThreadPool pool(1);
-  auto seq = model::generate(m, prompt, o, &pool).value();
-  return {seq.begin() + static_cast<std::ptrdiff_t>(prompt.size()), seq.end()};
-}
-
-model::ForwardOutput reference_forward(const std::string& name, const model::ModelInput& in) {
-  const auto m = load(name);
-  core::ThreadPool pool(1);
-  return m.forward(in, {}, &pool).value();
-}
-
-// The token ids of a streamed completion, read from its events; `on_first`
-// runs once the first token has arrived.
-struct Stream {
-  std::vector<int64_t> tokens;
-  std::string finish;
-  bool done = false;
-  int events = 0;
-};
-Stream stream_completion(const Server& s, const json& body, const std::function<void()>& on_first = {}) {
-  Stream out;
-  std::string buf;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = json(body).dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buf.append(data, n);
-    for (size_t end; (end = buf.find("\n\n")) != std::string::npos; buf.erase(0, end + 2)) {
-      const std::string ev = buf.substr(0, end);
-      if (ev.rfind("data: ", 0) != 0) continue;
-      ++out.events;
-      if (ev == "data: [DONE]") {
-        out.done = true;
-        continue;
-      }
-      const json j = json::parse(ev.substr(6), nullptr, false);
-      if (!j.contains("choices")) {
-        out.finish = "error: " + ev;
-        continue;
-      }
-      for (const auto& t : j["choices"][0]["token_ids"]) out.tokens.push_back(t.get<int64_t>());
-      if (!j["choices"][0]["finish_reason"].is_null()) out.finish = j["choices"][0]["finish_reason"];
-      if (on_first && out.tokens.size() == 1) on_first();
-    }
-    return true;
-  };
-  auto c = s.client();
-  auto r = c.send(req);
-  EXPECT_TRUE(r) << "no answer";
-  if (r) {
-    EXPECT_EQ(r->status, 200);
-  }
-  return out;
-}
-
-std::vector<float> embedding_of(const json& e) {
-  if (e.is_array()) return e.get<std::vector<float>>();
-  const std::string bytes = runtime::api::base64_decode(e.get<std::string>()).value();
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
-
-void expect_near(const std::vector<float>& got, const core::Tensor& want) {
-  ASSERT_EQ(static_cast<int64_t>(got.size()), want.numel());
-  for (int64_t i = 0; i < want.numel(); ++i) EXPECT_NEAR(got[static_cast<size_t>(i)], want.f32()[i], 1e-4f) << i;
-}
-
-const std::vector<int64_t> kPrompt = {17, 4, 99, 250, 3};
+using namespace serve_testing;
 
 TEST(ServeTest, CompletionsEqualTheSingleDevice) {
   Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
@@ -291,17 +64,6 @@ TEST(ServeTest, CompletionsEqualTheSingleDevice) {
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
 }
 
-// A /metrics counter or gauge (-1 when absent).
-double metric(const std::string& body, const std::string& name) {
-  const size_t at = body.find("\n" + name + " ");
-  return at == std::string::npos ? -1.0 : std::atof(body.c_str() + at + name.size() + 2);
-}
-
-// Four prompts of different lengths (their rows sit at different positions
-// in a batched step) and what one device generates for each.
-std::vector<std::vector<int64_t>> batch_prompts() {
-  return {kPrompt, {17, 4}, {300, 2, 9, 9, 41, 77, 5, 61, 8}, {250}};
-}
 
 // Continuous batching (--max-batch): concurrent clients, streamed and
 // whole, each get the tokens one device gives their prompt alone, and
@@ -383,7 +145,9 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   EXPECT_EQ(got["usage"]["completion_tokens"], want["usage"]["completion_tokens"]);
   EXPECT_EQ(got["usage"]["total_tokens"],
             got["usage"]["prompt_tokens"].get<int64_t>() + got["usage"]["completion_tokens"].get<int64_t>());
-  if (got["choices"][0]["finish_reason"] == "length") EXPECT_EQ(got["usage"]["completion_tokens"], 8);
+  if (got["choices"][0]["finish_reason"] == "length") {
+    EXPECT_EQ(got["usage"]["completion_tokens"], 8);
+  }
 
   // Streamed: the role first, the same text in deltas, the finish reason and usage last.
   r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_completion_tokens", 8}, {"temperature", 0},
@@ -590,7 +354,9 @@ TEST(ServeTest, IdleAndSlowConnectionsDoNotStarveOthers) {
   auto open = [&](const std::string& first_bytes) {
     const int fd = s.connect_raw();
     ASSERT_GE(fd, 0);
-    if (!first_bytes.empty()) ASSERT_EQ(::send(fd, first_bytes.data(), first_bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(first_bytes.size()));
+    if (!first_bytes.empty()) {
+      ASSERT_EQ(::send(fd, first_bytes.data(), first_bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(first_bytes.size()));
+    }
     held.push_back(fd);
   };
   for (int i = 0; i < 100; ++i) open("");
@@ -766,248 +532,6 @@ TEST(ServeTest, SigtermDrainsTheRequestInFlightThenExitsZero) {
   expect_near(embedding_of(json::parse(a->body)["data"][0]["embedding"]), reference_forward("bert-tiny", {ids, {}, {}}).pooler);
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
   EXPECT_NE(s.proc().log().find("draining"), std::string::npos);
-}
-
-// Ports [1100, 1950): clear of the other integration tests' ranges.
-int port_base() { return 1100 + static_cast<int>(::getpid() % 60) * 15; }  // 15 ports each, below daemon_test's 2000
-std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
-
-std::unique_ptr<Proc> daemon(int port, const std::string& key, const std::string& log) {
-  return std::make_unique<Proc>(
-      std::vector<std::string>{"worker", "--listen", local(port), "--key", key, "--models", kData}, log);
-}
-
-bool serving(int port, const comm::ClusterKey& key) {
-  for (const auto end = Clock::now() + std::chrono::seconds(60); Clock::now() < end;)
-    if (comm::control_request(local(port), key, runtime::kPingRequest, std::chrono::milliseconds(500)).ok()) return true;
-  return false;
-}
-
-// Part 3 of issue 15: a worker daemon killed while a completion streams.
-// The stream completes with the right tokens; the next request fails over
-// to the devices left (counted in /metrics); a daemon that comes back is
-// re-admitted before a later request.
-TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
-  const std::string key_path = tmp("cluster.key");
-  const comm::ClusterKey key = comm::generate_cluster_key().value();
-  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
-  const int base = port_base();
-  auto d1 = daemon(base, key_path, tmp("d1.log"));
-  auto d2 = daemon(base + 2, key_path, tmp("d2.log"));
-  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d1->log() << d2->log();
-  const std::string cluster = tmp("cluster.toml");
-  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
-                                            local(base + 2) + "\"]\n")
-                  .ok());
-  // 5 ms links: every token crosses them, so the stream is still running
-  // when the kill lands after its first token.
-  Server s({"--model", kData + "/gpt2-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp", "--link",
-            "100mbit,5ms"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  ASSERT_EQ(s.health()["devices"].size(), 3u);
-
-  const auto want = reference_tokens(kPrompt, 60);
-  const Stream st = stream_completion(s, {{"prompt", kPrompt}, {"max_tokens", 60}, {"temperature", 0}, {"stream", true}},
-                                      [&] { d1.reset(); });  // SIGKILL
-  EXPECT_EQ(st.tokens, want) << s.proc().log();
-  EXPECT_EQ(st.finish, "length");
-  EXPECT_TRUE(st.done);
-  {  // the generation itself failed over (devices generate now: Session::generate) and resumed
-    auto during = s.client().Get("/metrics");
-    ASSERT_TRUE(during);
-    EXPECT_NE(during->body.find("tessera_failovers_total 1"), std::string::npos) << during->body << s.proc().log();
-  }
-
-  // The next forward runs on the devices left.
-  const auto m = load("gpt2-tiny");
-  auto r = s.post("/v1/embeddings", {{"input", kPrompt}});
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
-  core::ThreadPool pool(1);
-  const core::Tensor h = m.forward({kPrompt, {}, {}}, {}, &pool).value().hidden.back();
-  std::vector<float> mean(static_cast<size_t>(h.dim(1)), 0.0f);
-  for (int64_t i = 0; i < h.dim(0); ++i)
-    for (int64_t f = 0; f < h.dim(1); ++f) mean[static_cast<size_t>(f)] += h.f32()[i * h.dim(1) + f] / static_cast<float>(h.dim(0));
-  const std::vector<float> got = embedding_of(json::parse(r->body)["data"][0]["embedding"]);
-  ASSERT_EQ(got.size(), mean.size());
-  for (size_t f = 0; f < mean.size(); ++f) EXPECT_NEAR(got[f], mean[f], 1e-4f);
-  json health = s.health();
-  EXPECT_EQ(health["status"], "degraded") << health.dump();
-  EXPECT_EQ(health["devices"][1]["state"], "dropped") << health.dump();
-  auto metrics = s.client().Get("/metrics");
-  ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("tessera_failovers_total 1"), std::string::npos) << metrics->body;
-  EXPECT_NE(s.proc().log().find("failover #1"), std::string::npos) << s.proc().log();
-
-  // The daemon comes back: re-admitted before a later request.
-  d1 = daemon(base, key_path, tmp("d1-again.log"));
-  ASSERT_TRUE(serving(base, key));
-  bool readmitted = false;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); !readmitted && Clock::now() < end;) {
-    r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 5}, {"temperature", 0}});
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(),
-              std::vector<int64_t>(want.begin(), want.begin() + 5));
-    health = s.health();
-    readmitted = health["status"] == "ok";
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_TRUE(readmitted) << health.dump() << s.proc().log();
-  s.proc().signal(SIGTERM);
-  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
-}
-
-
-// A worker killed while batched streams decode: the batch's session fails
-// over once, and every stream completes on the devices left with the tokens
-// one device gives it alone (each replays from the tokens it had).
-TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) {
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "3", "--strategy", "tp", "--max-batch", "4", "--link",
-            "100mbit,5ms", "--failover-timeout", "5000"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  const auto workers = s.proc().children();
-  ASSERT_EQ(workers.size(), 2u) << s.proc().log();
-  const auto prompts = batch_prompts();
-  const int64_t n = 40;
-  std::vector<Stream> got(prompts.size());
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < prompts.size(); ++i)
-    clients.emplace_back([&, i] {
-      got[i] = stream_completion(s, {{"prompt", prompts[i]}, {"max_tokens", n}, {"temperature", 0}, {"stream", true}},
-                                 [&, i] {
-                                   if (i == 0) ::kill(workers[1], SIGKILL);
-                                 });
-    });
-  for (auto& c : clients) c.join();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(got[i].tokens, reference_tokens(prompts[i], n)) << "stream " << i << "\n" << s.proc().log();
-    EXPECT_EQ(got[i].finish, "length") << "stream " << i;
-    EXPECT_TRUE(got[i].done);
-  }
-  auto metrics = s.client().Get("/metrics");
-  ASSERT_TRUE(metrics);
-  EXPECT_EQ(metric(metrics->body, "tessera_failovers_total"), 1) << metrics->body << s.proc().log();
-  EXPECT_EQ(s.health()["status"], "degraded");
-  s.proc().signal(SIGTERM);
-  EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
-}
-
-// A daemon that falls silent (stopped, as a partitioned device would be)
-// during a request: the run's waits end after --failover-timeout, the
-// request is replayed on the devices that answer and equals the single
-// device; once the daemon answers again it is re-admitted.
-// A local worker stopped (SIGSTOP) is dropped after --failover-timeout and
-// killed at once (Session::abandon; it used to hold the failover for 5 s),
-// and the request is answered on the devices left with the same tokens.
-TEST(ServeFailoverTest, StoppedLocalWorkerIsDroppedAndTheRequestReplayed) {
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--failover-timeout", "500"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  const auto want = reference_tokens(kPrompt, 8);
-  const json body = {{"prompt", kPrompt}, {"max_tokens", 8}, {"temperature", 0}};
-  auto r = s.post("/v1/completions", body);
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  const auto workers = s.proc().children();
-  ASSERT_EQ(workers.size(), 1u) << s.proc().log();
-  ::kill(workers[0], SIGSTOP);
-  r = s.post("/v1/completions", body);
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
-  EXPECT_EQ(json::parse(r->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), want);
-  EXPECT_NE(s.proc().log().find("(timeout); dropped local-1"), std::string::npos) << s.proc().log();
-  // Killed and reaped before the answer, not left stopped: no longer serve's child.
-  const auto now = s.proc().children();
-  EXPECT_EQ(std::find(now.begin(), now.end(), workers[0]), now.end());
-  ::kill(workers[0], SIGCONT);  // in case it was not (a no-op otherwise)
-}
-
-TEST(ServeFailoverTest, SilentDaemonIsDroppedAndTheRequestReplayed) {
-  const std::string key_path = tmp("cluster.key");
-  const comm::ClusterKey key = comm::generate_cluster_key().value();
-  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
-  const int base = port_base() + 5;
-  auto d1 = daemon(base, key_path, tmp("d1.log"));
-  auto d2 = daemon(base + 2, key_path, tmp("d2.log"));
-  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d1->log() << d2->log();
-  const std::string cluster = tmp("cluster.toml");
-  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
-                                            local(base + 2) + "\"]\n")
-                  .ok());
-  Server s({"--model", kData + "/bert-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "tp", "--timeout", "5"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  const std::vector<int64_t> ids = {101, 11, 12, 13, 102};
-  const core::Tensor want = reference_forward("bert-tiny", {ids, {}, {}}).pooler;
-  auto r = s.post("/v1/embeddings", {{"input", ids}});
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  d1->signal(SIGSTOP);
-  r = s.post("/v1/embeddings", {{"input", ids}});
-  d1->signal(SIGCONT);
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
-  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
-  // Dropped for its silence: the terminal's own timeout, or the other
-  // daemon leaving first because it waited on the silent one.
-  EXPECT_NE(s.proc().log().find("; dropped tcp://"), std::string::npos) << s.proc().log();
-  EXPECT_NE(s.health()["status"], "ok");
-  bool readmitted = false;
-  for (const auto end = Clock::now() + std::chrono::seconds(60); !readmitted && Clock::now() < end;) {
-    r = s.post("/v1/embeddings", {{"input", ids}});
-    ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
-    readmitted = s.health()["status"] == "ok";
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  EXPECT_TRUE(readmitted) << s.health().dump() << s.proc().log();
-}
-
-// --strategy auto on a cluster: the devices are profiled through their
-// daemons before serving; a terminal budget a byte short of one device makes
-// the plan use a daemon; when a daemon it uses falls silent, the planner
-// plans again over the profiles of the devices left and the request is
-// replayed there, equal to the single device.
-TEST(ServeFailoverTest, AutoPlansAgainOverTheDevicesLeft) {
-  const std::string key_path = tmp("cluster.key");
-  const comm::ClusterKey key = comm::generate_cluster_key().value();
-  ASSERT_TRUE(comm::write_key_file(key_path, key, true).ok());
-  const int base = port_base() + 10;
-  std::unique_ptr<Proc> d[2] = {daemon(base, key_path, tmp("d1.log")), daemon(base + 2, key_path, tmp("d2.log"))};
-  ASSERT_TRUE(serving(base, key) && serving(base + 2, key)) << d[0]->log() << d[1]->log();
-  const std::string cluster = tmp("cluster.toml");
-  ASSERT_TRUE(core::write_file(cluster, "terminal = \"" + local(base + 4) + "\"\nworkers = [\"" + local(base) + "\", \"" +
-                                            local(base + 2) + "\"]\n")
-                  .ok());
-  const std::string env = "XDG_CACHE_HOME=" + tmp("cache");
-  const int64_t terminal_bytes = testing::terminal_budget_that_needs_a_worker(
-      "--model " + kData + "/bert-tiny --cluster " + cluster + " --key " + key_path, ",1GB,1GB", env);
-  ASSERT_GT(terminal_bytes, 0);
-
-  ::setenv("XDG_CACHE_HOME", tmp("cache").c_str(), 1);  // the server reads the same device profiles
-  Server s({"--model", kData + "/bert-tiny", "--cluster", cluster, "--key", key_path, "--strategy", "auto", "--timeout", "5",
-            "--memory-limit", std::to_string(terminal_bytes) + ",1GB,1GB"});
-  ASSERT_TRUE(s.up()) << s.proc().log();
-  const std::vector<int64_t> ids = {101, 11, 12, 13, 102};
-  const core::Tensor want = reference_forward("bert-tiny", {ids, {}, {}}).pooler;
-  auto r = s.post("/v1/embeddings", {{"input", ids}});
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
-  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
-  const json health = s.health();
-  const int used = health["devices"][1]["state"] == "active" ? 0 : 1;
-  ASSERT_EQ(health["devices"][1 + used]["state"], "active") << health.dump();  // a daemon takes part
-
-  d[used]->signal(SIGSTOP);
-  r = s.post("/v1/embeddings", {{"input", ids}});
-  d[used]->signal(SIGCONT);
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body << s.proc().log();
-  expect_near(embedding_of(json::parse(r->body)["data"][0]["embedding"]), want);
-  EXPECT_NE(s.proc().log().find("failover #1"), std::string::npos) << s.proc().log();
-  const json after = s.health();
-  EXPECT_EQ(after["devices"][1 + used]["state"], "dropped") << after.dump();
-  EXPECT_EQ(after["devices"][2 - used]["state"], "active") << after.dump();  // the plan moved to the other daemon
 }
 
 }  // namespace
