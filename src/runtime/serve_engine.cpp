@@ -176,8 +176,15 @@ void Engine::reset_session() {
 void Engine::failover(const Status& why) {
   metrics_.failover();
   std::vector<int> lost;
-  for (int r : session_->lost_workers()) lost.push_back(members_[static_cast<size_t>(r)]);
   const std::vector<int> members = members_;
+  // A daemon's lost connection is no proof it died: a survivor's job ends
+  // when its collective with the dead rank fails, and it drops the
+  // connection too. The probes below judge daemons; lost connections judge
+  // the others.
+  for (int r : session_->lost_workers()) {
+    const int d = members[static_cast<size_t>(r)];
+    if (!cluster_->has_daemons() || device(d).endpoint.empty()) lost.push_back(d);
+  }
   session_->abandon();  // a stopped worker must not hold the failover for 5 s
   reset_session();
   if (cluster_->has_daemons()) {

@@ -85,6 +85,13 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
   ASSERT_TRUE(metrics);
   EXPECT_NE(metrics->body.find("tessera_failovers_total 1"), std::string::npos) << metrics->body;
   EXPECT_NE(s.proc().log().find("failover #1"), std::string::npos) << s.proc().log();
+  {  // only the killed daemon was dropped: the survivor's lost connection is no proof, its answer to the probe is
+    const std::string log = s.proc().log();
+    const size_t at = log.find("failover #1");
+    const std::string line = at == std::string::npos ? "" : log.substr(at, log.find('\n', at) - at);
+    EXPECT_NE(line.find("dropped " + health["devices"][1]["name"].get<std::string>()), std::string::npos) << line;
+    EXPECT_EQ(line.find(health["devices"][2]["name"].get<std::string>()), std::string::npos) << line;
+  }
 
   // The daemon comes back: re-admitted before a later request.
   d1 = daemon(base, key_path, tmp("d1-again.log"));
