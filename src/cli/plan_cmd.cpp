@@ -36,6 +36,7 @@ struct PlanCmd {
   double ilp_time_limit = 10;
   bool load_time = true;
   int64_t generate = 0;  // > 0: plan a generation of this many tokens after the --seq prompt
+  int64_t max_batch = 1;  // with generate: its steps batch this many sequences (serve --max-batch)
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -122,7 +123,8 @@ int plan_command(const PlanCmd& f) {
     if (!c->causal_lm()) return fail("--generate needs a causal LM");
     o.ctx_size = std::min(o.rows + f.generate, c->max_positions);
     o.new_tokens = f.generate;
-    auto p = cluster->profile(c.value(), 1);  // a decode step's shapes
+    o.decode_batch = f.max_batch;
+    auto p = cluster->profile(c.value(), f.max_batch);  // a decode step's shapes
     if (!p.ok()) return fail(p.status().to_string());
     step = std::move(*p);
     o.step_profile = &*step;
@@ -173,6 +175,11 @@ void add_plan_commands(CLI::App& app) {
                     "plan a generation of N tokens after the prompt: only strategies that decode, each priced by "
                     "its time to the first token plus N-1 decode steps")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--max-batch", f->max_batch,
+                    "with --generate: price each decode step as a batch of this many sequences' rows, as serve "
+                    "--max-batch runs them (the step profile is measured at that many rows)")
+        ->check(CLI::Range(1, 32))
+        ->capture_default_str();
     CLI::Option* lossy = cmd->add_flag("--lossy", f->lossy,
                   "let the choice fall on a lossy strategy (PRISM), wire (f16, q8) or, without --quantize, weights "
                   "quantized at load (q8_0, q4_0), each only within --max-loss");

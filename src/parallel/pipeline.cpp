@@ -168,6 +168,7 @@ class Pipeline final : public Strategy {
   }
 
   bool decodes() const override { return true; }
+  bool batches_steps() const override { return true; }
   bool takes_kv() const override { return true; }
   // Each device keeps the cache of its own layers; a step passes one row through the stages.
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,

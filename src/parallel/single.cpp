@@ -66,6 +66,7 @@ class Single final : public Strategy {
   }
 
   bool decodes() const override { return true; }
+  bool batches_steps() const override { return true; }
   bool takes_kv() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan&, Synchronizer&,
                                                 const model::CacheSpec& spec) const override {

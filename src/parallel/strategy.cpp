@@ -251,19 +251,19 @@ void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, in
     s.devices[d].kv_bytes = kv_cache_bytes(plan, c, static_cast<int>(d), positions, dtype);
 }
 
-void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype) {
+void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype, int64_t rows) {
   const int64_t hd = c.head_dim(), group = std::max<int64_t>(c.kv_group(), 1);
   for (DeviceSchedule& d : s.devices)
     for (Phase& ph : d.phases)
       for (Work& w : ph.work) {
-        if (w.kind != WorkKind::kAttention || w.m != 1 || keys < 1) continue;
+        if (w.kind != WorkKind::kAttention || w.m != rows || rows < 1 || keys < 1) continue;
         // A shard's query heads read whole K/V heads (a group split over two
         // devices is read by both).
         const int64_t q_heads = w.k / std::max<int64_t>(hd, 1), kv_heads = (q_heads + group - 1) / group;
         const Work priced = attention(w.what, 1, keys, w.k);
         w.n = priced.n;
-        w.flops = priced.flops;
-        w.bytes = 2 * keys * kv_heads * hd * static_cast<int64_t>(core::dtype_size(dtype));
+        w.flops = rows * priced.flops;
+        w.bytes = rows * 2 * keys * kv_heads * hd * static_cast<int64_t>(core::dtype_size(dtype));
       }
 }
 

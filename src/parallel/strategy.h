@@ -162,6 +162,10 @@ class Strategy {
   // Decoder): true exactly when it overrides make_decoder. Whoever needs the
   // strategies that generate asks this rather than lists names.
   virtual bool decodes() const { return false; }
+  // Whether its decoders run a batched step's rows through each GEMM at
+  // once (Decoder::batches, continuous batching); otherwise step_rows runs
+  // the sequences one after another. The planner prices batches by it.
+  virtual bool batches_steps() const { return false; }
   // A decoder for one generation on this rank (sync.rank()), its caches as
   // `cache` says (positions, F32 or F16); the default: generation is not supported.
   [[nodiscard]] virtual core::Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan,
@@ -276,9 +280,12 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
 // Every device's kv_bytes in `s` (positions <= 0: none).
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions,
                   core::DType dtype = core::DType::kF32);
-// A decode step: each one-row attention call reads `keys` positions of the
-// K/V heads its query heads use, in `dtype`; its n_kv, FLOPs and bytes say so.
-void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype = core::DType::kF32);
+// A decode step of `rows` sequences (a batched step: each row its own
+// sequence's): each attention call on that many rows reads, for each row,
+// `keys` positions of the K/V heads its query heads use, in `dtype`; its
+// n_kv, FLOPs and bytes say so.
+void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype = core::DType::kF32,
+                     int64_t rows = 1);
 // The kernel calls of Transformer::layer_tail on `rows` rows, and of a whole
 // layer (QKV, attention over `kv_rows` keys, tail) on `rows` query rows.
 void add_tail_work(std::vector<Work>& w, const model::ModelConfig& c, int64_t rows);

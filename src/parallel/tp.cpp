@@ -48,6 +48,7 @@ class Tp final : public Strategy {
   }
 
   bool decodes() const override { return true; }
+  bool batches_steps() const override { return true; }
   // After another layout's prefill (a pair) each device keeps its heads' K/V
   // of the handover; its shard is loaded beside the prefill's layers.
   bool takes_kv() const override { return true; }

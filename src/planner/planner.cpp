@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "kernels/quant.h"
 #include "planner/variants.h"
 
 namespace tessera::planner {
@@ -24,8 +25,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // refuses the plan.
 // kv_positions > 0: a generation plan, whose devices also hold their KV
 // caches at that context.
-// cache_keys > 0: a decode step (n = 1) whose attention reads that many
-// cached positions.
+// cache_keys > 0: a decode step of n sequences' rows, each of whose
+// attention reads that many cached positions.
 Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
                             int64_t kv_positions, core::DType kv_dtype = core::DType::kF32, int64_t cache_keys = 0) {
   TESSERA_RETURN_IF_ERROR(parallel::complete_plan(plan, c));
@@ -35,7 +36,7 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   }
   TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, n));
   parallel::add_kv_cache(s, plan, c, kv_positions, kv_dtype);
-  if (cache_keys > 0) parallel::add_cache_reads(s, c, cache_keys, kv_dtype);
+  if (cache_keys > 0) parallel::add_cache_reads(s, c, cache_keys, kv_dtype, n);
   TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
   if (kv_positions > 0) add_cache_allocation(pred, s, p);
   // A generation's prefill needs only its last row's logits (the first token).
@@ -673,6 +674,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     const ClusterProfile& sp = o.step_profile != nullptr ? *o.step_profile : p;
     // The N - 1 steps attend over n + 1 .. n + N - 1 cached positions: N/2 more than the prompt on average.
     const int64_t step_keys = std::min(o.rows + o.new_tokens / 2, o.ctx_size);
+    const int64_t batch = std::max<int64_t>(o.decode_batch, 1);
     if (sp.size() != p.size()) return core::invalid_argument("the one-row profile has another device count");
     for (Candidate& r : table.rows) {
       if (!r.feasible || !parallel::plan_decodes(r.plan)) continue;
@@ -682,15 +684,26 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
                                           r.members.begin() + std::min<size_t>(r.members.size(), static_cast<size_t>(step.world)));
       model::ModelConfig ct = c;
       ct.weights = r.plan.weights;
-      auto pred = evaluate(step, ct, sp.subset(step_members), 1, 0, o.kv_dtype, step_keys);
-      char buf[200];
+      // A step takes the batch's rows at once where the decode layout batches
+      // them (quantized: at most the decode kernels' rows, Session::batched_step),
+      // else one sequence after another: each sequence waits as many steps a token.
+      const parallel::Strategy* ds = parallel::find_strategy(step.strategy);
+      int64_t rows = ds != nullptr && ds->batches_steps() ? batch : 1;
+      if (ct.weights != kernels::WeightType::kF32) rows = std::min(rows, kernels::kQuantDotRows);
+      const int64_t turns = (batch + rows - 1) / rows;
+      auto pred = evaluate(step, ct, sp.subset(step_members), rows, 0, o.kv_dtype, step_keys);
+      char buf[240];
       if (!pred.ok()) {
         r.notes.push_back("decode step not priced (" + pred.status().message() + "): not chosen for a generation");
         continue;
       }
-      r.step_ms = pred->latency_ms;
-      std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms",
-                    static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens));
+      r.step_ms = static_cast<double>(turns) * pred->latency_ms;
+      std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms%s",
+                    static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens),
+                    batch == 1 ? ""
+                    : turns == 1 ? (" (steps of " + std::to_string(rows) + " sequences' rows)").c_str()
+                                 : (" (" + std::to_string(batch) + " sequences in " + std::to_string(turns) + " steps of " +
+                                    std::to_string(rows) + " row(s) a token)").c_str());
       r.notes.push_back(buf);
       if (r.members.size() == 1 && r.exact && r.plan.weights == c.weights)
         alone_total = std::min(alone_total, r.generation_ms(o.new_tokens));

@@ -65,6 +65,12 @@ struct PlannerOptions {
   // at one row (a decode step's shapes); null: `p`'s.
   int64_t new_tokens = 0;
   const ClusterProfile* step_profile = nullptr;
+  // > 1 with new_tokens: the steps decode this many sequences together
+  // (serve --max-batch, continuous batching): a step is priced on that many
+  // rows, each reading its own caches, and step_profile is measured at that
+  // many rows. Rows are then compared by what each sequence of a full batch
+  // waits: its first token, then a batched step a token.
+  int64_t decode_batch = 1;
   bool lossy_allowed = false;  // may auto choose a strategy that is not exact
   // How activations travel in the plans made (Plan::wire); plan_all tries
   // each of `wires` (a lossy one is chosen only with lossy_allowed).

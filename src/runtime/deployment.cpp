@@ -237,8 +237,9 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     o.kv_dtype = r.kv_dtype;
     std::optional<ClusterProfile> step;
     if (r.ctx_size > 0 && r.new_tokens > 0) {
-      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile one_row, cluster.profile(c, 1));
-      step = one_row.subset(devices);
+      o.decode_batch = std::max<int64_t>(r.decode_batch, 1);
+      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile step_rows, cluster.profile(c, o.decode_batch));
+      step = step_rows.subset(devices);
       o.new_tokens = r.new_tokens;
       o.step_profile = &*step;
     }

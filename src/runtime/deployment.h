@@ -118,6 +118,10 @@ struct DeployRequest {
   // > 0 with ctx_size and auto: the generation's new tokens, each priced as
   // a decode step on the devices' one-row profile (PlannerOptions::new_tokens).
   int64_t new_tokens = 0;
+  // > 1 with new_tokens: the steps decode this many sequences together
+  // (serve --max-batch), priced on a profile at that many rows
+  // (PlannerOptions::decode_batch).
+  int64_t decode_batch = 1;
   // auto (--lossy): may choose a lossy strategy, a lossy wire unless
   // plan.wire names one, and weights quantized at load for an F32 model.
   bool lossy = false;

@@ -267,6 +267,9 @@ Status Engine::start_session(bool first) {
       // (16 tokens) with its decode steps, so a plan whose prompt is fast
       // but whose steps are slow is not taken for it.
       req.new_tokens = 16;
+      // With continuous batching, priced for a full batch: each of
+      // --max-batch sequences waits a batched step a token.
+      req.decode_batch = std::max<int64_t>(opts_.max_batch, 1);
     }
     req.kv_dtype = opts_.kv_dtype;
     req.lossy = opts_.lossy;

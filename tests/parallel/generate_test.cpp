@@ -388,6 +388,10 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
     }
     std::vector<Decoder*> ds;
     for (int s : op.seqs) ds.push_back(decs[static_cast<size_t>(s)].get());
+    // The planner prices a batched step by what the strategy says of its decoders.
+    if (r == 0) {
+      EXPECT_EQ(ds[0]->batches(ds), strategy_for(decode_plan(plan).strategy).value()->batches_steps()) << plan.to_json().dump();
+    }
     return step_rows(ds, std::move(x), op.pos, nullptr);
   };
   std::vector<std::thread> threads;

@@ -684,6 +684,49 @@ TEST(Planner, AStepIsPricedWithItsReadOfTheCaches) {
   EXPECT_NEAR(single512 - single512h, (more_ms / 384 * (512 + 16)) / 2, 1e-6);
 }
 
+// serve --max-batch B: a step decodes B sequences' rows together, and each
+// row reads its own sequence's caches, so a longer prompt costs every step B
+// times the cache reads it costs one sequence. Quantized steps batch at most
+// the decode kernels' 8 rows (16 sequences wait two steps a token), and a
+// layout whose decoders do not batch (galaxy) steps the sequences in turn.
+TEST(Planner, ABatchedStepReadsEverySequencesCaches) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.1, 10000);
+  auto step = [&](int64_t prompt, int64_t batch, kernels::WeightType w, const std::string& s = "single") {
+    PlannerOptions o;
+    o.rows = prompt;
+    o.ctx_size = 1024;
+    o.new_tokens = 32;
+    o.decode_batch = batch;
+    model::ModelConfig cw = c;
+    cw.weights = w;
+    const auto t = plan_all(cw, p, o);
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    const Candidate& r = row_of(t.value(), s);
+    const bool batches = parallel::find_strategy(s)->batches_steps();
+    const int64_t rows = !batches ? 1 : w == kernels::WeightType::kF32 ? batch : std::min<int64_t>(batch, 8);
+    const std::string note = rows == batch ? "steps of " + std::to_string(rows) + " sequences' rows"
+                                           : std::to_string(batch) + " sequences in " + std::to_string(batch / rows) +
+                                                 " steps of " + std::to_string(rows) + " row(s) a token";
+    if (batch > 1) {
+      EXPECT_TRUE(std::any_of(r.notes.begin(), r.notes.end(), [&](const std::string& n) { return n.find(note) != std::string::npos; }))
+          << s << ": " << note;
+    }
+    return r.step_ms;
+  };
+  const double more_ms = 384.0 * 12 * 2 * 256 * 4 / 10e9 * 1e3;  // 384 more keys, one sequence
+  const kernels::WeightType f32 = kernels::WeightType::kF32, q8 = kernels::WeightType::kQ8_0;
+  EXPECT_NEAR(step(512, 1, f32) - step(128, 1, f32), more_ms, 1e-6);
+  EXPECT_NEAR(step(512, 8, f32) - step(128, 8, f32), 8 * more_ms, 1e-6);
+  EXPECT_GT(step(128, 8, f32), step(128, 1, f32));  // eight rows through the layers and the head
+  EXPECT_NEAR(step(512, 16, q8) - step(128, 16, q8), 16 * more_ms, 1e-6);
+  EXPECT_NEAR(step(128, 16, q8), 2 * step(128, 8, q8), 1e-9);
+  ASSERT_FALSE(parallel::find_strategy("galaxy")->batches_steps());
+  EXPECT_NEAR(step(128, 8, f32, "galaxy"), 8 * step(128, 1, f32, "galaxy"), 1e-9);
+}
+
 // A generation allocates and zeroes its caches when it starts: the first
 // token costs the slowest device's cache bytes at its zeroing rate more,
 // the steps nothing more; a profile without the rate prices none.

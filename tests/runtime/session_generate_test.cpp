@@ -390,7 +390,7 @@ TEST(SessionGenerateTest, AChunkedPrefillStopsBetweenChunksWhenAsked) {
     o.timeout_ms = 30000;
     o.max_batch = 2;
     o.prefill_chunk = 3;
-    o.prefix_slots = 2;  // the cut prompt's partial caches must not be taken for a prefix
+    o.prefix_slots = 2;  // the chunks done before the stop stay as a cached prefix
     auto started = runtime::Session::start(o);
     ASSERT_TRUE(started.ok()) << label << ": " << started.status().to_string();
     runtime::Session& session = **started;
@@ -405,6 +405,7 @@ TEST(SessionGenerateTest, AChunkedPrefillStopsBetweenChunksWhenAsked) {
     EXPECT_EQ(session.last_stats().value("prefill_chunks", 0), 2) << label;
     auto whole = session.generate(prompt, go);
     ASSERT_TRUE(whole.ok()) << label << ": " << whole.status().to_string();
+    EXPECT_EQ(session.last_stats().value("prefix_cached_tokens", -1), 6) << label;  // the two chunks done
     const auto want = model::generate(m, prompt, go, nullptr).value();
     compare(want, *whole, margins(m, want, prompt.size()), prompt.size(), label);
   }
