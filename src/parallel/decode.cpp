@@ -63,24 +63,16 @@ class TpDecoder final : public Decoder {
   }
 
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
-    const int64_t F = m_.config().hidden;
-    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({n, F});
-    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), n * F), 0));
-    TESSERA_RETURN_IF_ERROR(layers_.run(sync_, full.f32(), n, pos0, &cache_, pool));
-    return sync_.rank() == 0 ? full : Tensor();
+    return layers_.decode(sync_, std::move(x), n, pos0, &cache_, pool);
   }
   bool batches(std::span<Decoder* const> decs) const override {
     return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<TpDecoder*>(d) != nullptr; });
   }
   Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
                               core::ThreadPool* pool) override {
-    const int64_t F = m_.config().hidden, b = static_cast<int64_t>(pos.size());
     std::vector<model::KvCache*> caches;
     for (Decoder* d : decs) caches.push_back(&static_cast<TpDecoder*>(d)->cache_);
-    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({b, F});
-    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), b * F), 0));
-    TESSERA_RETURN_IF_ERROR(layers_.run_rows(sync_, full.f32(), {pos, caches}, pool));
-    return sync_.rank() == 0 ? full : Tensor();
+    return layers_.decode_rows(sync_, std::move(x), {pos, caches}, pool);
   }
 
  private:
@@ -212,6 +204,23 @@ Result<std::unique_ptr<Decoder>> Strategy::make_decoder(const model::Transformer
     if (s->decodes() && s->name() != single_device_plan().strategy) can += (can.empty() ? "" : ", ") + s->name();
   return core::unimplemented("strategy '" + plan.strategy + "' cannot generate across devices (use " + can +
                              "; see docs/generation.md)");
+}
+
+Result<Tensor> TpLayers::decode(Synchronizer& sync, Tensor x, int64_t n, int64_t pos0, model::KvCache* cache,
+                                core::ThreadPool* pool) {
+  const int64_t F = m_.config().hidden;
+  Tensor full = sync.rank() == 0 ? std::move(x) : Tensor::zeros_f32({n, F});
+  TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), n * F), 0));
+  TESSERA_RETURN_IF_ERROR(run(sync, full.f32(), n, pos0, cache, pool));
+  return sync.rank() == 0 ? full : Tensor();
+}
+
+Result<Tensor> TpLayers::decode_rows(Synchronizer& sync, Tensor x, const Rows& rows, core::ThreadPool* pool) {
+  const int64_t F = m_.config().hidden, b = static_cast<int64_t>(rows.pos.size());
+  Tensor full = sync.rank() == 0 ? std::move(x) : Tensor::zeros_f32({b, F});
+  TESSERA_RETURN_IF_ERROR(sync.broadcast(floats(full.f32(), b * F), 0));
+  TESSERA_RETURN_IF_ERROR(run_rows(sync, full.f32(), rows, pool));
+  return sync.rank() == 0 ? full : Tensor();
 }
 
 Result<model::KvCache> TpLayers::make_cache(const model::CacheSpec& spec) const {

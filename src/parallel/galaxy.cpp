@@ -96,6 +96,7 @@ class Galaxy final : public Strategy {
     return run_cached(m, plan, sync, std::move(x), n, pool, nullptr, nullptr, &sink);
   }
   bool decodes() const override { return true; }
+  bool batches_steps() const override { return true; }
   Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
                                                 const model::CacheSpec& spec) const override;
   // run(), and with `cache` the K/V of this rank's heads kept (positions
@@ -243,11 +244,17 @@ class GalaxyDecoder final : public Decoder {
   Result<Tensor> forward(Tensor x, int64_t n, int64_t pos0, core::ThreadPool* pool) override {
     // Galaxy's sequence split needs a row per device; shorter or later chunks run as TP.
     if (pos0 == 0 && n >= sync_.world()) return g_.run_cached(m_, plan_, sync_, std::move(x), n, pool, &layers_, &cache_);
-    const int64_t F = m_.config().hidden;
-    Tensor full = sync_.rank() == 0 ? x : Tensor::zeros_f32({n, F});
-    TESSERA_RETURN_IF_ERROR(sync_.broadcast(floats(full.f32(), n * F), 0));
-    TESSERA_RETURN_IF_ERROR(layers_.run(sync_, full.f32(), n, pos0, &cache_, pool));
-    return sync_.rank() == 0 ? full : Tensor();
+    return layers_.decode(sync_, std::move(x), n, pos0, &cache_, pool);
+  }
+  // Its steps are TP's, so a batch of them is too: each GEMM on every row at once.
+  bool batches(std::span<Decoder* const> decs) const override {
+    return std::all_of(decs.begin(), decs.end(), [](Decoder* d) { return dynamic_cast<GalaxyDecoder*>(d) != nullptr; });
+  }
+  Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
+                              core::ThreadPool* pool) override {
+    std::vector<model::KvCache*> caches;
+    for (Decoder* d : decs) caches.push_back(&static_cast<GalaxyDecoder*>(d)->cache_);
+    return layers_.decode_rows(sync_, std::move(x), {pos, caches}, pool);
   }
 
  private:

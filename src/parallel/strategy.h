@@ -323,6 +323,13 @@ class TpLayers {
   [[nodiscard]] core::Status run_rows(Synchronizer& sync, float* full, const Rows& rows, core::ThreadPool* pool) {
     return run_impl(sync, full, static_cast<int64_t>(rows.pos.size()), 0, nullptr, &rows, pool);
   }
+  // A decoder's chunk or batched step: rank 0 broadcasts its rows x [n, F]
+  // (others pass an empty tensor), every rank runs the layers, and rank 0
+  // gets the rows back (the others an empty tensor).
+  [[nodiscard]] core::Result<core::Tensor> decode(Synchronizer& sync, core::Tensor x, int64_t n, int64_t pos0,
+                                                  model::KvCache* cache, core::ThreadPool* pool);
+  [[nodiscard]] core::Result<core::Tensor> decode_rows(Synchronizer& sync, core::Tensor x, const Rows& rows,
+                                                       core::ThreadPool* pool);
   // A cache of `positions` rows of this rank's heads for every loaded layer.
   [[nodiscard]] core::Result<model::KvCache> make_cache(const model::CacheSpec& spec) const;
   // Appends K/V of rows qkv [n, 3 * width] (this rank's heads) at pos0.
