@@ -484,9 +484,9 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
 
 // Continuous batching: sequences that join a running batch at different
 // steps, each row at its own position over its own caches, give every
-// sequence the tokens it gets alone on one device. Single and tp run the
-// batch through each GEMM at once; pipeline, galaxy and the pairs take
-// their steps through step_rows too.
+// sequence the tokens it gets alone on one device. Every layout runs the
+// batch through each GEMM at once (a pair by its decode layout's decoders),
+// which the planner's Strategy::batches_steps must say.
 TEST(GenerateTest, BatchedStepsGiveEachSequenceItsOwnTokens) {
   const std::vector<std::vector<int64_t>> prompts{{5, 17, 300, 42, 9}, {8, 6, 4, 2, 100, 7, 7, 31, 2}, {42}, {3, 250, 18}};
   const std::vector<int> join{0, 0, 2, 5};
