@@ -61,9 +61,11 @@ std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); 
 class Daemon {
  public:
   Daemon(int port, const std::string& key, const std::string& log) : port_(port), log_(log) {
+    // Emptied before the fork: an earlier process's log of the same name is never read as this one's.
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     pid_ = ::fork();
+    if (pid_ != 0 && fd >= 0) ::close(fd);
     if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       // A small ASan quarantine, so that freed buffers do not count as

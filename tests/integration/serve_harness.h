@@ -39,9 +39,13 @@ using Clock = std::chrono::steady_clock;
 class Proc {
  public:
   Proc(const std::vector<std::string>& args, const std::string& log) : log_(log) {
+    // Emptied here, before the fork: a log left by an earlier process of the
+    // same pid (the name holds the test's pid) must not be read as this
+    // one's (its "listening on" line gave a stale port).
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     pid_ = ::fork();
+    if (pid_ != 0 && fd >= 0) ::close(fd);
     if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
       std::vector<char*> argv{const_cast<char*>("tessera")};
