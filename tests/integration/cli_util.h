@@ -2,7 +2,10 @@
 // temporary paths, and running the binary with its output captured.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +22,35 @@ namespace tessera::testing {
 
 inline const std::string kData = TESSERA_TEST_DATA;
 inline const std::string kBin = TESSERA_BIN;
+
+// Fixed ports for a test: windows of `count` ports at lo + w * stride for w
+// in [0, windows), starting at window `start` (the test's pid picks it, so
+// tests in parallel take different ones) and moving on past any window with
+// a port already in use on 127.0.0.1. A service of the machine itself may
+// listen on one: 0.0.0.0:2024 did, and a daemon test's terminal failed to
+// bind it.
+inline int free_port_window(int lo, int stride, int windows, int start, int count) {
+  auto in_use = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return false;
+    const int one = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // TIME_WAIT is not in use
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0;
+    ::close(fd);
+    return taken;
+  };
+  for (int k = 0; k < windows; ++k) {
+    const int base = lo + ((start + k) % windows) * stride;
+    bool free = true;
+    for (int p = base; p < base + count && free; ++p) free = !in_use(p);
+    if (free) return base;
+  }
+  return lo + (start % windows) * stride;
+}
 
 // A path of the running test's own, so tests in parallel never share one.
 inline std::string tmp(const std::string& name) {

@@ -54,7 +54,9 @@ std::string tmp(const std::string& name) {
 
 // Ports [2000, 7000): clear of distributed_test (7000..16000) and of
 // pick_local_endpoints (16384 and up); each test of this file takes its own.
-int port_base(int test_slot) { return 2000 + static_cast<int>(::getpid() % 100) * 40 + test_slot * 10; }
+int port_base(int test_slot) {
+  return testing::free_port_window(2000 + test_slot * 10, 40, 100, static_cast<int>(::getpid() % 100), 10);
+}
 std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 // A `tessera worker` writing its log to `log`; stopped (SIGTERM) on scope exit.

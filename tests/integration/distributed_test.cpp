@@ -290,7 +290,7 @@ TEST(DistributedTest, WorkerDaemonsServeTerminalsHoldingTheClusterKey) {
   ASSERT_TRUE(comm::write_key_file(other, comm::generate_cluster_key().value(), true).ok());
   // Control ports p, data ports p + 1; a per-process base keeps parallel runs
   // apart, below both the kernel's ephemeral ports and pick_local_endpoints'.
-  const int base = 7000 + static_cast<int>(::getpid() % 900) * 10;
+  const int base = testing::free_port_window(7000, 10, 900, static_cast<int>(::getpid() % 900), 10);
   const std::vector<pid_t> daemons = one_job_daemons(base, key, cluster);
   ASSERT_EQ(daemons.size(), 2u);
   const std::string dir = kData + "/gpt2-tiny", ids = "--ids 9,8,7,6,5,4,3";
@@ -351,7 +351,7 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
 
   const std::string key = tmp("cluster.key"), cluster = tmp("cluster.toml");
   ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
-  const int base = 7000 + static_cast<int>((::getpid() + 450) % 900) * 10;
+  const int base = testing::free_port_window(7000, 10, 900, static_cast<int>((::getpid() + 450) % 900), 10);
   const std::vector<pid_t> daemons = one_job_daemons(base, key, cluster);
   ASSERT_EQ(daemons.size(), 2u);
   const auto r = run("generate --model " + dir + args + " --strategy tp --cluster " + cluster + " --key " + key);
@@ -369,7 +369,7 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
 TEST(DistributedTest, SilentTerminalLosesItsJobAndTheDaemonServesTheNext) {
   const std::string key = tmp("silent.key"), cluster = tmp("silent.toml");
   ASSERT_TRUE(comm::write_key_file(key, comm::generate_cluster_key().value(), true).ok());
-  const int base = 7000 + static_cast<int>((::getpid() + 450) % 900) * 10 + 6;
+  const int base = testing::free_port_window(7000, 10, 900, static_cast<int>((::getpid() + 450) % 900), 10) + 6;
   const std::string control = "tcp://127.0.0.1:" + std::to_string(base);
   const std::string data = "tcp://127.0.0.1:" + std::to_string(base + 1);
   const std::string terminal = "tcp://127.0.0.1:" + std::to_string(base + 2);

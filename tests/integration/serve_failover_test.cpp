@@ -16,7 +16,9 @@ namespace {
 using namespace serve_testing;
 
 // Ports [1100, 1950): clear of the other integration tests' ranges.
-int port_base() { return 1100 + static_cast<int>(::getpid() % 60) * 15; }  // 15 ports each, below daemon_test's 2000
+int port_base() {  // 15 ports each, below daemon_test's 2000
+  return testing::free_port_window(1100, 15, 60, static_cast<int>(::getpid() % 60), 15);
+}
 std::string local(int port) { return "tcp://127.0.0.1:" + std::to_string(port); }
 
 std::unique_ptr<Proc> daemon(int port, const std::string& key, const std::string& log) {
