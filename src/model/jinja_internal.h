@@ -1,6 +1,6 @@
 // Internals of the chat-template Jinja interpreter (jinja.h), shared by its
 // parts: jinja_text.cpp (errors, values, text and JSON helpers),
-// jinja_parse.cpp (lexer and parser), jinja_eval.cpp (statements and
+// jinja_lex.cpp (tokens), jinja_parse.cpp (the parser), jinja_eval.cpp (statements and
 // expressions) and jinja_filters.cpp (functions, methods, filters, repr).
 // Not a public header: only those files include it.
 #pragma once
@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -143,6 +144,22 @@ struct Node {
 
 using NodeP = std::unique_ptr<Node>;
 NodeP mk(K kind, int line);
+
+// ============================ tokens (jinja_lex.cpp) ============================
+
+enum class Tok : uint8_t { Text, BlockBegin, BlockEnd, VarBegin, VarEnd, Name, String, Int, Float, Op, Eof };
+
+struct Token {
+  Tok type;
+  std::string text;
+  int line;
+  int64_t i = 0;
+  double f = 0;
+};
+
+// The template's tokens, with Hugging Face's whitespace control (trim_blocks
+// and lstrip_blocks on, one trailing newline dropped); the last is Eof.
+std::vector<Token> lex(std::string_view source);
 
 // What the parser accepts (jinja_parse.cpp): anything else is a parse-time error.
 const std::unordered_set<std::string>& known_filters();
