@@ -35,7 +35,9 @@ const std::string kData = TESSERA_TEST_DATA;
 // The peer, installed once per machine (npm's cache makes a rerun cheap).
 const std::string& peer_dir() {
   static const std::string dir = [] {
-    const char* tmp = std::getenv("TMPDIR");
+    // Outside the test's own folder (tests/scratch_dir.cpp), which goes with it.
+    const char* tmp = std::getenv("TESSERA_TEST_OUTER_TMPDIR");
+    if (tmp == nullptr) tmp = std::getenv("TMPDIR");
     return std::string(tmp != nullptr ? tmp : "/tmp") + "/tessera-llamacpp-peer-" + std::to_string(::getuid());
   }();
   return dir;
