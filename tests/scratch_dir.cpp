@@ -34,11 +34,11 @@ class ScratchDir : public ::testing::Environment {
   }
   void TearDown() override {
     if (dir_.empty() || ::getpid() != owner_) return;
-    if (::testing::UnitTest::GetInstance()->Failed()) {
+    std::error_code ec;
+    if (::testing::UnitTest::GetInstance()->Failed() && !std::filesystem::is_empty(dir_, ec)) {
       std::cerr << "test files kept in " << dir_ << "\n";
       return;
     }
-    std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
 

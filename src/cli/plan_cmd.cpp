@@ -12,6 +12,7 @@
 #include "core/io.h"
 #include "comm/keys.h"
 #include "core/json.h"
+#include "model/generate.h"
 #include "model/tokenizer.h"
 #include "parallel/strategy.h"
 #include "runtime/deployment.h"
@@ -37,6 +38,8 @@ struct PlanCmd {
   bool load_time = true;
   int64_t generate = 0;  // > 0: plan a generation of this many tokens after the --seq prompt
   int64_t max_batch = 1;  // with generate: its steps batch this many sequences (serve --max-batch)
+  int64_t ctx_size = 0;  // with generate: the caches' positions, as run/generate allocate them (0: their default)
+  core::DType kv_type = core::DType::kF32;
 };
 
 void add_profile_flags(CLI::App* cmd, PlanCmd& f) {
@@ -121,7 +124,12 @@ int plan_command(const PlanCmd& f) {
   std::optional<planner::ClusterProfile> step;
   if (f.generate > 0) {
     if (!c->causal_lm()) return fail("--generate needs a causal LM");
-    o.ctx_size = std::min(o.rows + f.generate, c->max_positions);
+    // The context run/generate allocate, whose caches the first token pays
+    // to zero (not the prompt plus N: GPT-2's default is 1024 positions).
+    o.ctx_size = model::context_size(c.value(), f.ctx_size);
+    if (o.rows + f.generate > o.ctx_size)
+      return fail("--seq + --generate exceeds the context of " + std::to_string(o.ctx_size) + " positions");
+    o.kv_dtype = f.kv_type;
     o.new_tokens = f.generate;
     o.decode_batch = f.max_batch;
     auto p = cluster->profile(c.value(), f.max_batch);  // a decode step's shapes
@@ -180,6 +188,7 @@ void add_plan_commands(CLI::App& app) {
                     "--max-batch runs them (the step profile is measured at that many rows)")
         ->check(CLI::Range(1, 32))
         ->capture_default_str();
+    add_context_flags(cmd, f->ctx_size, f->kv_type);
     CLI::Option* lossy = cmd->add_flag("--lossy", f->lossy,
                   "let the choice fall on a lossy strategy (PRISM), wire (f16, q8) or, without --quantize, weights "
                   "quantized at load (q8_0, q4_0), each only within --max-loss");

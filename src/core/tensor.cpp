@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -23,34 +25,53 @@ std::string shape_to_string(const Shape& shape) {
   return os.str();
 }
 
+namespace {
+
+// A tensor's bytes, with overflow checks: a request may ask for anything.
+// Beyond 1 TiB no allocator here can succeed (and sanitizers abort instead
+// of failing).
+Result<uint64_t> checked_bytes(DType dtype, const Shape& shape) {
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+  uint64_t bytes = dtype_size(dtype);
+  for (int64_t d : shape) {
+    if (d < 0) return invalid_argument("negative dimension " + std::to_string(d));
+    if (d == 0) return uint64_t{0};
+  }
+  for (int64_t d : shape) {
+    if (bytes > kMaxBytes / static_cast<uint64_t>(d)) return resource_exhausted("tensor " + shape_to_string(shape) + " is too large");
+    bytes *= static_cast<uint64_t>(d);
+  }
+  return bytes;
+}
+
+}  // namespace
+
 Result<Tensor> Tensor::try_zeros(DType dtype, Shape shape) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  // Size with overflow checks: a request may ask for anything. Beyond 1 TiB
-  // no allocator here can succeed (and sanitizers abort instead of failing).
-  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
-  uint64_t bytes = dtype_size(dtype);
-  bool zero = false;
-  for (int64_t d : t.shape_) {
-    if (d < 0) return invalid_argument("negative dimension " + std::to_string(d));
-    if (d == 0) zero = true;
-  }
-  for (int64_t d : t.shape_) {
-    if (zero) {
-      bytes = 0;
-      break;
-    }
-    if (bytes > kMaxBytes / static_cast<uint64_t>(d))
-      return resource_exhausted("tensor " + shape_to_string(t.shape_) + " is too large");
-    bytes *= static_cast<uint64_t>(d);
-  }
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t bytes, checked_bytes(dtype, t.shape_));
   size_t padded = ((bytes + 63) / 64) * 64;
   if (padded == 0) padded = 64;
   void* p = std::aligned_alloc(64, padded);
   if (p == nullptr) return resource_exhausted("out of memory allocating " + std::to_string(padded) + " bytes");
   std::memset(p, 0, padded);
   t.owner_ = std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  t.data_ = p;
+  return t;
+}
+
+Result<Tensor> Tensor::try_zeros_lazy(DType dtype, Shape shape) {
+  TESSERA_ASSIGN_OR_RETURN(const uint64_t bytes, checked_bytes(dtype, shape));
+  // Below a few pages the heap is as good (and reuses memory).
+  if (bytes < (uint64_t{1} << 20)) return try_zeros(dtype, std::move(shape));
+  const size_t len = static_cast<size_t>(bytes);
+  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return resource_exhausted("out of memory mapping " + std::to_string(len) + " bytes");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.owner_ = std::shared_ptr<void>(p, [len](void* q) { ::munmap(q, len); });
   t.data_ = p;
   return t;
 }

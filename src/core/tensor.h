@@ -28,6 +28,11 @@ class Tensor {
   // Same, but running out of memory is an error instead of an abort: for
   // allocations whose size a request decides.
   static Result<Tensor> try_zeros(DType dtype, Shape shape);
+  // Same, for a large buffer written from its front over a long time (a KV
+  // cache): its pages come zeroed from the kernel when first touched, so
+  // allocating costs nothing and a short generation in a long context pays
+  // only for the positions it writes (memset faulted in all of them first).
+  static Result<Tensor> try_zeros_lazy(DType dtype, Shape shape);
   // Borrowed: `data` must stay valid while `owner` lives.
   static Tensor borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> owner);
   static Tensor from_f32(Shape shape, const std::vector<float>& values);

@@ -166,8 +166,8 @@ Result<KvCache> Transformer::make_cache(int64_t positions, core::DType dtype) co
                                     std::to_string(avail >> 20) + " MiB available");
   KvCache cache;
   for (int64_t l = 0; l < config_.layers; ++l) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(dtype, {positions, width(l)}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(dtype, {positions, width(l)}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros_lazy(dtype, {positions, width(l)}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros_lazy(dtype, {positions, width(l)}));
     cache.k.push_back(std::move(k));
     cache.v.push_back(std::move(v));
   }

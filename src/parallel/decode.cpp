@@ -233,8 +233,8 @@ Result<model::KvCache> TpLayers::make_cache(const model::CacheSpec& spec) const 
   const int64_t width = std::max<int64_t>(c.head_shard(heads_.begin, heads_.end).kv_width(), 1);
   model::KvCache cache;
   for (int64_t l = 0; l < c.layers; ++l) {
-    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros(spec.dtype, {positions, width}));
-    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros(spec.dtype, {positions, width}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor k, Tensor::try_zeros_lazy(spec.dtype, {positions, width}));
+    TESSERA_ASSIGN_OR_RETURN(Tensor v, Tensor::try_zeros_lazy(spec.dtype, {positions, width}));
     cache.k.push_back(std::move(k));
     cache.v.push_back(std::move(v));
   }

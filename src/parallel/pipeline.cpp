@@ -185,8 +185,8 @@ class Pipeline final : public Strategy {
     d->cache.k.resize(static_cast<size_t>(c.layers));
     d->cache.v.resize(static_cast<size_t>(c.layers));
     for (int64_t l : map.layers_on(sync.rank())) {
-      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros(spec.dtype, {positions, c.kv_width()}));
-      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros(spec.dtype, {positions, c.kv_width()}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.k[static_cast<size_t>(l)], Tensor::try_zeros_lazy(spec.dtype, {positions, c.kv_width()}));
+      TESSERA_ASSIGN_OR_RETURN(d->cache.v[static_cast<size_t>(l)], Tensor::try_zeros_lazy(spec.dtype, {positions, c.kv_width()}));
     }
     return std::unique_ptr<Decoder>(std::move(d));
   }

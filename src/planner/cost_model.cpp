@@ -118,12 +118,12 @@ void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const Clus
   pred.comm_ms = std::max(0.0, pred.latency_ms - pred.compute_ms);
 }
 
-void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p) {
+void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p, double touched) {
   double slowest = 0;
   for (size_t d = 0; d < s.devices.size() && d < pred.devices.size() && d < p.devices.size(); ++d) {
     if (s.devices[d].kv_bytes <= 0 || p.devices[d].zero_gbps <= 0) continue;
     // Memory, not a kernel: --device-speed does not slow it.
-    const double ms = 1e3 * static_cast<double>(s.devices[d].kv_bytes) / (p.devices[d].zero_gbps * 1e9);
+    const double ms = 1e3 * touched * static_cast<double>(s.devices[d].kv_bytes) / (p.devices[d].zero_gbps * 1e9);
     pred.devices[d].compute_ms += ms;
     pred.devices[d].end_ms += ms;
     slowest = std::max(slowest, ms);
@@ -148,8 +148,16 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     for (int d = 0; d < K; ++d) {
       const auto& ph = s.devices[static_cast<size_t>(d)].phases[i];
       double wd = 0, cd = 0;
-      for (const auto& x : ph.work) wd += work_ms(x, p.devices[static_cast<size_t>(d)]);
-      for (const auto& x : ph.transfers) cd += transfer_ms(x, d, p);
+      const DeviceProfile& dev = p.devices[static_cast<size_t>(d)];
+      for (const auto& x : ph.work) wd += work_ms(x, dev);
+      for (const auto& x : ph.transfers) {
+        cd += transfer_ms(x, d, p);
+        // Under overlap the transport encrypts what it sends and decrypts
+        // what it receives (as much, in these symmetric exchanges) on the
+        // cores the work runs on. Sequential exchanges have it in the
+        // measured link.
+        if (ph.overlapped && dev.crypto_gbps > 0) wd += 2.0 * static_cast<double>(x.bytes_sent) / (dev.crypto_gbps * 1e6);
+      }
       w[static_cast<size_t>(d)] = wd;
       c[static_cast<size_t>(d)] = cd;
       out.devices[static_cast<size_t>(d)].compute_ms += wd;

@@ -59,10 +59,11 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n);
 void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const ClusterProfile& p, int64_t n,
                        int64_t head_rows = -1);
 
-// A generation: each device allocates and zeroes its KV caches (the
-// schedule's kv_bytes) when it starts, all at once, before the prefill's
-// first exchange: the slowest lengthens the time to the first token.
-void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p);
+// A generation: each device's KV caches (the schedule's kv_bytes, at the
+// whole context) are mapped lazily, and the prompt's writes fault in
+// `touched` of them (its positions over the context's): the slowest device
+// lengthens the time to the first token by that much.
+void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p, double touched = 1.0);
 
 // The critical path through every synchronisation point of the schedule.
 // Device i of the schedule runs on device i of the profile.

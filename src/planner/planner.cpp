@@ -38,7 +38,8 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   parallel::add_kv_cache(s, plan, c, kv_positions, kv_dtype);
   if (cache_keys > 0) parallel::add_cache_reads(s, c, cache_keys, kv_dtype, n);
   TESSERA_ASSIGN_OR_RETURN(Prediction pred, predict(s, p));
-  if (kv_positions > 0) add_cache_allocation(pred, s, p);
+  if (kv_positions > 0)
+    add_cache_allocation(pred, s, p, static_cast<double>(std::min(n, kv_positions)) / static_cast<double>(kv_positions));
   // A generation's prefill needs only its last row's logits (the first token).
   add_terminal_work(pred, c, p, n, kv_positions > 0 ? 1 : -1);
   return pred;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -70,7 +71,7 @@ json DeviceProfile::to_json() const {
   for (const GemmSample& s : gemm) g.push_back({s.m, s.k, s.n, s.gflops});
   return {{"name", name},     {"threads", threads},       {"gemm", g},
           {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
-          {"stream_gbps", stream_gbps}, {"zero_gbps", zero_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
+          {"stream_gbps", stream_gbps}, {"zero_gbps", zero_gbps}, {"crypto_gbps", crypto_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
           {"speed", speed}};
 }
 
@@ -91,6 +92,7 @@ Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
   TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.stream_gbps, positive(j, "stream_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.zero_gbps, core::json_field_number(j, "zero_gbps", 0.0, 1e12, 0.0));
+  TESSERA_ASSIGN_OR_RETURN(d.crypto_gbps, core::json_field_number(j, "crypto_gbps", 0.0, 1e12, 0.0));
   TESSERA_ASSIGN_OR_RETURN(d.memory_bytes, core::json_field_int(j, "memory_bytes", 0, INT64_MAX));
   TESSERA_ASSIGN_OR_RETURN(d.runtime_bytes, core::json_field_int(j, "runtime_bytes", 0, INT64_MAX, 0));
   TESSERA_ASSIGN_OR_RETURN(d.speed, core::json_field_number(j, "speed", 1e-3, 1e3, 1.0));
@@ -253,12 +255,12 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     d.stream_gbps = static_cast<double>(floats * 4) / s / 1e9;
   }
   {
-    // A generation's KV caches, allocated and zeroed as a decoder does when
-    // it starts: a K and a V tensor a layer (1024 positions here). Freed
-    // pages go back first, as they have by the next generation, so each is
-    // a fresh page and a fault. The median: a run that found pages still
-    // mapped (or huge ones) is no guide to the next generation. At most
-    // 64 MB (a large model's caches need not be allocated to be timed).
+    // A generation's KV caches as its prompt first writes them: a K and a V
+    // tensor a layer (1024 positions here), mapped lazily as a decoder maps
+    // them (Tensor::try_zeros_lazy), every page faulted in, zeroed by the
+    // kernel and written. The median: a run that found pages still mapped
+    // (or huge ones) is no guide to the next generation. At most 64 MB (a
+    // large model's caches need not be allocated to be timed).
     const int64_t width = std::max<int64_t>(c.kv_width(), 1);
     const int64_t positions = std::clamp<int64_t>((int64_t{64} << 20) / (8 * std::max<int64_t>(c.layers, 1) * width), 16, 1024);
     std::vector<double> seconds;
@@ -266,7 +268,10 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       ::malloc_trim(0);
       std::vector<core::Tensor> caches;
       const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t i = 0; i < 2 * c.layers; ++i) caches.push_back(core::Tensor::zeros_f32({positions, width}));
+      for (int64_t i = 0; i < 2 * c.layers; ++i) {
+        caches.push_back(core::Tensor::try_zeros_lazy(core::DType::kF32, {positions, width}).value());
+        std::memset(caches.back().raw(), 0, caches.back().nbytes());
+      }
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     d.zero_gbps = static_cast<double>(2 * c.layers * positions * width * 4) / std::max(core::median(seconds), 1e-9) / 1e9;

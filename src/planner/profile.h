@@ -32,6 +32,11 @@ struct DeviceProfile {
   // Fresh memory allocated and zeroed, page faults included: what a
   // generation's KV caches cost when it starts (0: not measured).
   double zero_gbps = 0;
+  // Bytes a second a core encrypts (or decrypts) on the transport (CURVE)
+  // when the transport shares the compute's cores, as local devices do: an
+  // overlapped exchange's encryption then lengthens the work under it. 0:
+  // not measured, in the clear, or the transport has cores of its own.
+  double crypto_gbps = 0;
   int64_t memory_bytes = 0;     // the memory available to Tessera (its budget)
   // What the kernels' libraries keep resident once used (JIT code, scratch
   // pools), on top of a plan's weights and activations.

@@ -1,5 +1,6 @@
 #include "runtime/cluster_profile.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "comm/control.h"
@@ -84,6 +86,56 @@ Result<std::vector<LinkProfile>> row_from_tensor(const core::Tensor& t, int K, i
   return row;
 }
 
+double process_cpu_s() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// This process's CPU seconds (all its threads, the transport's included)
+// to move kCryptoReps tensors of kBulkFloats from one rank to another over
+// loopback, with CURVE or without.
+constexpr int kCryptoReps = 8;
+Result<double> transfer_cpu_s(bool secure) {
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(2));
+  std::optional<comm::ClusterKey> key;
+  if (secure) {
+    TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
+  }
+  const comm::Millis wait(60000);
+  std::vector<Result<double>> results(2, core::internal_error("not run"));
+  auto rank_main = [&](int rank) -> Result<double> {
+    comm::GroupOptions o;
+    o.rank = rank;
+    o.endpoints = endpoints;
+    o.group_id = "tessera-crypto";
+    o.insecure = !secure;
+    o.key = key;
+    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
+    const int peer = 1 - rank;
+    // Both connected and idle before the clock starts; the ack after the
+    // last tensor stops it.
+    if (rank == 1) {
+      TESSERA_RETURN_IF_ERROR(g->send(0, kProbeTag, core::Tensor::zeros_f32({1}), wait));
+      for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g->recv(0, kProbeTag + 1, wait).status());
+      TESSERA_RETURN_IF_ERROR(g->send(0, kAckTag, core::Tensor::zeros_f32({1}), wait));
+      return 0.0;
+    }
+    const core::Tensor bulk = core::Tensor::zeros_f32({kBulkFloats});
+    TESSERA_RETURN_IF_ERROR(g->recv(peer, kProbeTag, wait).status());
+    const double t0 = process_cpu_s();
+    for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g->send(peer, kProbeTag + 1, bulk, wait));
+    TESSERA_RETURN_IF_ERROR(g->recv(peer, kAckTag, wait).status());
+    return process_cpu_s() - t0;
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { results[static_cast<size_t>(r)] = rank_main(r); });
+  for (auto& t : threads) t.join();
+  for (const auto& r : results)
+    if (!r.ok()) return r.status();
+  return results[0];
+}
+
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
   TESSERA_ASSIGN_OR_RETURN(const std::string answer, comm::control_request(endpoint, o.key, to_text(job), o.timeout));
   return daemon_answer(endpoint, answer, "profile");
@@ -145,6 +197,19 @@ Result<LinkProfiles> measure_links(comm::Group& g, comm::Millis timeout) {
   }
   for (int r = 1; r < K; ++r) TESSERA_RETURN_IF_ERROR(g.send(r, kAckTag, core::Tensor::zeros_f32({1}), timeout));
   return out;
+}
+
+Result<double> measure_crypto_gbps() {
+  // The median of 3 differences: another process's burst is no guide.
+  std::vector<double> gbps;
+  for (int rep = 0; rep < 3; ++rep) {
+    TESSERA_ASSIGN_OR_RETURN(const double plain, transfer_cpu_s(false));
+    TESSERA_ASSIGN_OR_RETURN(const double curve, transfer_cpu_s(true));
+    // Each byte is encrypted once and decrypted once.
+    const double bytes = 2.0 * kCryptoReps * kBulkFloats * 4;
+    gbps.push_back(curve > plain ? bytes / (curve - plain) / 1e9 : 0.0);
+  }
+  return core::median(gbps);
 }
 
 Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure) {

@@ -39,6 +39,11 @@ using LinkProfiles = std::vector<std::vector<planner::LinkProfile>>;
 // CURVE-encrypted with a throwaway key when `secure` (as the run will be:
 // encrypting and decrypting each message is part of a transfer's time).
 [[nodiscard]] core::Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure = true);
+// Bytes a second this machine's cores encrypt (or decrypt) with CURVE, as
+// the transport frames them: the extra CPU time of moving tensors over
+// loopback encrypted rather than in the clear (DeviceProfile::crypto_gbps;
+// 0 when no difference shows).
+[[nodiscard]] core::Result<double> measure_crypto_gbps();
 
 // What a terminal asks a daemon. Part kDevice: measure (or read) the
 // device's profile and answer with it. Part kLinks: answer {"ok": true},

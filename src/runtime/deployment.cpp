@@ -150,6 +150,12 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
     d.memory_bytes /= K;  // local devices share this machine's memory
     p.devices.assign(static_cast<size_t>(K), d);
     TESSERA_ASSIGN_OR_RETURN(p.links, measure_local_links(K, opts_.link, !opts_.insecure));
+    // Local devices share this machine's cores with their transports, whose
+    // encryption then takes time from an overlapped exchange's compute.
+    if (K > 1 && !opts_.insecure) {
+      TESSERA_ASSIGN_OR_RETURN(const double gbps, measure_crypto_gbps());
+      for (auto& dev : p.devices) dev.crypto_gbps = gbps;
+    }
   }
   if (p.size() != size())
     return core::invalid_argument("the profile has " + std::to_string(p.size()) + " devices, the cluster " +

@@ -2,10 +2,12 @@
 // typed and bounded fields), reads that refuse non-regular files, duration
 // checks and allocations whose failure is an error.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "core/duration.h"
 #include "core/io.h"
@@ -92,6 +94,32 @@ TEST(TensorTest, TryZerosReportsImpossibleAllocations) {
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->numel(), 12);
   EXPECT_EQ(ok->f32()[11], 0.0f);
+}
+
+// A KV cache's allocation: the same errors; zeros; and only the pages
+// written are in memory (a long context costs a short prompt nothing).
+TEST(TensorTest, LazyZerosAreZeroAndTakeOnlyThePagesWritten) {
+  EXPECT_EQ(Tensor::try_zeros_lazy(DType::kF32, {1ll << 40, 1ll << 20}).status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_FALSE(Tensor::try_zeros_lazy(DType::kF32, {-1}).ok());
+  for (const int64_t rows : {4, 0, 4096}) {  // the heap, empty, mapped
+    auto t = Tensor::try_zeros_lazy(DType::kF32, {rows, 512});
+    ASSERT_TRUE(t.ok()) << rows;
+    ASSERT_EQ(t->numel(), rows * 512);
+    ASSERT_EQ(t->dtype(), DType::kF32);
+    if (rows == 0) continue;
+    float* p = t->f32();
+    p[0] = 1.0f;  // the first row's page only
+    if (rows == 4096) {
+      const long page = ::sysconf(_SC_PAGESIZE);
+      std::vector<unsigned char> in(t->nbytes() / static_cast<size_t>(page));
+      ASSERT_EQ(::mincore(t->raw(), t->nbytes(), in.data()), 0);
+      EXPECT_TRUE(in.front() & 1);
+      EXPECT_FALSE(in.back() & 1);  // 8 MB, one page of it written
+    }
+    int64_t nonzero = 0;
+    for (int64_t i = 1; i < t->numel(); ++i) nonzero += p[i] != 0.0f;
+    EXPECT_EQ(nonzero, 0) << rows;
+  }
 }
 
 }  // namespace

@@ -109,6 +109,23 @@ TEST(CostModel, OverlappedPhaseIsTheLongerOfWorkAndTransfer) {
   EXPECT_NEAR(fast.value().devices[0].comm_ms, 0, 1e-6);
 }
 
+// Where the transport shares the work's cores (crypto_gbps > 0), an
+// overlapped exchange's encryption lengthens the work under it: device 0
+// encrypts its 1 MB and decrypts as much (2 GB/s: 1 ms). A sequential
+// exchange has it in the measured link already.
+TEST(CostModel, EncryptionUnderAnOverlappedExchangeTakesTheWorksCores) {
+  ClusterProfile p = cluster({device(10), device(10)}, 5, 1000);
+  for (auto& d : p.devices) d.crypto_gbps = 2;
+  const auto over = predict(two_device_phase(true), p);
+  ASSERT_TRUE(over.ok());
+  EXPECT_NEAR(over.value().devices[0].compute_ms, 200 + 1, 1e-6);
+  EXPECT_NEAR(over.value().devices[1].compute_ms, 100, 1e-6);  // it sent nothing here
+  EXPECT_NEAR(over.value().latency_ms, 201, 1e-6);
+  const auto seq = predict(two_device_phase(false), p);
+  ASSERT_TRUE(seq.ok());
+  EXPECT_NEAR(seq.value().devices[0].compute_ms, 200, 1e-6);
+}
+
 TEST(CostModel, EmulatedSpeedScalesKernels) {
   const parallel::Work w = parallel::gemm("g", 100, 100, 100);
   EXPECT_NEAR(work_ms(w, device(10, 0.25)), 4 * work_ms(w, device(10)), 1e-12);
@@ -726,9 +743,10 @@ TEST(Planner, ABatchedStepReadsEverySequencesCaches) {
   EXPECT_NEAR(step(512, 8, f32, "tp") - step(128, 8, f32, "tp"), 8 * more_ms / 2, 1e-6);  // two heads of four each
 }
 
-// A generation allocates and zeroes its caches when it starts: the first
-// token costs the slowest device's cache bytes at its zeroing rate more,
-// the steps nothing more; a profile without the rate prices none.
+// A generation's caches are mapped lazily: the first token costs the
+// slowest device's cache bytes of the prompt's positions at its rate of
+// faulting pages in, whatever the context; the steps cost nothing more; a
+// profile without the rate prices none.
 TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
   const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
       "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
@@ -741,17 +759,20 @@ TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
   ClusterProfile zeroing = none;
   zeroing.devices[0].zero_gbps = 5;
   zeroing.devices[1].zero_gbps = 2.5;  // the slower device decides
-  const auto a = plan_all(c, none, o), b = plan_all(c, zeroing, o);
-  ASSERT_TRUE(a.ok() && b.ok());
-  for (const std::string s : {"single", "tp"}) {
-    const Candidate &x = row_of(a.value(), s), &y = row_of(b.value(), s);
-    double slowest = 0;
-    for (int d = 0; d < static_cast<int>(y.members.size()); ++d)
-      slowest = std::max(slowest, 1e3 * static_cast<double>(parallel::kv_cache_bytes(y.plan, c, d, o.ctx_size)) /
-                                      (zeroing.devices[static_cast<size_t>(y.members[static_cast<size_t>(d)])].zero_gbps * 1e9));
-    EXPECT_GT(slowest, 0) << s;
-    EXPECT_NEAR(y.prediction.latency_ms - x.prediction.latency_ms, slowest, 1e-9) << s;
-    EXPECT_NEAR(y.step_ms, x.step_ms, 1e-12) << s;
+  for (const int64_t ctx : {1024, 256}) {
+    o.ctx_size = ctx;
+    const auto a = plan_all(c, none, o), b = plan_all(c, zeroing, o);
+    ASSERT_TRUE(a.ok() && b.ok());
+    for (const std::string s : {"single", "tp"}) {
+      const Candidate &x = row_of(a.value(), s), &y = row_of(b.value(), s);
+      double slowest = 0;
+      for (int d = 0; d < static_cast<int>(y.members.size()); ++d)
+        slowest = std::max(slowest, 1e3 * static_cast<double>(parallel::kv_cache_bytes(y.plan, c, d, o.rows)) /
+                                        (zeroing.devices[static_cast<size_t>(y.members[static_cast<size_t>(d)])].zero_gbps * 1e9));
+      EXPECT_GT(slowest, 0) << s;
+      EXPECT_NEAR(y.prediction.latency_ms - x.prediction.latency_ms, slowest, 1e-9) << s << ", context " << ctx;
+      EXPECT_NEAR(y.step_ms, x.step_ms, 1e-12) << s;
+    }
   }
 }
 
