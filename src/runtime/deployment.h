@@ -99,6 +99,7 @@ class Cluster {
   std::vector<Device> devices_;
   std::optional<planner::ClusterProfile> given_profile_;  // --profile
   std::map<int64_t, planner::ClusterProfile> profiles_;   // measured, by rows
+  std::optional<double> crypto_gbps_;                      // local, encrypted devices: measured once
   std::map<std::string, std::shared_ptr<FidelityMeter>> meters_;  // by calibration file and rows
 };
 

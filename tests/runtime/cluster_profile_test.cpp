@@ -27,5 +27,14 @@ TEST(LocalLinksTest, MeasuredEncryptedOrNotAndNeverFasterThanTheEmulatedLink) {
   }
 }
 
+// Encrypting costs CPU time: the rate is positive and no faster than a
+// memory copy could be (1 TB/s bounds any machine here).
+TEST(LocalLinksTest, EncryptionHasACpuRate) {
+  const auto gbps = measure_crypto_gbps();
+  ASSERT_TRUE(gbps.ok()) << gbps.status().to_string();
+  EXPECT_GT(gbps.value(), 0);
+  EXPECT_LT(gbps.value(), 1000);
+}
+
 }  // namespace
 }  // namespace tessera::runtime
