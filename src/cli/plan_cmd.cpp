@@ -156,8 +156,15 @@ int profile_command(const PlanCmd& f) {
   if (!c.ok()) return fail(c.status().to_string());
   auto cluster = runtime::Cluster::open(f.cluster);
   if (!cluster.ok()) return fail(cluster.status().to_string());
-  auto p = cluster->profile(c.value(), runtime::plan_rows(c.value(), f.seq));
+  const int64_t rows = runtime::plan_rows(c.value(), f.seq);
+  auto p = cluster->profile(c.value(), rows);
   if (!p.ok()) return fail(p.status().to_string());
+  if (c->causal_lm() && rows > 1) {  // and a one-row decode step's, for plan --generate with this file
+    auto step = cluster->profile(c.value(), 1);
+    if (!step.ok()) return fail(step.status().to_string());
+    p.value().step_devices = step.value().devices;
+    p.value().step_rows = 1;
+  }
   if (auto st = p.value().save(f.out); !st.ok()) return fail(st.to_string());
   std::printf("wrote %s (%d device(s))\n", f.out.c_str(), p.value().size());
   return 0;

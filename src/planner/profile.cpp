@@ -108,10 +108,12 @@ ClusterProfile ClusterProfile::subset(const std::vector<int>& members) const {
   ClusterProfile out;
   for (int a : members) {
     out.devices.push_back(devices[static_cast<size_t>(a)]);
+    if (!step_devices.empty()) out.step_devices.push_back(step_devices[static_cast<size_t>(a)]);
     std::vector<LinkProfile> row;
     for (int b : members) row.push_back(link(a, b));
     out.links.push_back(std::move(row));
   }
+  out.step_rows = step_rows;
   return out;
 }
 
@@ -123,7 +125,13 @@ json ClusterProfile::to_json() const {
     for (const LinkProfile& x : row) r.push_back({{"latency_ms", x.latency_ms}, {"bandwidth_mbps", x.bandwidth_mbps}});
     l.push_back(r);
   }
-  return {{"devices", d}, {"links", l}};
+  json out = {{"devices", d}, {"links", l}};
+  if (!step_devices.empty()) {
+    json s = json::array();
+    for (const DeviceProfile& p : step_devices) s.push_back(p.to_json());
+    out["step"] = {{"rows", step_rows}, {"devices", s}};
+  }
+  return out;
 }
 
 Result<ClusterProfile> ClusterProfile::from_json(const json& j) {
@@ -148,6 +156,16 @@ Result<ClusterProfile> ClusterProfile::from_json(const json& j) {
         TESSERA_ASSIGN_OR_RETURN(c.links[a][b].latency_ms, positive(row[b], "latency_ms"));
         TESSERA_ASSIGN_OR_RETURN(c.links[a][b].bandwidth_mbps, positive(row[b], "bandwidth_mbps"));
       }
+    }
+  }
+  if (j.contains("step")) {
+    const json& s = j["step"];
+    if (!s.is_object() || !s.contains("devices") || !s["devices"].is_array() || s["devices"].size() != k)
+      return core::invalid_argument("profile: 'step' must hold 'devices', one for each of the " + std::to_string(k));
+    TESSERA_ASSIGN_OR_RETURN(c.step_rows, core::json_field_int(s, "rows", 1, 4096));
+    for (const json& d : s["devices"]) {
+      TESSERA_ASSIGN_OR_RETURN(DeviceProfile p, DeviceProfile::from_json(d));
+      c.step_devices.push_back(std::move(p));
     }
   }
   return c;

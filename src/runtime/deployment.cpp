@@ -135,6 +135,8 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
   ClusterProfile p;
   if (given_profile_) {
     p = *given_profile_;
+    // A decode step's shapes from the file's step profile, when it has one for these rows.
+    if (!p.step_devices.empty() && p.step_rows == rows) p.devices = p.step_devices;
   } else if (file_) {
     ClusterProfileOptions po;
     po.cluster = *file_;

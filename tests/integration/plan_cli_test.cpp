@@ -187,12 +187,39 @@ TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
 }
 
+// A decoder's profile file holds a one-row step profile beside the prompt's,
+// so plan --generate prices the steps from it as it does measuring (both
+// read the same cached device profiles), not from the prompt's GEMM rates.
+TEST(PlanCli, AProfileFilePricesDecodeStepsAsMeasuringDoes) {
+  const std::string prof = tmp("steps.json"), model = kData + "/gpt2-tiny";
+  const CmdResult measured = run("profile --model " + model + " --devices 1 --seq 16 --out " + prof);
+  ASSERT_EQ(measured.code, 0) << measured.err;
+  const auto p = planner::ClusterProfile::load(prof);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->step_rows, 1);
+  ASSERT_EQ(p->step_devices.size(), 1u);
+  EXPECT_FALSE(p->step_devices[0].gemm.empty());
+  auto step_ms = [](const std::string& out) {
+    const auto table = nlohmann::json::parse(out);
+    for (const auto& row : table["rows"])
+      if (row["strategy"] == "single") return row["step_ms"].get<double>();
+    return -1.0;
+  };
+  const CmdResult live = run("plan --model " + model + " --seq 16 --generate 8 --json");
+  const CmdResult file = run("plan --model " + model + " --profile " + prof + " --seq 16 --generate 8 --json");
+  ASSERT_EQ(live.code, 0) << live.err;
+  ASSERT_EQ(file.code, 0) << file.err;
+  EXPECT_GT(step_ms(live.out), 0);
+  EXPECT_NEAR(step_ms(file.out), step_ms(live.out), 1e-9 * step_ms(live.out));
+}
+
 TEST(PlanCli, PipelineRowIsTheIlpsWithItsLpFileAndTheDpOnRequest) {
   const std::string prof = tmp("ilp.json"), lp = tmp("ilp_model.lp");
   const CmdResult measured = run("profile --model " + kData + "/gpt2-tiny --devices 1 --seq 16 --out " + prof);
   ASSERT_EQ(measured.code, 0) << measured.err;
   auto p = planner::ClusterProfile::load(prof).value();
   p.devices.push_back(p.devices[0]);
+  p.step_devices.push_back(p.step_devices.at(0));  // a decoder's file holds its one-row step profile too
   p.links.assign(2, std::vector<planner::LinkProfile>(2));
   p.links[0][1] = p.links[1][0] = {0.1, 10000.0};
   ASSERT_TRUE(p.save(prof).ok());
