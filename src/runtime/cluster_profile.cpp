@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <thread>
@@ -92,48 +93,59 @@ double process_cpu_s() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
+// Rank 0's result of body(group) run by K ranks of a group over loopback,
+// one thread each, CURVE with a throwaway key unless !secure; the first
+// rank's error if any failed.
+template <typename T>
+Result<T> on_local_group(int K, bool secure, const std::string& group_id, const comm::LinkMatrix& links,
+                         const std::function<Result<T>(comm::Group&)>& body) {
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
+  std::optional<comm::ClusterKey> key;
+  if (secure) {
+    TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
+  }
+  std::vector<Result<T>> results(static_cast<size_t>(K), core::internal_error("not run"));
+  auto rank_main = [&](int rank) -> Result<T> {
+    comm::GroupOptions o;
+    o.rank = rank;
+    o.endpoints = endpoints;
+    o.group_id = group_id;
+    o.insecure = !secure;
+    o.key = key;
+    o.links = links;
+    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
+    return body(*g);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < K; ++r) threads.emplace_back([&, r] { results[static_cast<size_t>(r)] = rank_main(r); });
+  for (auto& t : threads) t.join();
+  for (const auto& r : results)
+    if (!r.ok()) return r.status();
+  return std::move(results[0]);
+}
+
 // This process's CPU seconds (all its threads, the transport's included)
 // to move kCryptoReps tensors of kBulkFloats from one rank to another over
 // loopback, with CURVE or without.
 constexpr int kCryptoReps = 8;
 Result<double> transfer_cpu_s(bool secure) {
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(2));
-  std::optional<comm::ClusterKey> key;
-  if (secure) {
-    TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
-  }
   const comm::Millis wait(60000);
-  std::vector<Result<double>> results(2, core::internal_error("not run"));
-  auto rank_main = [&](int rank) -> Result<double> {
-    comm::GroupOptions o;
-    o.rank = rank;
-    o.endpoints = endpoints;
-    o.group_id = "tessera-crypto";
-    o.insecure = !secure;
-    o.key = key;
-    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
-    const int peer = 1 - rank;
+  return on_local_group<double>(2, secure, "tessera-crypto", {}, [&](comm::Group& g) -> Result<double> {
     // Both connected and idle before the clock starts; the ack after the
     // last tensor stops it.
-    if (rank == 1) {
-      TESSERA_RETURN_IF_ERROR(g->send(0, kProbeTag, core::Tensor::zeros_f32({1}), wait));
-      for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g->recv(0, kProbeTag + 1, wait).status());
-      TESSERA_RETURN_IF_ERROR(g->send(0, kAckTag, core::Tensor::zeros_f32({1}), wait));
+    if (g.rank() == 1) {
+      TESSERA_RETURN_IF_ERROR(g.send(0, kProbeTag, core::Tensor::zeros_f32({1}), wait));
+      for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g.recv(0, kProbeTag + 1, wait).status());
+      TESSERA_RETURN_IF_ERROR(g.send(0, kAckTag, core::Tensor::zeros_f32({1}), wait));
       return 0.0;
     }
     const core::Tensor bulk = core::Tensor::zeros_f32({kBulkFloats});
-    TESSERA_RETURN_IF_ERROR(g->recv(peer, kProbeTag, wait).status());
+    TESSERA_RETURN_IF_ERROR(g.recv(1, kProbeTag, wait).status());
     const double t0 = process_cpu_s();
-    for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g->send(peer, kProbeTag + 1, bulk, wait));
-    TESSERA_RETURN_IF_ERROR(g->recv(peer, kAckTag, wait).status());
+    for (int i = 0; i < kCryptoReps; ++i) TESSERA_RETURN_IF_ERROR(g.send(1, kProbeTag + 1, bulk, wait));
+    TESSERA_RETURN_IF_ERROR(g.recv(1, kAckTag, wait).status());
     return process_cpu_s() - t0;
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) threads.emplace_back([&, r] { results[static_cast<size_t>(r)] = rank_main(r); });
-  for (auto& t : threads) t.join();
-  for (const auto& r : results)
-    if (!r.ok()) return r.status();
-  return results[0];
+  });
 }
 
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
@@ -214,34 +226,15 @@ Result<double> measure_crypto_gbps() {
 
 Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure) {
   if (K < 2) return LinkProfiles(static_cast<size_t>(std::max(K, 0)), std::vector<LinkProfile>(static_cast<size_t>(std::max(K, 0))));
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
   comm::LinkMatrix links;
   if (!link.empty()) {
     TESSERA_ASSIGN_OR_RETURN(links, comm::LinkMatrix::from_arg(link, K));
   }
-  std::optional<comm::ClusterKey> key;
-  if (secure) {
-    TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
-  }
   const comm::Millis wait(120000);
-  std::vector<Result<LinkProfiles>> results(static_cast<size_t>(K), core::internal_error("not run"));
-  auto rank_main = [&](int rank) -> Result<LinkProfiles> {
-    comm::GroupOptions o;
-    o.rank = rank;
-    o.endpoints = endpoints;
-    o.group_id = "tessera-profile";
-    o.insecure = !secure;
-    o.key = key;
-    o.links = links;
-    TESSERA_ASSIGN_OR_RETURN(auto g, comm::Group::create(o));
-    return measure_links(*g, wait);
-  };
-  std::vector<std::thread> threads;
-  for (int r = 0; r < K; ++r) threads.emplace_back([&, r] { results[static_cast<size_t>(r)] = rank_main(r); });
-  for (auto& t : threads) t.join();
-  for (const auto& r : results)
-    if (!r.ok()) return r.status().with_context("measuring the links");
-  return results[0];
+  auto out = on_local_group<LinkProfiles>(K, secure, "tessera-profile", links,
+                                          [&](comm::Group& g) { return measure_links(g, wait); });
+  if (!out.ok()) return out.status().with_context("measuring the links");
+  return out;
 }
 
 json ProfileJob::to_json() const {
