@@ -287,7 +287,8 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       std::vector<core::Tensor> caches;
       const auto t0 = std::chrono::steady_clock::now();
       for (int64_t i = 0; i < 2 * c.layers; ++i) {
-        caches.push_back(core::Tensor::try_zeros_lazy(core::DType::kF32, {positions, width}).value());
+        TESSERA_ASSIGN_OR_RETURN(core::Tensor t, core::Tensor::try_zeros_lazy(core::DType::kF32, {positions, width}));
+        caches.push_back(std::move(t));
         std::memset(caches.back().raw(), 0, caches.back().nbytes());
       }
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
