@@ -504,6 +504,19 @@ bool better(const Candidate& a, const Candidate& b) {
   return a.prediction.latency_ms < b.prediction.latency_ms;
 }
 
+// A generation's time, in `fewer`'s plan, of the phases (prompt, steps) that
+// `more` runs on more devices. min_gain guards against the error of
+// predicting those phases on more devices: a phase both plans run alike
+// (a pair that prefills on two devices and decodes on the terminal, against
+// the terminal alone) costs the same on either side, and only dilutes the gain.
+double more_devices_ms(const Candidate& more, const Candidate& fewer, int64_t new_tokens) {
+  double t = 0;
+  if (more.members.size() > fewer.members.size()) t += fewer.prediction.latency_ms;
+  if (more.step_devices > fewer.step_devices)
+    t += static_cast<double>(std::max<int64_t>(new_tokens - 1, 0)) * fewer.step_ms;
+  return t;
+}
+
 }  // namespace
 
 Result<Candidate> plan_strategy_any_subset(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
@@ -699,6 +712,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         continue;
       }
       r.step_ms = static_cast<double>(turns) * pred->latency_ms;
+      r.step_devices = static_cast<int>(step_members.size());
       std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms%s",
                     static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens),
                     batch == 1 ? ""
@@ -736,8 +750,9 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       const double y = generation ? b.generation_ms(o.new_tokens) : b.prediction.latency_ms;
       const double gain = std::max(0.01, o.min_gain);
       const bool wins = r.members.size() == b.members.size() ? x < y * 0.99
-                        : r.members.size() > b.members.size() ? x < y * (1.0 - gain)
-                                                              : y >= x * (1.0 - gain);
+                        : r.members.size() > b.members.size()
+                            ? y - x > gain * (generation ? more_devices_ms(r, b, o.new_tokens) : y)
+                            : !(x - y > gain * (generation ? more_devices_ms(b, r, o.new_tokens) : x));
       if (wins) table.chosen = static_cast<int>(i);
     }
     if (table.chosen < 0 || !gate) break;

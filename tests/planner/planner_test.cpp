@@ -668,7 +668,8 @@ TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
     // The prompt alone priced the same rows the same way.
     EXPECT_NEAR(row_of(gen.value(), "tp").prediction.latency_ms, row_of(prompt.value(), "tp").prediction.latency_ms, 1e-9);
     const Candidate& f = prompt->rows[static_cast<size_t>(prompt->chosen)];
-    if (f.members.size() > 1 && g.members.size() == 1) ++prompt_on_two_generation_on_one;
+    // The generation decodes on the terminal alone (after a prefill on two, or not).
+    if (f.members.size() > 1 && g.step_devices == 1) ++prompt_on_two_generation_on_one;
   }
   EXPECT_GT(prompt_on_two_generation_on_one, 0);  // the case the pricing is for
 }
@@ -780,6 +781,42 @@ TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
 // Voltage's forward, each step the terminal's, its memory Voltage's weights
 // and the terminal's whole KV cache. Where links are fast and steps short,
 // auto takes it over both of its halves.
+// min_gain weighs the phases a plan runs on more devices: a pair that
+// prefills on two and decodes on the terminal must save 10% of the terminal's
+// prefill, not of the whole generation, whose steps both run alike.
+TEST(Planner, AMoreDevicesMarginWeighsOnlyThePhasesOnMoreDevices) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);
+  int pair_under_a_tenth_of_the_whole = 0;
+  for (const int64_t n : {16, 64, 128, 256, 500}) {
+    PlannerOptions o;
+    o.rows = 512;
+    o.ctx_size = 1024;
+    o.new_tokens = n;
+    o.step_profile = &step;
+    const auto gen = plan_all(c, p, o);
+    ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+    const Candidate& g = gen->rows[static_cast<size_t>(gen->chosen)];
+    const Candidate& single = row_of(gen.value(), "single");
+    for (const Candidate& r : gen->rows) {
+      if (!r.feasible || !r.exact || r.step_ms <= 0 || r.members.size() <= g.members.size()) continue;
+      // Not chosen: it saved at most a tenth of the chosen plan's time in the
+      // phases it runs on more devices.
+      double phases = r.members.size() > g.members.size() ? g.prediction.latency_ms : 0.0;
+      if (r.step_devices > g.step_devices) phases += static_cast<double>(n - 1) * g.step_ms;
+      EXPECT_LE(g.generation_ms(n) - r.generation_ms(n), 0.1 * phases + 1e-9) << parallel::plan_name(r.plan) << " " << n;
+    }
+    if (g.plan.decode && g.step_devices == 1) {
+      EXPECT_GT(single.generation_ms(n) - g.generation_ms(n), 0.1 * single.prediction.latency_ms) << n;
+      if (g.generation_ms(n) > 0.9 * single.generation_ms(n)) ++pair_under_a_tenth_of_the_whole;
+    }
+  }
+  EXPECT_GT(pair_under_a_tenth_of_the_whole, 0);  // the case the rule is for
+}
+
 TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
   const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
       "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
