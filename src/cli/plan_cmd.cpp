@@ -159,11 +159,15 @@ int profile_command(const PlanCmd& f) {
   const int64_t rows = runtime::plan_rows(c.value(), f.seq);
   auto p = cluster->profile(c.value(), rows);
   if (!p.ok()) return fail(p.status().to_string());
-  if (c->causal_lm() && rows > 1) {  // and a one-row decode step's, for plan --generate with this file
-    auto step = cluster->profile(c.value(), 1);
+  // And a decoder's step profiles, for plan --generate with this file: one
+  // row, and a batched step's rows with --max-batch.
+  std::vector<int64_t> step_rows;
+  if (c->causal_lm()) step_rows = {1, f.max_batch};
+  for (const int64_t s : step_rows) {
+    if (s == rows || p.value().step(s) != nullptr) continue;  // the prompt's own profile, or already measured
+    auto step = cluster->profile(c.value(), s);
     if (!step.ok()) return fail(step.status().to_string());
-    p.value().step_devices = step.value().devices;
-    p.value().step_rows = 1;
+    p.value().steps.push_back({s, step.value().devices});
   }
   if (auto st = p.value().save(f.out); !st.ok()) return fail(st.to_string());
   std::printf("wrote %s (%d device(s))\n", f.out.c_str(), p.value().size());
@@ -178,6 +182,11 @@ void add_plan_commands(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand("profile", "measure the devices (model kernels) and links (the transport); write JSON");
     add_profile_flags(cmd, *f);
     cmd->add_option("--out", f->out, "profile JSON to write")->required();
+    cmd->add_option("--max-batch", f->max_batch,
+                    "a decoder's file also holds the devices measured at this many rows, for plan --generate "
+                    "--max-batch with it (one row always)")
+        ->check(CLI::Range(1, 32))
+        ->capture_default_str();
     cmd->callback([f] { throw CLI::RuntimeError(profile_command(*f)); });
   }
   {

@@ -512,7 +512,7 @@ bool better(const Candidate& a, const Candidate& b) {
 double more_devices_ms(const Candidate& more, const Candidate& fewer, int64_t new_tokens) {
   double t = 0;
   if (more.members.size() > fewer.members.size()) t += fewer.prediction.latency_ms;
-  if (more.step_devices > fewer.step_devices)
+  if (more.decode_devices > fewer.decode_devices)
     t += static_cast<double>(std::max<int64_t>(new_tokens - 1, 0)) * fewer.step_ms;
   return t;
 }
@@ -712,7 +712,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         continue;
       }
       r.step_ms = static_cast<double>(turns) * pred->latency_ms;
-      r.step_devices = static_cast<int>(step_members.size());
+      r.decode_devices = static_cast<int>(step_members.size());
       std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms%s",
                     static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens),
                     batch == 1 ? ""

@@ -36,7 +36,7 @@ struct Candidate {
   // A generation's predicted ms per new token (PlannerOptions::new_tokens):
   // the plan's layers, head and collectives on one row; 0: not priced.
   double step_ms = 0;
-  int step_devices = 0;  // how many devices run those steps (a pair may decode on fewer)
+  int decode_devices = 0;  // how many devices run those steps (a pair may decode on fewer)
   // Time to the last of `new_tokens` tokens: the prompt's forward (the
   // time to the first token) and a step for each further one.
   double generation_ms(int64_t new_tokens) const {

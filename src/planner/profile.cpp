@@ -104,16 +104,22 @@ const LinkProfile& ClusterProfile::link(int from, int to) const {
   return links[static_cast<size_t>(from)][static_cast<size_t>(to)];
 }
 
+const ClusterProfile::Step* ClusterProfile::step(int64_t rows) const {
+  for (const Step& s : steps)
+    if (s.rows == rows) return &s;
+  return nullptr;
+}
+
 ClusterProfile ClusterProfile::subset(const std::vector<int>& members) const {
   ClusterProfile out;
+  for (const Step& s : steps) out.steps.push_back({s.rows, {}});
   for (int a : members) {
     out.devices.push_back(devices[static_cast<size_t>(a)]);
-    if (!step_devices.empty()) out.step_devices.push_back(step_devices[static_cast<size_t>(a)]);
+    for (size_t i = 0; i < steps.size(); ++i) out.steps[i].devices.push_back(steps[i].devices[static_cast<size_t>(a)]);
     std::vector<LinkProfile> row;
     for (int b : members) row.push_back(link(a, b));
     out.links.push_back(std::move(row));
   }
-  out.step_rows = step_rows;
   return out;
 }
 
@@ -126,10 +132,14 @@ json ClusterProfile::to_json() const {
     l.push_back(r);
   }
   json out = {{"devices", d}, {"links", l}};
-  if (!step_devices.empty()) {
-    json s = json::array();
-    for (const DeviceProfile& p : step_devices) s.push_back(p.to_json());
-    out["step"] = {{"rows", step_rows}, {"devices", s}};
+  if (!steps.empty()) {
+    json all = json::array();
+    for (const Step& st : steps) {
+      json s = json::array();
+      for (const DeviceProfile& p : st.devices) s.push_back(p.to_json());
+      all.push_back({{"rows", st.rows}, {"devices", s}});
+    }
+    out["steps"] = all;
   }
   return out;
 }
@@ -158,14 +168,21 @@ Result<ClusterProfile> ClusterProfile::from_json(const json& j) {
       }
     }
   }
-  if (j.contains("step")) {
-    const json& s = j["step"];
-    if (!s.is_object() || !s.contains("devices") || !s["devices"].is_array() || s["devices"].size() != k)
-      return core::invalid_argument("profile: 'step' must hold 'devices', one for each of the " + std::to_string(k));
-    TESSERA_ASSIGN_OR_RETURN(c.step_rows, core::json_field_int(s, "rows", 1, 4096));
-    for (const json& d : s["devices"]) {
-      TESSERA_ASSIGN_OR_RETURN(DeviceProfile p, DeviceProfile::from_json(d));
-      c.step_devices.push_back(std::move(p));
+  if (j.contains("steps")) {
+    const json& all = j["steps"];
+    if (!all.is_array() || all.size() > 64) return core::invalid_argument("profile: 'steps' must be an array of at most 64");
+    for (const json& s : all) {
+      if (!s.is_object() || !s.contains("devices") || !s["devices"].is_array() || s["devices"].size() != k)
+        return core::invalid_argument("profile: each of 'steps' must hold 'devices', one for each of the " + std::to_string(k));
+      Step st;
+      TESSERA_ASSIGN_OR_RETURN(st.rows, core::json_field_int(s, "rows", 1, 4096));
+      if (c.step(st.rows) != nullptr)
+        return core::invalid_argument("profile: 'steps' has two profiles of " + std::to_string(st.rows) + " rows");
+      for (const json& d : s["devices"]) {
+        TESSERA_ASSIGN_OR_RETURN(DeviceProfile p, DeviceProfile::from_json(d));
+        st.devices.push_back(std::move(p));
+      }
+      c.steps.push_back(std::move(st));
     }
   }
   return c;

@@ -59,12 +59,17 @@ struct ClusterProfile {
   std::vector<DeviceProfile> devices;
   // links[a][b]: from device a to device b (the diagonal is unused).
   std::vector<std::vector<LinkProfile>> links;
-  // The same devices measured at a decode step's rows (step_rows), which
-  // `tessera profile` stores beside the prompt's: a profile file then prices
-  // a generation's steps as a measured run does, not on the prompt's GEMM
-  // rates (which flatter a one-row step). Empty: none.
-  std::vector<DeviceProfile> step_devices;
-  int64_t step_rows = 0;
+  // The same devices measured at a decode step's rows (one row; a batched
+  // step's B with `profile --max-batch B`), which `tessera profile` stores
+  // beside the prompt's: a profile file then prices a generation's steps as
+  // a measured run does, not on the prompt's GEMM rates (which flatter a
+  // one-row step). Empty: none.
+  struct Step {
+    int64_t rows = 0;
+    std::vector<DeviceProfile> devices;  // one for each of `devices`
+  };
+  std::vector<Step> steps;
+  const Step* step(int64_t rows) const;  // null: none measured at these rows
 
   int size() const { return static_cast<int>(devices.size()); }
   const LinkProfile& link(int from, int to) const;

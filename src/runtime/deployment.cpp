@@ -136,7 +136,7 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
   if (given_profile_) {
     p = *given_profile_;
     // A decode step's shapes from the file's step profile, when it has one for these rows.
-    if (!p.step_devices.empty() && p.step_rows == rows) p.devices = p.step_devices;
+    if (const ClusterProfile::Step* s = p.step(rows); s != nullptr) p.devices = s->devices;
   } else if (file_) {
     ClusterProfileOptions po;
     po.cluster = *file_;

@@ -187,30 +187,37 @@ TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
 }
 
-// A decoder's profile file holds a one-row step profile beside the prompt's,
-// so plan --generate prices the steps from it as it does measuring (both
-// read the same cached device profiles), not from the prompt's GEMM rates.
+// A decoder's profile file holds step profiles beside the prompt's (one
+// row, and --max-batch's rows), so plan --generate [--max-batch B] prices the
+// steps from it as it does measuring (both read the same cached device
+// profiles), not from the prompt's GEMM rates.
 TEST(PlanCli, AProfileFilePricesDecodeStepsAsMeasuringDoes) {
   const std::string prof = tmp("steps.json"), model = kData + "/gpt2-tiny";
-  const CmdResult measured = run("profile --model " + model + " --devices 1 --seq 16 --out " + prof);
+  const CmdResult measured = run("profile --model " + model + " --devices 1 --seq 16 --max-batch 4 --out " + prof);
   ASSERT_EQ(measured.code, 0) << measured.err;
   const auto p = planner::ClusterProfile::load(prof);
   ASSERT_TRUE(p.ok()) << p.status().message();
-  EXPECT_EQ(p->step_rows, 1);
-  ASSERT_EQ(p->step_devices.size(), 1u);
-  EXPECT_FALSE(p->step_devices[0].gemm.empty());
+  ASSERT_EQ(p->steps.size(), 2u);
+  for (const int64_t rows : {1, 4}) {
+    ASSERT_NE(p->step(rows), nullptr) << rows;
+    ASSERT_EQ(p->step(rows)->devices.size(), 1u);
+    EXPECT_FALSE(p->step(rows)->devices[0].gemm.empty());
+  }
   auto step_ms = [](const std::string& out) {
     const auto table = nlohmann::json::parse(out);
     for (const auto& row : table["rows"])
       if (row["strategy"] == "single") return row["step_ms"].get<double>();
     return -1.0;
   };
-  const CmdResult live = run("plan --model " + model + " --seq 16 --generate 8 --json");
-  const CmdResult file = run("plan --model " + model + " --profile " + prof + " --seq 16 --generate 8 --json");
-  ASSERT_EQ(live.code, 0) << live.err;
-  ASSERT_EQ(file.code, 0) << file.err;
-  EXPECT_GT(step_ms(live.out), 0);
-  EXPECT_NEAR(step_ms(file.out), step_ms(live.out), 1e-9 * step_ms(live.out));
+  for (const std::string batch : {"1", "4"}) {
+    const std::string gen = " --seq 16 --generate 8 --max-batch " + batch + " --json";
+    const CmdResult live = run("plan --model " + model + gen);
+    const CmdResult file = run("plan --model " + model + " --profile " + prof + gen);
+    ASSERT_EQ(live.code, 0) << live.err;
+    ASSERT_EQ(file.code, 0) << file.err;
+    EXPECT_GT(step_ms(live.out), 0);
+    EXPECT_NEAR(step_ms(file.out), step_ms(live.out), 1e-9 * step_ms(live.out)) << batch;
+  }
 }
 
 TEST(PlanCli, PipelineRowIsTheIlpsWithItsLpFileAndTheDpOnRequest) {
@@ -219,7 +226,8 @@ TEST(PlanCli, PipelineRowIsTheIlpsWithItsLpFileAndTheDpOnRequest) {
   ASSERT_EQ(measured.code, 0) << measured.err;
   auto p = planner::ClusterProfile::load(prof).value();
   p.devices.push_back(p.devices[0]);
-  p.step_devices.push_back(p.step_devices.at(0));  // a decoder's file holds its one-row step profile too
+  ASSERT_FALSE(p.steps.empty());  // a decoder's file holds its one-row step profile too
+  for (auto& s : p.steps) s.devices.push_back(s.devices.at(0));
   p.links.assign(2, std::vector<planner::LinkProfile>(2));
   p.links[0][1] = p.links[1][0] = {0.1, 10000.0};
   ASSERT_TRUE(p.save(prof).ok());

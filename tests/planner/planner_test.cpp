@@ -613,6 +613,27 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_DOUBLE_EQ(back.value().link(0, 1).bandwidth_mbps, 125);
   EXPECT_DOUBLE_EQ(back.value().devices[0].speed, 0.5);
   EXPECT_FALSE(ClusterProfile::from_json(nlohmann::json::object()).ok());
+  // Step profiles (one row, a batch's rows) round-trip and subset with their devices.
+  p.steps.push_back({1, {device(2), device(3)}});
+  p.steps.push_back({4, {device(5), device(6)}});
+  const auto steps = ClusterProfile::from_json(p.to_json());
+  ASSERT_TRUE(steps.ok()) << steps.status().message();
+  EXPECT_EQ(steps.value().to_json(), p.to_json());
+  ASSERT_NE(steps.value().step(4), nullptr);
+  EXPECT_EQ(steps.value().step(2), nullptr);
+  EXPECT_EQ(p.subset({1}).step(4)->devices.at(0).to_json(), device(6).to_json());
+  // Malformed: a device short, two at the same rows, rows out of range.
+  for (const auto& [bad, field] : {std::pair{R"([{"rows": 1, "devices": []}])", "devices"},
+                                   std::pair{R"([{"rows": 0, "devices": [{}, {}]}])", "rows"}}) {
+    nlohmann::json j = p.to_json();
+    j["steps"] = nlohmann::json::parse(bad);
+    const auto r = ClusterProfile::from_json(j);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(field), std::string::npos) << r.status().message();
+  }
+  nlohmann::json twice = p.to_json();
+  twice["steps"][1]["rows"] = 1;
+  EXPECT_FALSE(ClusterProfile::from_json(twice).ok());
 }
 
 TEST(Profile, ParsesSizes) {
@@ -669,7 +690,7 @@ TEST(Planner, AGenerationIsPricedByItsFirstTokenAndItsDecodeSteps) {
     EXPECT_NEAR(row_of(gen.value(), "tp").prediction.latency_ms, row_of(prompt.value(), "tp").prediction.latency_ms, 1e-9);
     const Candidate& f = prompt->rows[static_cast<size_t>(prompt->chosen)];
     // The generation decodes on the terminal alone (after a prefill on two, or not).
-    if (f.members.size() > 1 && g.step_devices == 1) ++prompt_on_two_generation_on_one;
+    if (f.members.size() > 1 && g.decode_devices == 1) ++prompt_on_two_generation_on_one;
   }
   EXPECT_GT(prompt_on_two_generation_on_one, 0);  // the case the pricing is for
 }
@@ -806,10 +827,10 @@ TEST(Planner, AMoreDevicesMarginWeighsOnlyThePhasesOnMoreDevices) {
       // Not chosen: it saved at most a tenth of the chosen plan's time in the
       // phases it runs on more devices.
       double phases = r.members.size() > g.members.size() ? g.prediction.latency_ms : 0.0;
-      if (r.step_devices > g.step_devices) phases += static_cast<double>(n - 1) * g.step_ms;
+      if (r.decode_devices > g.decode_devices) phases += static_cast<double>(n - 1) * g.step_ms;
       EXPECT_LE(g.generation_ms(n) - r.generation_ms(n), 0.1 * phases + 1e-9) << parallel::plan_name(r.plan) << " " << n;
     }
-    if (g.plan.decode && g.step_devices == 1) {
+    if (g.plan.decode && g.decode_devices == 1) {
       EXPECT_GT(single.generation_ms(n) - g.generation_ms(n), 0.1 * single.prediction.latency_ms) << n;
       if (g.generation_ms(n) > 0.9 * single.generation_ms(n)) ++pair_under_a_tenth_of_the_whole;
     }
