@@ -57,6 +57,32 @@ Status write_file(const std::string& path, const std::string& bytes) {
   return ok_status();
 }
 
+Status replace_file(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return io_error("cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return io_error("cannot write '" + tmp + "': " + why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  // mkstemp's file is 0600; a cache or a profile is as readable as write_file's.
+  (void)::fchmod(fd, 0644);
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return io_error("cannot replace '" + path + "': " + why);
+  }
+  return ok_status();
+}
+
 bool file_exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;

@@ -176,7 +176,9 @@ Result<DeviceProfile> device_profile(const model::ModelConfig& c, int64_t rows, 
   TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, planner::measure_device(c, rows, 8, &pool));
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-  if (!ec) (void)core::write_file(path, d.to_json().dump(1) + "\n");  // a cache: failing to write it costs only time
+  // A cache: failing to write it costs only time. Replaced whole, since other
+  // processes (the workers of a local cluster, concurrent runs) read it.
+  if (!ec) (void)core::replace_file(path, d.to_json().dump(1) + "\n");
   return d;
 }
 

@@ -6,7 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/duration.h"
@@ -72,6 +75,36 @@ TEST(IoTest, RefusesFifosWithoutBlocking) {
   ASSERT_TRUE(write_file(file, "hello").ok());
   EXPECT_EQ(read_file(file).value(), "hello");
   ::unlink(file.c_str());
+}
+
+// A file other processes read while it is replaced (the device profile
+// cache): every read sees one whole version, and no temporary is left.
+TEST(IoTest, ReplacedFilesAreNeverSeenTorn) {
+  const std::string dir = ::testing::TempDir() + "/replace-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const std::string file = dir + "/cache.json";
+  const std::string a(1 << 20, 'a'), b(1 << 19, 'b');
+  ASSERT_TRUE(replace_file(file, a).ok());
+  std::atomic<bool> done{false};
+  int torn = 0, reads = 0;
+  std::thread reader([&] {
+    while (!done.load()) {
+      auto r = read_file(file);
+      ASSERT_TRUE(r.ok()) << r.status().message();
+      if (r.value() != a && r.value() != b) ++torn;
+      ++reads;
+    }
+  });
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(replace_file(file, i % 2 == 0 ? b : a).ok());
+  done = true;
+  reader.join();
+  EXPECT_EQ(torn, 0) << "of " << reads << " reads";
+  EXPECT_EQ(read_file(file).value(), a);
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(entries, 1);  // the file alone, no temporaries
+  EXPECT_FALSE(replace_file(dir + "/missing/cache.json", a).ok());
+  std::filesystem::remove_all(dir);
 }
 
 TEST(DurationTest, RangeIsOneMillisecondToADay) {
