@@ -56,16 +56,9 @@ core::Status write_key_file(const std::string& path, const ClusterKey& key, bool
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (overwrite ? O_TRUNC : O_EXCL);
   const int fd = ::open(path.c_str(), flags, 0600);
   if (fd < 0) return core::io_error("cannot create key file '" + path + "': " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      return core::io_error("cannot write key file '" + path + "': " + err);
-    }
-    done += static_cast<size_t>(n);
+  if (core::Status st = core::write_all(fd, text); !st.ok()) {
+    ::close(fd);
+    return core::io_error("cannot write key file '" + path + "': " + st.message());
   }
   if (::close(fd) != 0) return core::io_error("cannot close key file '" + path + "'");
   return core::ok_status();

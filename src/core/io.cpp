@@ -57,21 +57,25 @@ Status write_file(const std::string& path, const std::string& bytes) {
   return ok_status();
 }
 
-Status replace_file(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) return io_error("cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
+Status write_all(int fd, const std::string& bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return io_error("cannot write '" + tmp + "': " + why);
-    }
+    if (n <= 0) return io_error(n == 0 ? "no progress" : std::strerror(errno));
     done += static_cast<size_t>(n);
+  }
+  return ok_status();
+}
+
+Status replace_file(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return io_error("cannot create a temporary file beside '" + path + "': " + std::strerror(errno));
+  if (Status st = write_all(fd, bytes); !st.ok()) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error("cannot write '" + tmp + "': " + st.message());
   }
   // mkstemp's file is 0600; a cache or a profile is as readable as write_file's.
   (void)::fchmod(fd, 0644);

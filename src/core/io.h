@@ -18,6 +18,9 @@ Result<std::string> read_file(const std::string& path);
 // descriptor (O_CLOEXEC) the caller closes.
 Result<int> open_regular_file(const std::string& path);
 Status write_file(const std::string& path, const std::string& bytes);
+// Writes all of `bytes` to an open descriptor (retrying short writes and
+// EINTR); errno's text on failure. The caller closes it.
+Status write_all(int fd, const std::string& bytes);
 // Writes a sibling temporary file and renames it over `path`: a reader in
 // another process sees the old file or the new one whole, never a torn one
 // (caches that several processes read and write).

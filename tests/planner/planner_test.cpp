@@ -798,19 +798,20 @@ TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
   }
 }
 
-// A pair (Voltage's prefill, the terminal's decode): its first token costs
-// Voltage's forward, each step the terminal's, its memory Voltage's weights
-// and the terminal's whole KV cache. Where links are fast and steps short,
-// auto takes it over both of its halves.
+// A 12-layer GPT-2 of width 256: a pair's prefill and steps both matter.
+model::ModelConfig twelve_layer_gpt2() {
+  return model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+      .value();
+}
+
 // min_gain weighs the phases a plan runs on more devices: a pair that
 // prefills on two and decodes on the terminal must save 10% of the terminal's
 // prefill, not of the whole generation, whose steps both run alike.
 TEST(Planner, AMoreDevicesMarginWeighsOnlyThePhasesOnMoreDevices) {
-  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
-      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
-                                   .value();
+  const model::ModelConfig c = twelve_layer_gpt2();
   const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
-  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);  // GEMV: bandwidth-bound
   int pair_under_a_tenth_of_the_whole = 0;
   for (const int64_t n : {16, 64, 128, 256, 500}) {
     PlannerOptions o;
@@ -838,12 +839,14 @@ TEST(Planner, AMoreDevicesMarginWeighsOnlyThePhasesOnMoreDevices) {
   EXPECT_GT(pair_under_a_tenth_of_the_whole, 0);  // the case the rule is for
 }
 
+// A pair (Voltage's prefill, the terminal's decode): its first token costs
+// Voltage's forward, each step the terminal's, its memory Voltage's weights
+// and the terminal's whole KV cache. Where links are fast and steps short,
+// auto takes it over both of its halves.
 TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
-  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
-      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
-                                   .value();
+  const model::ModelConfig c = twelve_layer_gpt2();
   const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
-  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);  // GEMV: bandwidth-bound
   PlannerOptions o;
   o.rows = 512;
   o.ctx_size = 1024;
