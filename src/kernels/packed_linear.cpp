@@ -11,6 +11,7 @@
 
 #include "core/device_speed.h"
 #include "core/check.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "kernels/flop_count.h"
 #include "kernels/gemm.h"
@@ -69,9 +70,9 @@ const char* gemm_path_name(GemmPath path) { return path == GemmPath::kLibxsmm ? 
 namespace {
 
 std::shared_ptr<uint8_t[]> alloc_blocks(size_t bytes) {
-  uint8_t* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (std::max<size_t>(bytes, 1) + 63) / 64 * 64));
+  auto buf = core::alloc_large(bytes);
   TESSERA_CHECK(buf != nullptr);
-  return std::shared_ptr<uint8_t[]>(buf, [](uint8_t* p) { std::free(p); });
+  return buf;
 }
 
 // Rows [0, rows) of a quantized view widened to F32, row-major [rows, k1 - k0]
@@ -184,9 +185,10 @@ PackedLinear PackedLinear::pack(std::span<const WeightSource> parts, int64_t k, 
   const int64_t stored_rows = panels ? (n + P - 1) / P * P : n;
   const size_t count = static_cast<size_t>(std::max<int64_t>(stored_rows * k, 1));
   // Owned, 64-byte aligned: the kernels' loads stay within cache lines.
-  float* buf = static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
-  TESSERA_CHECK(buf != nullptr);
-  w.data_ = std::shared_ptr<float[]>(buf, [](float* p) { std::free(p); });
+  const auto owner = core::alloc_large(count * sizeof(float));
+  TESSERA_CHECK(owner != nullptr);
+  float* buf = reinterpret_cast<float*>(owner.get());
+  w.data_ = std::shared_ptr<float[]>(owner, buf);
   w.base_ = buf;
   w.ldw_ = k;
   if (panels && stored_rows > n) std::memset(buf + n / P * P * k, 0, static_cast<size_t>(P * k) * sizeof(float));

@@ -1,0 +1,19 @@
+// Large long-lived buffers (packed weights) on transparent huge pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace tessera::core {
+
+// `bytes` (>= 1), 64-byte aligned, uninitialised; nullptr when out of memory.
+// From 2 MiB up the buffer is its own mapping, 2 MiB aligned and advised
+// MADV_HUGEPAGE: a decode step streams every weight once, and with 4 KiB
+// pages each page costs a TLB walk and stops the hardware prefetcher (on a
+// kernel whose THP setting is "madvise", Debian's default, nothing else gets
+// huge pages). The mapping is trimmed to the buffer, so no memory is held
+// beyond it.
+std::shared_ptr<uint8_t[]> alloc_large(size_t bytes);
+
+}  // namespace tessera::core
