@@ -136,38 +136,47 @@ void BM_StreamRead(benchmark::State& st) {
 }
 BENCHMARK(BM_StreamRead)->Arg(512)->Unit(benchmark::kMillisecond);
 
-// A decode step's quantized product: one input row against a [n, k] matrix
-// in each block type (range 0: 1 q8_0, 2 q4_0, 3 q4_k, 4 q6_k; range 1: k,
-// range 2: n), one thread, read from memory: 64 matrices of 4-16 MB in turn,
-// so no matrix stays in cache. GB/s counts the weight bytes.
-void BM_QuantDecode(benchmark::State& st) {
-  const auto t = static_cast<WeightType>(st.range(0));
-  const int64_t k = st.range(1), n = st.range(2);
+// A decode step's quantized product: `rows` input rows against a [n, k]
+// matrix in block type t, one thread, read from memory: 64 matrices of 4-16
+// MB in turn, so no matrix stays in cache; or, `cached`, one matrix read
+// again and again (it stays in L2 or L3): the kernel's compute rate without
+// DRAM. GB/s counts the weight bytes.
+void quant_decode(benchmark::State& st, WeightType t, int64_t k, int64_t n, bool cached, int64_t rows) {
   const auto w = random_vec(static_cast<size_t>(n * k));
   const WeightSource src{w.data(), n, k, 1};
   const PackedLinear one = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, gemm_path(), {}, t);
-  // range 3 = 1: one matrix read again and again (it stays in
-  // L2 or L3), the kernel's compute rate without DRAM.
-  const bool cached = st.range(3) == 1;
   const int copies = cached ? 1 : static_cast<int>(std::max<int64_t>(4, (256LL << 20) / static_cast<int64_t>(one.nbytes())));
   std::vector<PackedLinear> mats(static_cast<size_t>(copies), one);
   for (auto& m : mats) m = PackedLinear::from_blocks(t, one.row_blocks(0), n, k);
-  const auto x = random_vec(static_cast<size_t>(k));
-  std::vector<float> y(static_cast<size_t>(n));
+  const auto x = random_vec(static_cast<size_t>(rows * k));
+  std::vector<float> y(static_cast<size_t>(rows * n));
   size_t i = 0;
   for (auto _ : st) {
     PackedLinearArgs a;
-    a.x = x.data(), a.m = 1, a.ldx = k, a.w = &mats[i++ % mats.size()], a.y = y.data(), a.ldy = n;
+    a.x = x.data(), a.m = rows, a.ldx = k, a.w = &mats[i++ % mats.size()], a.y = y.data(), a.ldy = n;
     packed_linear_f32(nullptr, a);
     benchmark::DoNotOptimize(y.data());
   }
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(one.nbytes()), benchmark::Counter::kIsIterationInvariantRate,
                                            benchmark::Counter::kIs1000);
 }
+
+// range 0: 1 q8_0, 2 q4_0, 3 q4_k, 4 q6_k; range 1: k; range 2: n; range 3: 1 cached.
+void BM_QuantDecode(benchmark::State& st) {
+  quant_decode(st, static_cast<WeightType>(st.range(0)), st.range(1), st.range(2), st.range(3) == 1, 1);
+}
 BENCHMARK(BM_QuantDecode)
     ->Args({1, 2048, 2048, 0})->Args({2, 2048, 2048, 0})->Args({3, 2048, 2048, 0})->Args({4, 2048, 2048, 0})
     ->Args({3, 768, 3072, 0})->Args({4, 768, 3072, 0})->Args({3, 1024, 2048, 0})->Args({3, 1536, 2048, 0})->Args({3, 4096, 1024, 0})
     ->Args({1, 2048, 256, 1})->Args({1, 2048, 2048, 1})->Args({3, 2048, 256, 1})->Args({3, 2048, 2048, 1});
+
+// A batched decode step (serve --max-batch): range 3 input rows against the
+// [n, k] matrix from memory (range 0-2 as above). Time per row falls while
+// the weights' bytes bound the step, and stays while the kernel's compute does.
+void BM_QuantDecodeRows(benchmark::State& st) {
+  quant_decode(st, static_cast<WeightType>(st.range(0)), st.range(1), st.range(2), false, st.range(3));
+}
+BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3}, {2048}, {2048}, {1, 2, 4, 8}});
 
 // The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).
 void BM_GeluErfIsa(benchmark::State& st) {

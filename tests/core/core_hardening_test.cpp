@@ -7,13 +7,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/duration.h"
 #include "core/io.h"
+#include "core/memory.h"
 #include "core/json.h"
 #include "core/tensor.h"
 
@@ -157,3 +160,36 @@ TEST(TensorTest, LazyZerosAreZeroAndTakeOnlyThePagesWritten) {
 
 }  // namespace
 }  // namespace tessera::core
+
+// Packed weights' buffers: small ones from the heap, large ones their own
+// mapping on a 2 MiB boundary (for huge pages); every byte usable either way,
+// and many in turn do not leak mappings.
+TEST(MemoryTest, LargeBuffersAreAlignedWholeAndFreed) {
+  for (const size_t bytes : {size_t{1}, size_t{4096}, (size_t{2} << 20) - 1, size_t{2} << 20, (size_t{5} << 20) + 3}) {
+    auto buf = tessera::core::alloc_large(bytes);
+    ASSERT_NE(buf, nullptr) << bytes;
+    const auto at = reinterpret_cast<uintptr_t>(buf.get());
+    EXPECT_EQ(at % 64, 0u) << bytes;
+    if (bytes >= (size_t{2} << 20)) {
+      EXPECT_EQ(at % (size_t{2} << 20), 0u) << bytes;
+    }
+    std::memset(buf.get(), 0xA5, bytes);
+    EXPECT_EQ(buf[0], 0xA5);
+    EXPECT_EQ(buf[bytes - 1], 0xA5);
+  }
+  // Freed buffers give their mappings back.
+  auto mappings = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    int n = 0;
+    while (std::getline(maps, line)) ++n;
+    return n;
+  };
+  const int before = mappings();
+  for (int i = 0; i < 200; ++i) {
+    auto buf = tessera::core::alloc_large(size_t{3} << 20);
+    ASSERT_NE(buf, nullptr) << i;
+    buf[static_cast<size_t>(i) * 4096] = 1;
+  }
+  EXPECT_LT(mappings(), before + 20);
+}
