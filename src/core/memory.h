@@ -11,9 +11,9 @@ namespace tessera::core {
 // From 2 MiB up the buffer is its own mapping, 2 MiB aligned and advised
 // MADV_HUGEPAGE: a decode step streams every weight once, and with 4 KiB
 // pages each page costs a TLB walk and stops the hardware prefetcher (on a
-// kernel whose THP setting is "madvise", Debian's default, nothing else gets
-// huge pages). The mapping is trimmed to the buffer, so no memory is held
-// beyond it.
+// kernel whose THP setting is "madvise" nothing else gets huge pages). GPT-2
+// F32 decode: 18.2-20.4 against 21.1-21.6 ms/token (docs/quantization.md).
+// The mapping is trimmed to the buffer, so no memory is held beyond it.
 std::shared_ptr<uint8_t[]> alloc_large(size_t bytes);
 
 }  // namespace tessera::core
