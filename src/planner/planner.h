@@ -105,8 +105,9 @@ struct PlannerOptions {
   double ilp_time_limit_s = 10;
   // A plan on more devices displaces one on fewer only when predicted at
   // least this much faster (fraction; for a generation, of the fewer-device
-  // plan's time in the phases that would run on more devices). Predictions err (p90 6% on the grid
-  // in docs/planner.md) and every device added is one more that can fail;
+  // plan's time in the phases that would run on more devices). Predictions
+  // err (p90 6% on the grid in docs/planner.md) and every device added is
+  // one more that can fail;
   // below this gain the terminal alone or the smaller set is kept (our rule;
   // no paper makes this decision).
   double min_gain = 0.10;
