@@ -107,9 +107,8 @@ struct PlannerOptions {
   // least this much faster (fraction; for a generation, of the fewer-device
   // plan's time in the phases that would run on more devices). Predictions
   // err (p90 6% on the grid in docs/planner.md) and every device added is
-  // one more that can fail;
-  // below this gain the terminal alone or the smaller set is kept (our rule;
-  // no paper makes this decision).
+  // one more that can fail; below this gain the terminal alone or the
+  // smaller set is kept (our rule; no paper makes this decision).
   double min_gain = 0.10;
   // Tw in the objective (Eq. 10): streaming a unit's weights from memory.
   // On a quiet machine it brings the ILP's T within 15% of every measured
