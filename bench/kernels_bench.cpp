@@ -178,6 +178,30 @@ void BM_QuantDecodeRows(benchmark::State& st) {
 }
 BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3}, {2048}, {2048}, {1, 2, 4, 8}});
 
+// A prefill's product: 128 input rows against a [n, k] matrix (range 1-2) in
+// block type range 0 (0 f32, 1 q8_0), one thread. Quantized weights are
+// widened to F32 a panel at a time, then multiplied as F32's are: the ratio
+// of the two types' times is that widening's cost.
+void BM_QuantPrefill(benchmark::State& st) {
+  const auto t = static_cast<WeightType>(st.range(0));
+  const int64_t k = st.range(1), n = st.range(2), rows = 128;
+  const auto w = random_vec(static_cast<size_t>(n * k));
+  const WeightSource src{w.data(), n, k, 1};
+  const PackedLinear mat = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, gemm_path(), {}, t);
+  const auto x = random_vec(static_cast<size_t>(rows * k));
+  std::vector<float> y(static_cast<size_t>(rows * n));
+  for (auto _ : st) {
+    PackedLinearArgs a;
+    a.x = x.data(), a.m = rows, a.ldx = k, a.w = &mat, a.y = y.data(), a.ldy = n;
+    packed_linear_f32(nullptr, a);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * n * k), benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_QuantPrefill)->ArgsProduct({{0, 1}, {768}, {2304, 3072}})->Args({0, 3072, 768})->Args({1, 3072, 768})
+    ->Unit(benchmark::kMillisecond);
+
 // The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).
 void BM_GeluErfIsa(benchmark::State& st) {
   const Isa isa = static_cast<Isa>(st.range(1));

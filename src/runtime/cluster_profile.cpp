@@ -1,5 +1,6 @@
 #include "runtime/cluster_profile.h"
 
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -148,6 +149,19 @@ Result<double> transfer_cpu_s(bool secure) {
   });
 }
 
+// A device's crypto_gbps. The transport encrypts on the device's cores; it
+// takes time from an overlapped exchange's work only where that work holds
+// every core this process may use. With one to spare, it runs there: 0.
+double crypto_gbps_if_shared(bool encrypted, int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (!encrypted || threads < cores) return 0;
+  const auto gbps = measure_crypto_gbps();
+  if (!gbps.ok()) spdlog::warn("measuring the encryption's CPU rate: {}", gbps.status().to_string());
+  return gbps.ok() ? gbps.value() : 0.0;
+}
+
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
   TESSERA_ASSIGN_OR_RETURN(const std::string answer, comm::control_request(endpoint, o.key, to_text(job), o.timeout));
   return daemon_answer(endpoint, answer, "profile");
@@ -287,14 +301,16 @@ Result<ProfileJob> ProfileJob::from_json(const json& request) {
   return p;
 }
 
-json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>& roots) {
+json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>& roots, bool encrypted) {
   auto measured = [&]() -> Result<DeviceProfile> {
     TESSERA_ASSIGN_OR_RETURN(const std::string dir, resolve_model(job.model, roots));
     TESSERA_ASSIGN_OR_RETURN(const model::ModelConfig c, model::load_config(dir));
     if (job.rows > c.max_rows())
       return core::invalid_argument("profile request: " + std::to_string(job.rows) + " rows, the model takes at most " +
                                     std::to_string(c.max_rows()));
-    return device_profile(c, job.rows, job.threads, job.reprofile);
+    TESSERA_ASSIGN_OR_RETURN(DeviceProfile d, device_profile(c, job.rows, job.threads, job.reprofile));
+    d.crypto_gbps = crypto_gbps_if_shared(encrypted, job.threads);
+    return d;
   }();
   if (!measured.ok()) return refusal(measured.status().to_string());
   json a = ok_answer();
@@ -334,6 +350,7 @@ Result<planner::ClusterProfile> profile_cluster(const ClusterProfileOptions& o, 
   // Devices one at a time: devices that share a machine (or its cooling)
   // would otherwise measure each other.
   TESSERA_ASSIGN_OR_RETURN(DeviceProfile terminal, device_profile(c, o.rows, o.threads, o.reprofile));
+  terminal.crypto_gbps = crypto_gbps_if_shared(!o.insecure, o.threads);
   terminal.name = o.cluster.terminal + " (" + terminal.name + ")";
   p.devices.push_back(std::move(terminal));
   ProfileJob dev;

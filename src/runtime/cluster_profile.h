@@ -68,8 +68,9 @@ struct ProfileJob {
   [[nodiscard]] static core::Result<ProfileJob> from_json(const nlohmann::json& j);
 };
 
-// The daemon's side of a kDevice request: the reply to send.
-nlohmann::json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>& roots);
+// The daemon's side of a kDevice request: the reply to send. An encrypted
+// daemon whose job threads take every core also measures crypto_gbps.
+nlohmann::json daemon_device_profile(const ProfileJob& job, const std::vector<std::string>& roots, bool encrypted);
 // The daemon's side of a kLinks request, after it replied: its data endpoint
 // and key as for jobs.
 [[nodiscard]] core::Status daemon_link_profile(const ProfileJob& job, const WorkerEnv& env);

@@ -94,7 +94,7 @@ Status run_worker_daemon(const DaemonOptions& opts) {
       // A profile request: answer with this device's profile, or join the
       // terminal's link measurement (runtime/cluster_profile.h).
       [&](const ProfileJob& pj) -> Status {
-        if (pj.part == ProfileJob::Part::kDevice) return answer(daemon_device_profile(pj, opts.model_roots));
+        if (pj.part == ProfileJob::Part::kDevice) return answer(daemon_device_profile(pj, opts.model_roots, key.has_value()));
         TESSERA_RETURN_IF_ERROR(answer(ok_answer()));
         const Status st = daemon_link_profile(pj, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
         if (st.ok()) spdlog::info("link profile of group {} done", pj.group_id);

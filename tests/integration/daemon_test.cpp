@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -413,6 +414,21 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          auto p = planner::DeviceProfile::from_json(a["profile"]);
          ASSERT_TRUE(p.ok()) << p.status().to_string();
          EXPECT_FALSE(p->gemm.empty());
+         // The encryption's CPU rate is measured where the job's threads take
+         // every core (the transport then shares them), and left 0 where a
+         // core is to spare. The daemon runs on this process's cores.
+         cpu_set_t set;
+         CPU_ZERO(&set);
+         ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+         const int cores = CPU_COUNT(&set);
+         if (cores > 1) EXPECT_EQ(p->crypto_gbps, 0) << "1 thread of " << cores << " cores";
+         json all_cores = good_dev;
+         all_cores["profile"]["threads"] = cores;
+         const json b = answer(d.endpoint(), key, all_cores.dump());
+         ASSERT_EQ(b.value("ok", false), true) << b.dump();
+         auto q = planner::DeviceProfile::from_json(b["profile"]);
+         ASSERT_TRUE(q.ok()) << q.status().to_string();
+         EXPECT_GT(q->crypto_gbps, 0);
        }},
       {"silent terminal",  // accepted, then never joins: the daemon waits the job's timeout, no more
        [&] {
