@@ -142,11 +142,9 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
   Prediction out;
   out.devices.resize(static_cast<size_t>(K));
   std::vector<double> t(static_cast<size_t>(K), 0.0), w(static_cast<size_t>(K)), c(static_cast<size_t>(K));
-  // When each device's outgoing link is through with what it queued last.
-  std::vector<double> out_free(static_cast<size_t>(K), 0.0), f(static_cast<size_t>(K));
   for (size_t i = 0; i < phases; ++i) {
     std::vector<int> part;
-    bool overlapped = false, one_way = true;
+    bool overlapped = false;
     for (int d = 0; d < K; ++d) {
       const auto& ph = s.devices[static_cast<size_t>(d)].phases[i];
       double wd = 0, cd = 0;
@@ -154,7 +152,6 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
       for (const auto& x : ph.work) wd += work_ms(x, dev);
       for (const auto& x : ph.transfers) {
         cd += transfer_ms(x, d, p);
-        one_way = one_way && (x.kind == CollectiveKind::kAllgather || x.kind == CollectiveKind::kGather);
         // Under overlap the transport encrypts what it sends and decrypts
         // what it receives (as much, in these symmetric exchanges) on the
         // cores the work runs on. Sequential exchanges have it in the
@@ -173,35 +170,6 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     for (int d = 0; d < K; ++d)
       if (std::find(part.begin(), part.end(), d) == part.end()) t[static_cast<size_t>(d)] += w[static_cast<size_t>(d)];
     if (part.empty()) continue;
-    if (!overlapped && one_way) {
-      // Gathers carry each member's own part and nothing computed from the
-      // others': a member queues its send and goes on, waiting only for what
-      // it receives. (An uneven split would otherwise charge the member with
-      // most rows for sending them, which the run hides.)
-      for (int d : part) {
-        const auto u = static_cast<size_t>(d);
-        f[u] = std::max(t[u] + w[u], out_free[u]) + c[u];
-        out_free[u] = f[u];
-      }
-      for (int d : part) {
-        const auto u = static_cast<size_t>(d);
-        double in = 0, C = 0;  // when its last part arrives; the longest of those sends
-        for (int v : part) {
-          if (v == d) continue;
-          for (const auto& x : s.devices[static_cast<size_t>(v)].phases[i].transfers)
-            if (x.bytes_sent > 0 && std::find(x.peers.begin(), x.peers.end(), d) != x.peers.end()) {
-              in = std::max(in, f[static_cast<size_t>(v)]);
-              C = std::max(C, c[static_cast<size_t>(v)]);
-            }
-        }
-        const double ready = t[u] + w[u], end = std::max(ready, in);
-        DevicePrediction& dp = out.devices[u];
-        dp.comm_ms += std::min(C, end - ready);
-        dp.wait_ms += end - ready - std::min(C, end - ready);
-        t[u] = end;
-      }
-      continue;
-    }
     // The participants meet: the collective lasts as long as its slowest
     // member's share; it starts when the last one is ready (sequential) or
     // at once, with the work running under it (overlapped).

@@ -152,10 +152,7 @@ void search_rows(const Strategy& s, const model::ModelConfig& c, const ClusterPr
         cand[static_cast<size_t>(from)] -= step;
         cand[static_cast<size_t>(to)] += step;
         const auto r = eval_counts(cand);
-        // A move must gain more than rounding: where rows cost alike on
-        // either side (a gather hides the longer share's send), the
-        // proportional split stays.
-        if (r.ok() && r.value().second.fits && r.value().second.latency_ms < best_ms - 5e-3 * cur_ms) {
+        if (r.ok() && r.value().second.fits && r.value().second.latency_ms < best_ms - 1e-9) {
           best_ms = r.value().second.latency_ms;
           best_counts = cand;
         }

@@ -131,31 +131,6 @@ TEST(CostModel, EmulatedSpeedScalesKernels) {
   EXPECT_NEAR(work_ms(w, device(10, 0.25)), 4 * work_ms(w, device(10)), 1e-12);
 }
 
-// An uneven gather over two layers: device 0 computes 200 ms and sends
-// 31250 floats (105 ms at 10 Mbit/s and 5 ms), device 1 computes 40 ms and
-// sends 6250 (25 ms). Device 0 queues its send and waits only for device 1's
-// part, which arrives first, so it never waits: 400 ms over both layers.
-// Device 1 waits for device 0's part each layer, the second one sent at
-// 400 ms: it ends at 505. Ending the gather for all members when the longer
-// send is through gave 610 ms.
-TEST(CostModel, AGatherWaitsOnlyForWhatEachMemberReceives) {
-  parallel::Schedule s;
-  s.devices.resize(2);
-  for (int d = 0; d < 2; ++d)
-    for (int l = 0; l < 2; ++l) {
-      parallel::Phase ph{"layer", l, {parallel::gemm("g", 1000, 1000, d == 0 ? 1000 : 200)}, {}, false};
-      ph.transfers.push_back(parallel::transfer(CollectiveKind::kAllgather, "x", d == 0 ? 31250 : 6250, {1 - d}));
-      s.devices[static_cast<size_t>(d)].phases.push_back(ph);
-    }
-  const auto p = predict(s, cluster({device(10), device(10)}, 5, 10));
-  ASSERT_TRUE(p.ok());
-  EXPECT_NEAR(p.value().latency_ms, 400, 1e-6);
-  EXPECT_NEAR(p.value().devices[0].comm_ms + p.value().devices[0].wait_ms, 0, 1e-6);
-  EXPECT_NEAR(p.value().devices[1].end_ms, 505, 1e-6);
-  EXPECT_NEAR(p.value().devices[1].comm_ms, 2 * 105, 1e-6);  // the rest of its time waiting is wait_ms
-  EXPECT_NEAR(p.value().devices[1].wait_ms, 505 - 2 * 40 - 2 * 105, 1e-6);
-}
-
 TEST(CostModel, EveryStrategyLinesUpOnOneToFourDevices) {
   const model::ModelConfig c = bert_like();
   for (const parallel::Strategy* s : parallel::strategies())
