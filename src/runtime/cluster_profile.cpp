@@ -156,10 +156,7 @@ double crypto_gbps_if_shared(bool encrypted, int threads) {
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  if (!encrypted || threads < cores) return 0;
-  const auto gbps = measure_crypto_gbps();
-  if (!gbps.ok()) spdlog::warn("measuring the encryption's CPU rate: {}", gbps.status().to_string());
-  return gbps.ok() ? gbps.value() : 0.0;
+  return !encrypted || threads < cores ? 0.0 : crypto_gbps_or_zero();
 }
 
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {
@@ -238,6 +235,12 @@ Result<double> measure_crypto_gbps() {
     gbps.push_back(curve > plain ? bytes / (curve - plain) / 1e9 : 0.0);
   }
   return core::median(gbps);
+}
+
+double crypto_gbps_or_zero() {
+  const auto gbps = measure_crypto_gbps();
+  if (!gbps.ok()) spdlog::warn("measuring the encryption's CPU rate: {}", gbps.status().to_string());
+  return gbps.ok() ? gbps.value() : 0.0;
 }
 
 Result<LinkProfiles> measure_local_links(int K, const std::string& link, bool secure) {

@@ -44,6 +44,8 @@ using LinkProfiles = std::vector<std::vector<planner::LinkProfile>>;
 // loopback encrypted rather than in the clear (DeviceProfile::crypto_gbps;
 // 0 when no difference shows).
 [[nodiscard]] core::Result<double> measure_crypto_gbps();
+// The same, or 0 with a warning where it fails: a refinement left unpriced.
+double crypto_gbps_or_zero();
 
 // What a terminal asks a daemon. Part kDevice: measure (or read) the
 // device's profile and answer with it. Part kLinks: answer {"ok": true},

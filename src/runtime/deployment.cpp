@@ -158,11 +158,7 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
     // encryption then takes time from an overlapped exchange's compute.
     // A refinement: failing to measure it leaves it unpriced.
     if (K > 1 && !opts_.insecure) {
-      if (!crypto_gbps_) {
-        const auto gbps = measure_crypto_gbps();
-        if (!gbps.ok()) spdlog::warn("measuring the encryption's CPU rate: {}", gbps.status().to_string());
-        crypto_gbps_ = gbps.ok() ? gbps.value() : 0.0;
-      }
+      if (!crypto_gbps_) crypto_gbps_ = crypto_gbps_or_zero();
       for (auto& dev : p.devices) dev.crypto_gbps = *crypto_gbps_;
     }
   }

@@ -421,7 +421,9 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          CPU_ZERO(&set);
          ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
          const int cores = CPU_COUNT(&set);
-         if (cores > 1) EXPECT_EQ(p->crypto_gbps, 0) << "1 thread of " << cores << " cores";
+         if (cores > 1) {
+           EXPECT_EQ(p->crypto_gbps, 0) << "1 thread of " << cores << " cores";
+         }
          json all_cores = good_dev;
          all_cores["profile"]["threads"] = cores;
          const json b = answer(d.endpoint(), key, all_cores.dump());
