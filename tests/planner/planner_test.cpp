@@ -453,7 +453,9 @@ TEST(Planner, NeverChoosesAPlanPredictedSlowerThanTheTerminalAlone) {
     ASSERT_TRUE(t.ok());
     const Candidate& ch = t.value().rows[static_cast<size_t>(t.value().chosen)];
     EXPECT_LE(ch.prediction.latency_ms, row_of(t.value(), "single").prediction.latency_ms + 1e-9) << mbps;
-    if (ch.members.size() == 1) EXPECT_EQ(ch.plan.strategy, "single");
+    if (ch.members.size() == 1) {
+      EXPECT_EQ(ch.plan.strategy, "single");
+    }
   }
 }
 
