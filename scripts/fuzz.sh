@@ -3,18 +3,24 @@
 #   scripts/fuzz.sh TARGET SECONDS     e.g. scripts/fuzz.sh fuzz_wire 60
 #   scripts/fuzz.sh all SECONDS        every target, one after the other
 # Builds build-fuzz (clang, -fsanitize=fuzzer,address,undefined) when needed;
-# the gcc builds are not touched. Seeds come from tests/fuzz/corpus/TARGET
-# (read only); what the fuzzer finds goes to build-fuzz/corpus/TARGET, and a
-# crashing input to build-fuzz/artifacts/TARGET/ (the run then fails: fix
-# the bug and add the input to tests/fuzz/corpus/TARGET as a regression).
+# the other builds are not touched. TESSERA_FUZZ_DIR names another folder
+# already configured with TESSERA_FUZZ=ON (scripts/test.sh passes its
+# sanitizer build). Seeds come from tests/fuzz/corpus/TARGET (read only);
+# what the fuzzer finds goes to DIR/corpus/TARGET, and a crashing input to
+# DIR/artifacts/TARGET/ (the run then fails: fix the bug and add the input
+# to tests/fuzz/corpus/TARGET as a regression).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS" >&2; exit 2; }
 target=$1 seconds=$2
-dir=build-fuzz
+dir=${TESSERA_FUZZ_DIR:-build-fuzz}
 targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_image fuzz_cluster fuzz_wire fuzz_job fuzz_request fuzz_template fuzz_gguf)
 if [ "$target" != all ] && [[ ! " ${targets[*]} " =~ " $target " ]]; then
   echo "unknown target '$target' (one of: ${targets[*]}, all)" >&2
+  exit 2
+fi
+if [ "$dir" != build-fuzz ] && ! grep -q '^TESSERA_FUZZ:BOOL=ON' "$dir/CMakeCache.txt" 2>/dev/null; then
+  echo "$dir is not a build configured with TESSERA_FUZZ=ON" >&2
   exit 2
 fi
 if [ ! -f "$dir/build.ninja" ]; then

@@ -204,11 +204,11 @@ kernels::WeightSource widened(const kernels::WeightSource& s, int64_t k, RawMatr
 }
 
 RawMatrix linear_of(const Tensor& t) {  // Linear [out, in]
-  return {{t}, {{t.f32(), t.dim(0), t.dim(1), 1}}, t.dim(1)};
+  return {{t}, {{t.f32(), t.dim(0), t.dim(1), 1}}, t.dim(1), {}};
 }
 
 RawMatrix conv1d_of(const Tensor& t) {  // GPT-2 Conv1D [in, out]: a row is a column
-  return {{t}, {{t.f32(), t.dim(1), 1, t.dim(1)}}, t.dim(0)};
+  return {{t}, {{t.f32(), t.dim(1), 1, t.dim(1)}}, t.dim(0), {}};
 }
 
 // Rows [r0, r1) of the stacked parts.

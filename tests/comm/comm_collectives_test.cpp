@@ -36,7 +36,7 @@ TEST(Collectives, RepeatedCallsOnOneTagStayInStep) {
 
 TEST(Collectives, RingAllgatherStepsInRingOrder) {
   const int k = 5;
-  auto st = run_inproc(k, [k](Group& g) -> core::Status {
+  auto st = run_inproc(k, [](Group& g) -> core::Status {
     const int r = g.rank();
     RingAllgather ring(g, AllgatherOptions{5000ms, 0});
     TESSERA_RETURN_IF_ERROR(ring.start(rows_tensor(r, r, 2)));  // rank r holds r rows
@@ -92,7 +92,7 @@ TEST(Collectives, RingTilesArriveWhileTheConsumerComputes) {
   const int k = 4;
   auto st = run_inproc(
       k,
-      [k](Group& g) -> core::Status {
+      [](Group& g) -> core::Status {
         RingAllgather ring(g, AllgatherOptions{10000ms, 0});
         TESSERA_RETURN_IF_ERROR(ring.start(core::Tensor::zeros(core::DType::kU8, {500000})));
         for (int s = 0; !ring.done(); ++s) {

@@ -150,7 +150,7 @@ TEST(DistributedTest, DecoderFamiliesEqualTheReferenceWithProcesses) {
                    " --devices 3 --dump " + got);
       ASSERT_EQ(r.code, 0) << fixture << " " << strategy << ": " << r.err;
       auto out = model::SafeTensorsFile::open(got).value();
-      for (const std::string name : {"hidden." + std::to_string(layers), std::string("logits")}) {
+      for (const std::string& name : {"hidden." + std::to_string(layers), std::string("logits")}) {
         const core::Tensor a = out.get(name).value(), b = cases.get("s37." + name).value();
         ASSERT_EQ(a.numel(), b.numel()) << name;
         float m = 0;

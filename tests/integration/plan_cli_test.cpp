@@ -278,7 +278,7 @@ nlohmann::json tp_row(const std::string& out) {
 // A BERT-base-sized model: loading's transient (a layer's file pages beside
 // its packed copy) is then small beside the weights, as on real devices.
 TEST(PlanCli, AlgorithmOnesPlanFitsRunsExactlyAndItsMemoryIsPredicted) {
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(TESSERA_UNDER_SANITIZERS)
   GTEST_SKIP() << "under ASan the memory figures are the sanitizer's, and BERT-base runs slowly; the Release run checks this";
 #endif
   const std::string model = tmp("bert");

@@ -30,6 +30,7 @@ double act_ref(double v, Activation act) {
     case Activation::kGeluErf: return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
     case Activation::kGeluTanh: return 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
     case Activation::kTanh: return std::tanh(v);
+    case Activation::kRelu: return v > 0 ? v : 0;
   }
   return v;
 }

@@ -272,14 +272,17 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
   EXPECT_GT(compared, runs);
   // The trained copy model stays 100% accurate (it is in F32 on one device).
   for (int k = 2; k <= 4; ++k)
-    for (const auto& [prefill, decode] : std::vector<std::pair<std::string, std::string>>{
-             {"voltage", "single"}, {"voltage", "tp"}, {"sp", "single"}, {"sp", "tp"}, {"galaxy", "single"}})
+    for (const auto& pair : std::vector<std::pair<std::string, std::string>>{
+             {"voltage", "single"}, {"voltage", "tp"}, {"sp", "single"}, {"sp", "tp"}, {"galaxy", "single"}}) {
+      // Plain references: clang 14 cannot capture structured bindings.
+      const std::string &prefill = pair.first, &decode = pair.second;
       EXPECT_EQ(copy_accuracy(4, [&](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
                                      -> core::Result<std::vector<int64_t>> {
                   return generate_threads(kData + "/gpt2-copy", pair_plan(k, {}, {}, prefill, decode), prompt, o);
                 }),
                 1.0)
           << prefill << "+" << decode << " K=" << k;
+    }
   // Uneven shares, F16 caches, and a one-token prompt on 3 devices (two of
   // them without rows: the terminal's decoder prefills it).
   const Case& c = all.front();
