@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target (or all) for a bounded time on its corpus.
 #   scripts/fuzz.sh TARGET SECONDS     e.g. scripts/fuzz.sh fuzz_wire 60
-#   scripts/fuzz.sh all SECONDS        every target, one after the other
+#   scripts/fuzz.sh all SECONDS        every target, as many at a time as there are cores
 # Builds build-fuzz (clang, -fsanitize=fuzzer,address,undefined) when needed;
 # the other builds are not touched. TESSERA_FUZZ_DIR names another folder
 # already configured with TESSERA_FUZZ=ON (scripts/test.sh passes its
