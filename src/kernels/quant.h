@@ -81,8 +81,8 @@ using QuantDequantFn = void (*)(const uint8_t* w, int64_t nb, float* out);
 struct QuantOps {
   // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
   // i < m (m <= 8): W_r the blocks at w + r * ldw bytes, X_i the Q8_0 blocks
-  // of input row i at xq + i * ldxq. Several weight rows at once keep
-  // independent sums in flight.
+  // of input row i at xq + i * ldxq. Input row i gets the same bits whatever
+  // m is (a batched decode step equals each sequence's own).
   QuantDotFn dot_q8_0, dot_q4_0;
   // nb blocks widened to 32 * nb floats.
   QuantDequantFn dequant_q8_0, dequant_q4_0;
