@@ -179,7 +179,7 @@ void BM_QuantDecodeRows(benchmark::State& st) {
 BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3, 4}, {2048}, {2048}, {1, 2, 4, 8}});
 
 // A prefill's product: 128 input rows against a [n, k] matrix (range 1-2) in
-// block type range 0 (0 f32, 1 q8_0), one thread. Quantized weights are
+// block type range 0 (0 f32, 1 q8_0, 3 q4_k, 4 q6_k), one thread. Quantized weights are
 // widened to F32 a panel at a time, then multiplied as F32's are: the ratio
 // of the two types' times is that widening's cost.
 void BM_QuantPrefill(benchmark::State& st) {
@@ -200,6 +200,7 @@ void BM_QuantPrefill(benchmark::State& st) {
                                               benchmark::Counter::kIs1000);
 }
 BENCHMARK(BM_QuantPrefill)->ArgsProduct({{0, 1}, {768}, {2304, 3072}})->Args({0, 3072, 768})->Args({1, 3072, 768})
+    ->ArgsProduct({{0, 1, 3, 4}, {2048}, {8192}})->ArgsProduct({{0, 1, 3, 4}, {8192}, {2048}})  // the 1B shape's MLP
     ->Unit(benchmark::kMillisecond);
 
 // The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).

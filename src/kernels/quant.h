@@ -89,9 +89,9 @@ struct QuantOps {
   // The same for the K-quants: X_i in Q8_K blocks, nb super-blocks of 256.
   QuantDotFn dot_q4_K, dot_q6_K;
   QuantDequantFn dequant_q4_K, dequant_q6_K;
-  // rows [32, k] row-major (k a multiple of 8) into panel[c * 32 + r]: the
-  // panel form of PackedLinear (packed_linear.h), in 8 x 8 tiles.
-  void (*rows_to_panel)(const float* rows, int64_t k, float* panel);
+  // rows [32, k] row-major with row stride ld (k a multiple of 8) into
+  // panel[c * 32 + r]: the panel form of PackedLinear (packed_linear.h).
+  void (*rows_to_panel)(const float* rows, int64_t ld, int64_t k, float* panel);
   // An input row of k (a multiple of 32) as Q8_0 blocks (quantize_input_ref),
   // and the same rounding widened back to F32 (the prefill path's inputs).
   void (*quantize_input)(const float* x, int64_t k, uint8_t* out);

@@ -223,13 +223,15 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
       ops.round_input(x.data(), k, rounded.data());
       EXPECT_EQ(rounded, widened) << isa_name(isa) << " k=" << k;
     }
-    for (int64_t k : {8, 64, 96}) {  // 32 rows into the panel form: element (r, c) at c * 32 + r
-      const auto rows = random_vec(static_cast<size_t>(32 * k), 30);
-      std::vector<float> panel(rows.size(), -1.0f);
-      ops.rows_to_panel(rows.data(), k, panel.data());
+    for (int64_t k : {8, 64, 96}) {  // 32 rows (stride k + 16) into the panel form: element (r, c) at c * 32 + r
+      const int64_t ld = k + 16;
+      const auto rows = random_vec(static_cast<size_t>(32 * ld), 30);
+      std::vector<float> panel(static_cast<size_t>(32 * k) + 32, -1.0f);
+      ops.rows_to_panel(rows.data(), ld, k, panel.data());
       for (int64_t r = 0; r < 32; ++r)
         for (int64_t c = 0; c < k; ++c)
-          ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], rows[static_cast<size_t>(r * k + c)]) << isa_name(isa) << " " << r << "," << c;
+          ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], rows[static_cast<size_t>(r * ld + c)]) << isa_name(isa) << " " << r << "," << c;
+      for (size_t i = static_cast<size_t>(32 * k); i < panel.size(); ++i) ASSERT_EQ(panel[i], -1.0f) << "written past the panel";
     }
     for (int64_t k : {256, 512}) {  // Q8_K rounding: the same widened, by every set
       const auto x = random_vec(static_cast<size_t>(k), 50 + static_cast<uint32_t>(k));
