@@ -77,9 +77,9 @@ std::shared_ptr<uint8_t[]> alloc_blocks(size_t bytes) {
 
 // Rows [0, rows) of a quantized view widened to F32, row-major [rows, k1 - k0]
 // from column k0 (both on block boundaries).
-// With `ahead`, each row's next as many bytes are fetched into the cache
-// meanwhile (a caller going over the rows in column chunks: runs of a few
-// hundred bytes per row are too short for the hardware's prefetcher).
+// With `ahead`, the next chunk of each row (as many bytes again) is
+// prefetched meanwhile: a caller going over the rows in column chunks reads
+// runs of a few hundred bytes per row, too short for the hardware prefetcher.
 void widen_rows(const PackedLinear& w, int64_t r0, int64_t rows, int64_t k0, int64_t k1, float* out, int64_t ld,
                 bool ahead = false) {
   const QuantDequantFn fn = dequant_fn(quant_ops(), w.type());
