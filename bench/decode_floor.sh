@@ -13,7 +13,7 @@ unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 [ -f "$model/model.safetensors" ] || build/bin/tessera gen-model --preset gpt2 --out "$model" >/dev/null
 bws=() toks=() bytes=0
 for r in $(seq "$rounds"); do
-  bw=$(build/bin/tessera_kernel_bench --benchmark_filter='BM_StreamRead' --benchmark_repetitions=3 \
+  bw=$(build/bin/tessera_kernel_bench --benchmark_filter='BM_StreamRead/512/1/real_time$' --benchmark_repetitions=3 \
        --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
        python3 -c "import json,sys; d=json.load(sys.stdin); print([b['GB/s'] for b in d['benchmarks'] if b['name'].endswith('_median')][0] / 1e9)")
   js=$(build/bin/tessera bench-local --model "$model" --seq 32 --generate 64 --threads 1 --reps 3 --warmup 1 --json)

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "core/memory.h"
@@ -123,31 +124,40 @@ void BM_LibxsmmPeak(benchmark::State& st) {
 }
 BENCHMARK(BM_LibxsmmPeak);
 
-// One thread's streaming read bandwidth, over a buffer of range(0) MiB (at
-// least 4x the last-level cache): the decode floor's denominator. Four
-// vector sums of 64 bytes each: until 2026-11-29 this was a loop of 16 float
-// sums that GCC left scalar, bound by its adds at 22 GB/s where a read of
-// vectors ran at 29-30 (AMD EPYC VM), so every floor before then was 25-35%
-// too slow. The buffer is allocated as packed weights are (core::alloc_large).
+// The streaming read bandwidth of range(1) threads, each reading its part
+// of a buffer of range(0) MiB (at least 4x the last-level cache): the decode
+// floor's denominator at that many threads. Four vector sums of 64 bytes
+// each: until 2026-11-29 this was one thread's loop of 16 float sums that GCC
+// left scalar, bound by its adds at 22 GB/s where a read of vectors ran at
+// 29-31 (AMD EPYC VM), so every floor before then was too slow. The buffer is
+// allocated as packed weights are (core::alloc_large).
 void BM_StreamRead(benchmark::State& st) {
   typedef float v16 __attribute__((vector_size(64)));
   const size_t n = static_cast<size_t>(st.range(0)) << 18;  // floats
+  const int threads = static_cast<int>(st.range(1));
   const auto large = core::alloc_large(n * sizeof(float));
   float* const buf = reinterpret_cast<float*>(large.get());
   std::fill(buf, buf + n, 1.0f);
-  for (auto _ : st) {
+  auto read = [&](size_t b, size_t e) {
     v16 acc[4] = {};
-    for (size_t i = 0; i < n; i += 64)
+    for (size_t i = b; i < e; i += 64)
       for (int j = 0; j < 4; ++j) {
         v16 x;
         std::memcpy(&x, buf + i + 16 * j, sizeof x);
         acc[j] += x;
       }
     benchmark::DoNotOptimize(acc);
+  };
+  const size_t part = n / static_cast<size_t>(threads) / 64 * 64;
+  for (auto _ : st) {
+    std::vector<std::thread> others;
+    for (int t = 1; t < threads; ++t) others.emplace_back(read, t * part, t + 1 == threads ? n : (t + 1) * part);
+    read(0, part);
+    for (auto& t : others) t.join();
   }
   st.counters["GB/s"] = benchmark::Counter(static_cast<double>(n) * 4, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_StreamRead)->Arg(512)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_StreamRead)->ArgsProduct({{512}, {1, 2, 4, 8}})->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // A decode step's quantized product: `rows` input rows against a [n, k]
 // matrix in block type t, one thread, read from memory: 64 matrices of 4-16

@@ -6,8 +6,8 @@
 #     no flash attention on llama.cpp), Tessera and llama.cpp on the GGUF, and Tessera in F32
 #     on the folder;
 #   - prefill: 128 tokens with every row's logits, Tessera on the GGUF and in F32;
-#   - one thread's streaming-read bandwidth (BM_StreamRead), for the floor: weight bytes
-#     read per token / bandwidth.
+#   - the streaming-read bandwidth of THREADS threads (BM_StreamRead), for the floor:
+#     weight bytes read per token / bandwidth.
 #   bench/quant_compare.sh [PRESET] [TYPE] [THREADS] [ROUNDS] [WORK]
 #     (gpt2, q8_0, 1, 3, /tmp/tessera-quant-compare)
 set -euo pipefail
@@ -28,7 +28,7 @@ bash "$peer/setup.sh" "$work/peer" >/dev/null
 field() { python3 -c "import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1])['$1'])"; }
 llama() { node "$work/peer/llama_peer.mjs" bench "$gguf" --threads "$threads" --prompt 128 --kv f32 --fa off "$@"; }
 for ((r = 0; r < rounds; r++)); do
-  bw=$(build/bin/tessera_kernel_bench --benchmark_filter='BM_StreamRead' --benchmark_repetitions=3 \
+  bw=$(build/bin/tessera_kernel_bench --benchmark_filter="BM_StreamRead/512/$threads/real_time\$" --benchmark_repetitions=3 \
        --benchmark_report_aggregates_only=true --benchmark_format=json 2>/dev/null |
        python3 -c "import json,sys; d=json.load(sys.stdin); print([b['GB/s'] for b in d['benchmarks'] if b['name'].endswith('_median')][0] / 1e9)")
   js=$("$bin" bench-local --model "$gguf" --seq 128 --generate 32 --threads "$threads" --reps 1 --warmup 1 --json)
