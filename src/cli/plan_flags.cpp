@@ -78,6 +78,9 @@ void add_plan_flags(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f, bool wit
     cmd->add_option("--decode-strategy", f->decode_strategy,
                     "a pair: this strategy decodes after the --strategy prefill took the prompt, from the K/V it "
                     "hands over (on every device, or on the terminal alone if it runs on one; docs/generation.md)");
+    cmd->add_option("--decode-devices", f->decode_devices,
+                    "a pair's decode on the first N of the --devices only (the others idle through the steps)")
+        ->check(CLI::Range(1, core::kMaxDevices));
     cmd->add_option("--devices", f->devices, "devices (local worker processes on loopback)")->capture_default_str();
   }
   cmd->add_option("--partition", f->partition, "work share of each device, e.g. 3,1 (default equal)");
@@ -110,11 +113,13 @@ Result<parallel::Plan> build_plan(const PlanFlags& f, const std::string& strateg
   }
   if (f.lossy && strict)
     return core::invalid_argument("--lossy lets --strategy auto choose; with a named strategy, name the loss (--wire, --quantize)");
+  if (f.decode_devices != 0 && f.decode_strategy.empty())
+    return core::invalid_argument("--decode-devices sets a pair's decode: it needs --decode-strategy");
   if (!f.decode_strategy.empty()) {
     TESSERA_RETURN_IF_ERROR(parallel::strategy_for(f.decode_strategy).status());
     parallel::Plan d;
     d.strategy = f.decode_strategy;
-    d.world = 0;  // complete_plan: the prefill's devices, or the terminal for a one-device strategy
+    d.world = f.decode_devices;  // 0, complete_plan: the prefill's devices, or the terminal for a one-device strategy
     plan.decode = std::make_shared<const parallel::Plan>(std::move(d));
   }
   const auto flags = all_flags();
@@ -158,7 +163,7 @@ void add_lossy_flag(CLI::App* cmd, const std::shared_ptr<PlanFlags>& f) {
 }
 
 Result<parallel::Plan> auto_plan(const PlanFlags& f) {
-  if (!f.decode_strategy.empty())
+  if (!f.decode_strategy.empty() || f.decode_devices != 0)
     return core::invalid_argument("--decode-strategy pairs with a named --strategy; with auto the planner chooses the pair");
   parallel::Plan plan;
   plan.strategy = "auto";
@@ -190,10 +195,16 @@ Result<parallel::Plan> plan_from_spec(const std::string& spec, const PlanFlags& 
   }
   PlanFlags pf = f;
   pf.decode_strategy.clear();  // a spec is its own plan: a pair only with decode=
+  pf.decode_devices = 0;
   if (extra.contains("decode")) {
     if (!extra["decode"].is_string()) return core::invalid_argument("'" + spec + "': decode= names a strategy");
     pf.decode_strategy = extra["decode"].get<std::string>();
     extra.erase("decode");
+  }
+  if (extra.contains("decode_devices")) {
+    if (!extra["decode_devices"].is_number_integer()) return core::invalid_argument("'" + spec + "': decode_devices= is a count");
+    pf.decode_devices = extra["decode_devices"].get<int>();
+    extra.erase("decode_devices");
   }
   TESSERA_ASSIGN_OR_RETURN(parallel::Plan plan, build_plan(pf, name, world, false));
   for (const auto& [k, v] : extra.items()) plan.options[k] = v;

@@ -25,6 +25,9 @@ struct PlanFlags {
   // --decode-strategy: a pair's decode layout (Plan::decode) after the
   // --strategy (alias --prefill-strategy) prefill; its own defaults.
   std::string decode_strategy;
+  // --decode-devices: the pair's decode on the first N devices (0: all of
+  // them, or the terminal for a one-device strategy).
+  int decode_devices = 0;
 };
 
 // Adds --strategy, --devices and --partition (unless `with_strategy` is

@@ -9,8 +9,8 @@
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
 #include "model/layer_blocks.h"
-#include "parallel/local_group.h"
 #include "parallel/strategy.h"
+#include "parallel/sub_sync.h"
 
 namespace tessera::parallel {
 
@@ -24,29 +24,6 @@ namespace {
 void ensure(Tensor& t, int64_t rows, int64_t cols) {
   cols = std::max<int64_t>(cols, 1);
   if (t.empty() || t.dim(0) < rows || t.dim(1) != cols) t = Tensor::zeros_f32({std::max<int64_t>(rows, 1), cols});
-}
-
-// A decode step's AllReduce in one hop: every rank sends its row to every
-// other and sums all of them in rank order (the same bits on every rank). One
-// row is a few KiB, so the step is bound by latency: the ring's 2(K-1) hops
-// cost more than its smaller share of bytes saves.
-Status exchange_sum(Synchronizer& sync, float* data, int64_t n, std::vector<float>& buf) {
-  const int k = sync.world(), me = sync.rank();
-  if (k == 1) return core::ok_status();
-  for (int p = 0; p < k; ++p)
-    if (p != me) TESSERA_RETURN_IF_ERROR(sync.send(p, std::span<const float>(data, static_cast<size_t>(n))));
-  buf.resize(static_cast<size_t>(k * n));
-  std::memcpy(buf.data() + me * n, data, static_cast<size_t>(n) * sizeof(float));
-  // Our row as the others receive it, so every rank sums the same values.
-  core::wire_round_trip(sync.wire(), buf.data() + me * n, 1, n);
-  for (int p = 0; p < k; ++p)
-    if (p != me) TESSERA_RETURN_IF_ERROR(sync.recv(p, std::span<float>(buf.data() + p * n, static_cast<size_t>(n))));
-  for (int64_t i = 0; i < n; ++i) {
-    float s = buf[static_cast<size_t>(i)];
-    for (int p = 1; p < k; ++p) s += buf[static_cast<size_t>(p * n + i)];
-    data[i] = s;
-  }
-  return core::ok_status();
 }
 
 class TpDecoder final : public Decoder {
@@ -97,10 +74,9 @@ class PairDecoder final : public Decoder {
     if (sync_.rank() >= d.world) return core::ok_status();
     TESSERA_ASSIGN_OR_RETURN(const Strategy* ds, strategy_for(d.strategy));
     Synchronizer* s = &sync_;
-    if (d.world == 1 && sync_.world() > 1) {  // the terminal alone: a world of its own
-      solo_ = std::make_unique<LocalGroup>(1);
-      solo_sync_ = solo_->member(0);
-      s = solo_sync_.get();
+    if (d.world < sync_.world()) {  // the first devices (or the terminal alone): a world of their own
+      sub_ = std::make_unique<SubSynchronizer>(sync_, d.world);
+      s = sub_.get();
     }
     TESSERA_ASSIGN_OR_RETURN(dec_, make_decoder(*ds, m_.decode_layout(), d, *s, spec));
     return core::ok_status();
@@ -152,8 +128,7 @@ class PairDecoder final : public Decoder {
   const Plan plan_;
   Synchronizer& sync_;
   int64_t positions_ = 0;
-  std::unique_ptr<LocalGroup> solo_;
-  std::unique_ptr<Synchronizer> solo_sync_;
+  std::unique_ptr<SubSynchronizer> sub_;
   std::unique_ptr<Decoder> dec_;  // null outside the decode plan's ranks; goes before its synchronizer
 };
 

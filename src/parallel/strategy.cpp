@@ -413,8 +413,9 @@ bool load_covers(const model::LoadOptions& outer, const model::LoadOptions& inne
 }
 
 // A pair's decode plan: completed in the prefill's weights and wire, on the
-// prefill's world or, when its strategy runs on one device only, on the
-// terminal (world 0 = choose so), its weights a part of the prefill's.
+// first decode.world of the prefill's devices (parallel::SubSynchronizer).
+// World 0 chooses: the prefill's world or, when its strategy runs on one
+// device only, the terminal.
 Status complete_pair(Plan& plan, const Strategy& prefill, const model::ModelConfig& config) {
   Plan d = *plan.decode;
   if (d.decode) return core::invalid_argument("a pair's decode plan has no decode plan of its own");
@@ -434,9 +435,9 @@ Status complete_pair(Plan& plan, const Strategy& prefill, const model::ModelConf
     whole.world = plan.world;
     d.world = complete_plan(whole, config).ok() ? plan.world : 1;
   }
-  if (d.world != 1 && d.world != plan.world)
-    return core::invalid_argument("a pair's decode plan runs on 1 or " + std::to_string(plan.world) + " devices, not " +
-                                  std::to_string(d.world));
+  if (d.world < 1 || d.world > plan.world)
+    return core::invalid_argument("a pair's decode plan runs on the first 1.." + std::to_string(plan.world) +
+                                  " of the prefill's devices, not " + std::to_string(d.world));
   if (Status st = complete_plan(d, config); !st.ok()) return st.with_context("the decode plan");
   // With every rank's share > 0, a prompt as long as the context gives each rank rows.
   for (int r = 0; r < d.world; ++r)

@@ -44,8 +44,9 @@ struct Plan {
   // A generation's decode layout when it is not this one: a pair. This plan
   // prefills the prompt, every rank hands the K/V of every layer over, and
   // `decode` runs the steps on ranks 0..decode->world-1 (the others idle).
-  // Its world is 1 or this plan's; its own ratios and options say how it
-  // splits (JSON "decode": a plan). Null: this plan decodes too.
+  // Its world is 1 up to this plan's (the first of its devices); its own
+  // ratios and options say how it splits (JSON "decode": a plan). Null: this
+  // plan decodes too.
   std::shared_ptr<const Plan> decode;
 
   nlohmann::json to_json() const;

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <optional>
+#include <tuple>
 
 #include "core/check.h"
 #include "kernels/quant.h"
@@ -649,40 +652,72 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     // each decode layout that takes them (complete_plan says which combine);
     // memory is the prefill's weights and the decode's caches.
     const size_t unpaired = table.rows.size();
+    // A decode layout on the first w of a row's devices: that strategy's best
+    // plan there (searched for the prompt, as the rows are), one per
+    // (strategy, devices, weights, wire). Null where it has none that fits.
+    std::map<std::tuple<std::string, std::vector<int>, int, int>, std::optional<Plan>> on_prefix;
+    const auto decode_on_prefix = [&](const Strategy& d, const Candidate& r, size_t w) -> const Plan* {
+      const std::vector<int> members(r.members.begin(), r.members.begin() + static_cast<std::ptrdiff_t>(w));
+      auto [it, fresh] = on_prefix.try_emplace({d.name(), members, static_cast<int>(r.plan.weights), static_cast<int>(r.plan.wire)});
+      if (fresh) {
+        PlannerOptions ow = o;
+        ow.wire = r.plan.wire;
+        ow.strategy_options = nullptr;
+        model::ModelConfig ct = c;
+        ct.weights = r.plan.weights;
+        auto cand = plan_strategy(d, ct, p, members, ow);
+        if (cand.ok() && cand->plan.world == static_cast<int>(w)) it->second = cand->plan;  // the pair is priced whole below
+      }
+      return it->second ? &*it->second : nullptr;
+    };
     for (size_t i = 0; i < unpaired; ++i) {
       const Candidate r = table.rows[i];  // a copy: rows grow below
       if (!r.feasible || r.members.size() < 2 || r.plan.decode) continue;
       for (const Strategy* d : parallel::strategies()) {
         if (!d->decodes() || !d->takes_kv()) continue;
-        Plan pair = r.plan, dp;
-        dp.strategy = d->name();
-        dp.world = 0;  // the prefill's devices, or the terminal for a one-device strategy
-        // On the same devices, the decode layout's own row says how it splits
-        // (a pipeline's layer map); it was searched for the prompt.
-        for (size_t j = 0; j < unpaired; ++j) {
-          const Candidate& o2 = table.rows[j];
-          if (o2.feasible && o2.plan.strategy == dp.strategy && o2.members == r.members && o2.plan.weights == r.plan.weights &&
-              o2.plan.wire == r.plan.wire && !o2.plan.decode) {
-            dp.world = o2.plan.world;
-            dp.ratios = o2.plan.ratios;
-            dp.options = o2.plan.options;
-            break;
+        // World 0: the prefill's devices, or the terminal for a one-device
+        // strategy. Then the decode on each shorter prefix of them.
+        for (size_t w = 0; w < r.members.size(); ++w) {
+          if (w == 1) continue;  // the terminal alone is world 0's choice for a one-device strategy
+          Plan dp;
+          dp.strategy = d->name();
+          dp.world = 0;
+          if (w == 0) {
+            // On the same devices, the decode layout's own row says how it splits
+            // (a pipeline's layer map); it was searched for the prompt.
+            for (size_t j = 0; j < unpaired; ++j) {
+              const Candidate& o2 = table.rows[j];
+              if (o2.feasible && o2.plan.strategy == dp.strategy && o2.members == r.members &&
+                  o2.plan.weights == r.plan.weights && o2.plan.wire == r.plan.wire && !o2.plan.decode) {
+                dp.world = o2.plan.world;
+                dp.ratios = o2.plan.ratios;
+                dp.options = o2.plan.options;
+                break;
+              }
+            }
+          } else {
+            const Plan* sub = decode_on_prefix(*d, r, w);
+            if (sub == nullptr) continue;
+            dp.world = sub->world;
+            dp.ratios = sub->ratios;
+            dp.options = sub->options;
           }
+          Plan pair = r.plan;
+          pair.decode = std::make_shared<const Plan>(std::move(dp));
+          model::ModelConfig ct = c;
+          ct.weights = r.plan.weights;
+          auto pred = evaluate(pair, ct, p.subset(r.members), o.rows, o.ctx_size, o.kv_dtype);
+          if (!pred.ok()) continue;  // not a pair these two layouts make
+          Candidate pc = r;
+          pc.plan = pair;
+          pc.prediction = *pred;
+          pc.feasible = pred->fits;
+          pc.why_not = pred->fits ? "" : "exceeds a device's memory budget with the decode's KV caches";
+          pc.notes.push_back("a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() +
+                             " decodes on " + std::to_string(pair.decode->world) + " device(s)");
+          table.rows.push_back(std::move(pc));
+          lossiness.push_back(lossiness[i]);
         }
-        pair.decode = std::make_shared<const Plan>(std::move(dp));
-        model::ModelConfig ct = c;
-        ct.weights = r.plan.weights;
-        auto pred = evaluate(pair, ct, p.subset(r.members), o.rows, o.ctx_size, o.kv_dtype);
-        if (!pred.ok()) continue;  // not a pair these two layouts make
-        Candidate pc = r;
-        pc.plan = pair;
-        pc.prediction = *pred;
-        pc.feasible = pred->fits;
-        pc.why_not = pred->fits ? "" : "exceeds a device's memory budget with the decode's KV caches";
-        pc.notes.push_back("a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() +
-                           " decodes on " + std::to_string(pair.decode->world) + " device(s)");
-        table.rows.push_back(std::move(pc));
-        lossiness.push_back(lossiness[i]);
       }
     }
     const ClusterProfile& sp = o.step_profile != nullptr ? *o.step_profile : p;

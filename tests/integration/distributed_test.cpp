@@ -336,6 +336,17 @@ TEST(DistributedTest, GenerateAcrossDevicesPrintsTheSingleDeviceIds) {
         ASSERT_EQ(pair.code, 0) << pair.err;
         EXPECT_EQ(pair.out, want) << prefill << "+" << decode << " " << k;
       }
+  // The decode on the first devices only (the others idle through the steps).
+  for (const std::string spec : {"--devices 3 --decode-strategy tp --decode-devices 2",
+                                 "--devices 4 --decode-strategy tp --decode-devices 3",
+                                 "--devices 4 --decode-strategy pipeline --decode-devices 2"}) {
+    const auto pair = run("generate --model " + dir + args + " --prefill-strategy voltage " + spec);
+    ASSERT_EQ(pair.code, 0) << pair.err;
+    EXPECT_EQ(pair.out, want) << spec;
+  }
+  const auto no_pair = run("generate --model " + dir + args + " --strategy voltage --devices 3 --decode-devices 2");
+  EXPECT_NE(no_pair.code, 0);
+  EXPECT_NE(no_pair.err.find("--decode-devices sets a pair's decode"), std::string::npos) << no_pair.err;
   {  // the trained copy model (32 tokens and the separator): its answer is mostly the prompt again, not degenerate
     std::string ids;
     for (int i = 0; i < 32; ++i) ids += std::to_string((i * 37 + 5) % 60) + ",";

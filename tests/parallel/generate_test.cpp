@@ -308,6 +308,53 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
           "galaxy, one token");  // fewer rows than devices: the terminal's decode prefills it
 }
 
+// A pair whose decode runs on the first w of its prefill's k devices
+// (parallel::SubSynchronizer): TP or a pipeline on 2 of 3 or 4, 3 of 4; the
+// others idle through the steps. One device's tokens, on random weights, on
+// Llama-style layers, with uneven shares, and the trained copy model stays
+// 100% accurate.
+Plan pair_on(int k, int w, const std::string& prefill, const std::string& decode, std::vector<double> ratios = {}) {
+  Plan p = pair_plan(k, std::move(ratios), nlohmann::json::object(), prefill, decode);
+  Plan d = *p.decode;
+  d.world = w;
+  p.decode = std::make_shared<const Plan>(d);
+  return p;
+}
+
+TEST(GenerateTest, ADecodeOnTheFirstDevicesOfThePrefillsEqualsOneDevice) {
+  std::vector<Case> all;
+  all.push_back(make_case(gpt2_12l(), {5, 17, 300, 42, 9, 11, 7, 3, 250, 18}, 16));
+  all.push_back(make_case(kData + "/llama-tiny", {3, 9, 27, 81, 12, 5, 60}, 12));
+  all.push_back(make_case(kData + "/qwen3-mqa-tiny", {3, 9, 27, 81, 12, 5, 60}, 12));
+  const auto cfg = model::load_config(gpt2_12l()).value();
+  size_t compared = 0, runs = 0;
+  for (const Case& c : all)
+    for (const auto& [k, w] : std::vector<std::pair<int, int>>{{3, 2}, {4, 2}, {4, 3}})
+      for (const Plan& p : {pair_on(k, w, "voltage", "tp"), pair_on(k, w, "sp", "tp"), pair_on(k, w, "voltage", "pipeline")}) {
+        Plan done = p;
+        ASSERT_TRUE(complete_plan(done, cfg).ok()) << p.to_json().dump();
+        EXPECT_EQ(done.decode->world, w);
+        // Devices past the decode's keep no cache and load nothing beside the prefill's layers.
+        for (int r = w; r < k; ++r) EXPECT_FALSE(decode_load_options(done, cfg, r).has_value()) << r;
+        const Compared got = compare(c.want, generate_threads(c.dir, p, c.prompt, c.opts), c.margin, c.prompt.size(),
+                                     p.to_json().dump() + " " + c.dir);
+        compared += got.steps;
+        ++runs;
+      }
+  EXPECT_GT(compared, runs);
+  const Case& c = all.front();
+  Plan uneven = pair_on(4, 3, "voltage", "tp", {1, 3, 2, 1});
+  uneven.decode = std::make_shared<const Plan>(make_plan("tp", 3, {2, 1, 1}));
+  compare(c.want, generate_threads(c.dir, uneven, c.prompt, c.opts), c.margin, c.prompt.size(), "tp on 3 of 4, own shares");
+  for (const auto& [k, w] : std::vector<std::pair<int, int>>{{3, 2}, {4, 2}})
+    EXPECT_EQ(copy_accuracy(4, [&, k = k, w = w](const std::vector<int64_t>& prompt, const model::GenerateOptions& o)
+                                   -> core::Result<std::vector<int64_t>> {
+                return generate_threads(kData + "/gpt2-copy", pair_on(k, w, "voltage", "tp"), prompt, o);
+              }),
+              1.0)
+        << "voltage+tp on " << w << " of " << k;
+}
+
 TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   const auto cfg = model::load_config(kData + "/gpt2-tiny").value();
   auto refused = [&](Plan p, const std::string& why) {
@@ -335,9 +382,9 @@ TEST(GenerateTest, PairsThatCannotWorkAreRefusedWithTheReason) {
   refused(pair_plan(2, {0, 1}), "does not hand device 0");  // the terminal has no rows
   refused(pair_plan(2, {1, 0}, {}, "voltage", "pipeline"), "does not hand device 1");  // nor has device 1
   Plan three = pair_plan(3);
-  Plan d = make_plan("single", 2);
+  Plan d = make_plan("tp", 4);
   three.decode = std::make_shared<const Plan>(d);
-  refused(three, "runs on 1 or 3 devices");
+  refused(three, "runs on the first 1..3 of the prefill's devices, not 4");
   // A completed pair round-trips through JSON (a job's plan travels so).
   Plan ok = pair_plan(2, {2, 1});
   ASSERT_TRUE(complete_plan(ok, cfg).ok());
@@ -502,7 +549,7 @@ TEST(GenerateTest, BatchedStepsGiveEachSequenceItsOwnTokens) {
     for (const Plan& p : {make_plan("single", 1), make_plan("tp", 2), make_plan("tp", 3, {1, 2, 1}),
                           make_plan("pipeline", 2), make_plan("pipeline", 3, {}, {{"micro_batches", 2}}),
                           make_plan("galaxy", 2), pair_plan(2), pair_plan(3, {}, {}, "sp", "pipeline"),
-                          pair_plan(3, {}, {}, "voltage", "tp")}) {
+                          pair_plan(3, {}, {}, "voltage", "tp"), pair_on(3, 2, "voltage", "tp")}) {
       const auto got = batch::run(dir, p, prompts, join, new_tokens);
       for (size_t i = 0; i < prompts.size(); ++i)
         compared += compare(want[i].want, got[i], want[i].margin, prompts[i].size(),

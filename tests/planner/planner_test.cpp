@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <numeric>
 
 #include <algorithm>
 #include <cmath>
@@ -926,6 +927,43 @@ TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
   for (const Candidate& r : t->rows) {
     EXPECT_TRUE(!r.plan.decode || !r.feasible);
   }
+}
+
+// On 4 devices, a pair's decode is priced on each prefix of its prefill's
+// devices too: TP and a pipeline on the first 2 and 3. The devices past it
+// keep no cache, and the planner says where it decodes
+// (Candidate::decode_devices).
+TEST(Planner, APairsDecodeIsPricedOnTheFirstDevicesOfItsPrefills) {
+  const model::ModelConfig c = twelve_layer_gpt2();
+  const ClusterProfile p = cluster({device(10), device(10), device(10), device(10)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2), device(2), device(2)}, 0.5, 10000);
+  PlannerOptions o;
+  o.rows = 512;
+  o.ctx_size = 1024;
+  o.new_tokens = 16;
+  o.step_profile = &step;
+  const auto gen = plan_all(c, p, o);
+  ASSERT_TRUE(gen.ok()) << gen.status().to_string();
+  const Candidate& voltage = row_of(gen.value(), "voltage");
+  ASSERT_EQ(voltage.members.size(), 4u);
+  std::set<std::pair<std::string, int>> seen;
+  for (const Candidate& r : gen->rows) {
+    if (!r.plan.decode || r.plan.strategy != "voltage" || r.members != voltage.members) continue;
+    const parallel::Plan& d = *r.plan.decode;
+    seen.insert({d.strategy, d.world});
+    EXPECT_EQ(r.decode_devices, d.world) << r.plan.to_json().dump();
+    EXPECT_NEAR(r.prediction.latency_ms, voltage.prediction.latency_ms, 1e-9);
+    if (d.world < 2 || d.world == 4) continue;
+    EXPECT_TRUE(r.step_ms > 0 && std::isfinite(r.step_ms)) << r.plan.to_json().dump();
+    EXPECT_TRUE(r.feasible);
+    for (int dev = d.world; dev < 4; ++dev)
+      EXPECT_EQ(r.prediction.devices[static_cast<size_t>(dev)].memory_bytes,
+                voltage.prediction.devices[static_cast<size_t>(dev)].memory_bytes) << dev;
+    EXPECT_GT(r.prediction.devices[0].memory_bytes, voltage.prediction.devices[0].memory_bytes);
+  }
+  for (const char* s : {"tp", "pipeline"})
+    for (int w : {2, 3, 4}) EXPECT_TRUE(seen.count({s, w})) << s << " on " << w;
+  EXPECT_TRUE(seen.count({"single", 1}));
 }
 
 }  // namespace

@@ -18,7 +18,9 @@
 #include "model/transformer.h"
 #include "../parallel/fixtures.h"
 #include "kernels/flop_count.h"
+#include "parallel/local_group.h"
 #include "parallel/strategy.h"
+#include "parallel/sub_sync.h"
 #include "runtime/comm_sync.h"
 
 namespace tessera::parallel {
@@ -190,6 +192,110 @@ TEST(GalaxyCollectives, OverlappedRingsEqualPlainCollectives) {
       return core::ok_status();
     }));
   }
+}
+
+// The first w of k ranks as a world of their own (a pair's decode on some of
+// its prefill's devices): every collective gives what it defines, over the
+// comm layer and over LocalGroup alike, with nothing sent to or by the ranks
+// outside; with a lossy wire every member holds the same bits.
+core::Status sub_collectives(Synchronizer& parent, int w, core::WireType wire, std::vector<std::vector<float>>& shared) {
+  const int r = parent.rank();
+  parent.set_wire(wire);
+  if (r >= w) return core::ok_status();
+  SubSynchronizer sync(parent, w);
+  EXPECT_EQ(sync.world(), w);
+  const bool exact = wire == core::WireType::kF32 || w == 1;
+  const std::vector<int64_t> all_counts = {2, 0, 3, 1};
+  const std::vector<int64_t> counts(all_counts.begin(), all_counts.begin() + w);
+  const int64_t cols = 64, total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const std::vector<int64_t> at = row_offsets(counts);
+  std::vector<float> mine;
+  for (int64_t i = 0; i < counts[static_cast<size_t>(r)] * cols; ++i) mine.push_back(value(r, i / cols, i % cols));
+  std::vector<float> all(static_cast<size_t>(total * cols), -1.0f);
+  TESSERA_RETURN_IF_ERROR(sync.allgather_rows(mine, counts, cols, all));
+  for (int q = 0; q < w; ++q)
+    for (int64_t i = 0; i < counts[static_cast<size_t>(q)] * cols && exact; ++i)
+      EXPECT_EQ(all[static_cast<size_t>(at[static_cast<size_t>(q)] * cols + i)], value(q, i / cols, i % cols));
+  shared[static_cast<size_t>(r)] = all;
+  std::vector<float> gathered(r == w - 1 ? static_cast<size_t>(total * cols) : 0, -1.0f);
+  TESSERA_RETURN_IF_ERROR(sync.gather_rows(mine, counts, cols, gathered, w - 1));
+  if (r == w - 1 && exact) {
+    EXPECT_EQ(gathered, all);
+  }
+  std::vector<float> part(static_cast<size_t>(counts[static_cast<size_t>(r)] * cols), -1.0f);
+  std::vector<float> source;
+  if (r == 0)
+    for (int64_t i = 0; i < total * cols; ++i) source.push_back(value(7, i / cols, i % cols));
+  TESSERA_RETURN_IF_ERROR(sync.scatter_rows(source, counts, cols, part, 0));
+  for (size_t i = 0; i < part.size() && exact; ++i)
+    EXPECT_EQ(part[i], value(7, at[static_cast<size_t>(r)] + static_cast<int64_t>(i) / cols, static_cast<int64_t>(i) % cols));
+  std::vector<float> full;
+  for (int64_t i = 0; i < total * cols; ++i) full.push_back(value(r, i / cols, i % cols));
+  TESSERA_RETURN_IF_ERROR(sync.reduce_scatter_rows(full, counts, cols, part));
+  for (size_t i = 0; i < part.size() && exact; ++i) {
+    float want = 0.0f;  // rank order, as the members sum
+    for (int q = 0; q < w; ++q) want += value(q, at[static_cast<size_t>(r)] + static_cast<int64_t>(i) / cols, static_cast<int64_t>(i) % cols);
+    EXPECT_EQ(part[i], want);
+  }
+  std::vector<float> sum;
+  for (int64_t i = 0; i < 3 * cols; ++i) sum.push_back(value(r, i / cols, i % cols));
+  TESSERA_RETURN_IF_ERROR(sync.allreduce_sum(sum));
+  for (int64_t i = 0; i < 3 * cols && exact; ++i) {
+    float want = 0.0f;
+    for (int q = 0; q < w; ++q) want += value(q, i / cols, i % cols);
+    EXPECT_EQ(sum[static_cast<size_t>(i)], want);
+  }
+  shared[static_cast<size_t>(r)].insert(shared[static_cast<size_t>(r)].end(), sum.begin(), sum.end());
+  std::vector<float> b(static_cast<size_t>(2 * cols), -1.0f);
+  if (r == w - 1)
+    for (int64_t i = 0; i < 2 * cols; ++i) b[static_cast<size_t>(i)] = value(9, i / cols, i % cols);
+  TESSERA_RETURN_IF_ERROR(sync.broadcast(b, w - 1));
+  for (int64_t i = 0; i < 2 * cols && exact; ++i) EXPECT_EQ(b[static_cast<size_t>(i)], value(9, i / cols, i % cols));
+  shared[static_cast<size_t>(r)].insert(shared[static_cast<size_t>(r)].end(), b.begin(), b.end());
+  // Point to point inside; a peer outside is refused.
+  if (w > 1) {
+    std::vector<float> msg{1.0f, 2.0f, static_cast<float>(r)};
+    TESSERA_RETURN_IF_ERROR(sync.send((r + 1) % w, msg));
+    TESSERA_RETURN_IF_ERROR(sync.recv((r + w - 1) % w, msg));
+    if (exact) {
+      EXPECT_EQ(msg[2], static_cast<float>((r + w - 1) % w));
+    }
+  }
+  EXPECT_FALSE(sync.send(w, std::vector<float>{1.0f}).ok());
+  EXPECT_FALSE(sync.broadcast(b, w).ok());
+  return core::ok_status();
+}
+
+TEST(SubSynchronizer, TheFirstRanksCollectAmongThemselves) {
+  const int k = 4;
+  for (const core::WireType wire : {core::WireType::kF32, core::WireType::kQ8})
+    for (int w = 1; w <= k; ++w) {
+      std::vector<std::vector<float>> comm_got(k), local_got(k);
+      std::vector<int64_t> outside_sent(k, 0);
+      expect_all_ok(run_ranks(k, [&](int r, CommSynchronizer& sync) -> core::Status {
+        TESSERA_RETURN_IF_ERROR(sub_collectives(sync, w, wire, comm_got));
+        outside_sent[static_cast<size_t>(r)] = static_cast<int64_t>(sync.group().stats().total.bytes_sent);
+        return core::ok_status();
+      }));
+      LocalGroup group(k);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < k; ++r)
+        threads.emplace_back([&, r] {
+          const std::unique_ptr<Synchronizer> sync = group.member(r);
+          const core::Status st = sub_collectives(*sync, w, wire, local_got);
+          EXPECT_TRUE(st.ok()) << st.to_string();
+        });
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < k; ++r) {
+        if (r >= w) {
+          EXPECT_EQ(outside_sent[static_cast<size_t>(r)], 0) << r;
+          continue;
+        }
+        // Every member holds the same bits, on either synchronizer.
+        EXPECT_EQ(comm_got[static_cast<size_t>(r)], comm_got[0]) << "rank " << r << " of " << w << " " << core::wire_type_name(wire);
+        EXPECT_EQ(local_got[static_cast<size_t>(r)], comm_got[0]) << "rank " << r << " of " << w << " " << core::wire_type_name(wire);
+      }
+    }
 }
 
 struct CommRun {
