@@ -279,6 +279,13 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
       return core::invalid_argument("--partition names " + std::to_string(out.plan.ratios.size()) + " devices, the plan has " +
                                     std::to_string(out.plan.world));
     out.members = devices;
+    if (out.plan.decode && out.plan.decode->world > out.plan.world) {
+      // A pair's decode on more devices than are left (after a failover): on all of them.
+      parallel::Plan d = *out.plan.decode;
+      d.world = out.plan.world;
+      if (static_cast<int>(d.ratios.size()) != d.world) d.ratios.clear();
+      out.plan.decode = std::make_shared<const parallel::Plan>(std::move(d));
+    }
     TESSERA_ASSIGN_OR_RETURN(const parallel::Strategy* s, parallel::strategy_for(out.plan.strategy));
     if (!s->variants(out.plan).empty()) {  // e.g. --bp-plan auto: priced on the profile of these devices
       TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows));

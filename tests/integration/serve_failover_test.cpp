@@ -118,9 +118,11 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
 // A worker killed while batched streams decode: the batch's session fails
 // over once, and every stream completes on the devices left with the tokens
 // one device gives it alone (each replays from the tokens it had).
-TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) {
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "3", "--strategy", "tp", "--max-batch", "4", "--link",
-            "100mbit,5ms", "--failover-timeout", "5000"});
+void killed_during_batched_streams(std::vector<std::string> plan) {
+  std::vector<std::string> args{"--model", kData + "/gpt2-tiny", "--devices", "3", "--max-batch", "4", "--link",
+                                "100mbit,5ms", "--failover-timeout", "5000"};
+  args.insert(args.end(), plan.begin(), plan.end());
+  Server s(args);
   ASSERT_TRUE(s.up()) << s.proc().log();
   const auto workers = s.proc().children();
   ASSERT_EQ(workers.size(), 2u) << s.proc().log();
@@ -147,6 +149,14 @@ TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) {
   EXPECT_EQ(s.health()["status"], "degraded");
   s.proc().signal(SIGTERM);
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
+
+TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) { killed_during_batched_streams({"--strategy", "tp"}); }
+
+// The same with a pair (Voltage's prefill, TP's decode on its 3 devices):
+// every stream completes with its own tokens after the failover.
+TEST(ServeFailoverTest, WorkerKilledDuringAPairsBatchedStreams) {
+  killed_during_batched_streams({"--strategy", "voltage", "--decode-strategy", "tp", "--decode-devices", "3"});
 }
 
 // A daemon that falls silent (stopped, as a partitioned device would be)

@@ -139,6 +139,23 @@ TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
   EXPECT_FALSE(alone->session.cluster.has_value());
   EXPECT_EQ(alone->session.plan.world, 1);
 
+  // A pair's decode on more devices than are offered (after a failover) runs on all of them.
+  r.plan.strategy = "voltage";
+  parallel::Plan dp;
+  dp.strategy = "tp";
+  dp.world = 3;
+  dp.ratios = {1, 1, 1};
+  r.plan.decode = std::make_shared<const parallel::Plan>(dp);
+  auto pair = deploy(*c, *cfg, r, {0, 3, 1});
+  ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+  ASSERT_TRUE(pair->plan.decode);
+  EXPECT_EQ(pair->plan.decode->world, 3);
+  pair = deploy(*c, *cfg, r, {0, 1});
+  ASSERT_TRUE(pair.ok()) << pair.status().to_string();
+  EXPECT_EQ(pair->plan.decode->world, 2);
+  EXPECT_TRUE(pair->plan.decode->ratios.empty());
+  r.plan.decode.reset();
+
   // A partition must name every device; a deployment starts at the terminal.
   r.plan.strategy = "tp";
   r.plan.ratios = {0.5, 0.5};
