@@ -242,8 +242,8 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
     }
     for (WeightType t : kTypes) {
       const int64_t be = block_elems(t);
-      for (int64_t nb : {1, 2, 5, 24}) {
-        if (be > 32 && nb == 24) continue;  // enough K-quant blocks at 5
+      for (int64_t nb : {1, 2, 5, 24, 37}) {  // 24 and 37: the one-row form's groups of 16 and 8 blocks, and a tail
+        if (be > 32 && nb >= 24) continue;  // enough K-quant blocks at 5
         const int64_t k = nb * be;
         std::vector<uint8_t> q(row_bytes(t, k));
         quantize_row_ref(t, random_vec(static_cast<size_t>(k), 11 + static_cast<uint32_t>(nb)).data(), k, q.data());
