@@ -53,7 +53,7 @@ Status SubSynchronizer::check_root(int root) const {
   return core::ok_status();
 }
 
-// The parent sends and decodes in its own wire; the view's sends are its.
+// Sent and decoded by the parent, in its wire (which the view took).
 Status SubSynchronizer::send(int peer, std::span<const float> data) {
   TESSERA_RETURN_IF_ERROR(check_peer(peer));
   stats_.add(CollectiveKind::kSendRecv, static_cast<int64_t>(data.size()));
