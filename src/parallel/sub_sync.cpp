@@ -65,6 +65,23 @@ Status SubSynchronizer::recv(int peer, std::span<float> data) {
   return parent_.recv(peer, data);
 }
 
+// Our rows into their place in `all`, as the others receive them (`mine` may
+// lie inside `all`: moved, not copied), and every other member's from it.
+Status SubSynchronizer::collect(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
+                                std::span<float> all) {
+  const int me = rank();
+  const int64_t n = counts[static_cast<size_t>(me)] * cols;
+  float* own = all.data() + rows_before(counts, me) * cols;
+  if (own != mine.data()) std::memmove(own, mine.data(), static_cast<size_t>(n) * sizeof(float));
+  core::wire_round_trip(wire_, own, 1, n);
+  for (int p = 0; p < world_; ++p) {
+    const int64_t c = counts[static_cast<size_t>(p)] * cols;
+    if (p != me && c > 0)
+      TESSERA_RETURN_IF_ERROR(parent_.recv(p, all.subspan(static_cast<size_t>(rows_before(counts, p) * cols), static_cast<size_t>(c))));
+  }
+  return core::ok_status();
+}
+
 Status SubSynchronizer::allgather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
                                        std::span<float> all) {
   TESSERA_RETURN_IF_ERROR(check_rows(counts, cols, mine.size(), all.size(), true));
@@ -75,16 +92,7 @@ Status SubSynchronizer::allgather_rows(std::span<const float> mine, const std::v
       stats_.add(CollectiveKind::kAllgather, n);
       TESSERA_RETURN_IF_ERROR(parent_.send(p, mine.first(static_cast<size_t>(n))));
     }
-  // Ours as the others receive it (`mine` may lie inside `all`: moved, not copied).
-  float* own = all.data() + rows_before(counts, me) * cols;
-  if (own != mine.data()) std::memmove(own, mine.data(), static_cast<size_t>(n) * sizeof(float));
-  core::wire_round_trip(wire_, own, 1, n);
-  for (int p = 0; p < world_; ++p) {
-    const int64_t c = counts[static_cast<size_t>(p)] * cols;
-    if (p != me && c > 0)
-      TESSERA_RETURN_IF_ERROR(parent_.recv(p, all.subspan(static_cast<size_t>(rows_before(counts, p) * cols), static_cast<size_t>(c))));
-  }
-  return core::ok_status();
+  return collect(mine, counts, cols, all);
 }
 
 Status SubSynchronizer::gather_rows(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols,
@@ -98,15 +106,7 @@ Status SubSynchronizer::gather_rows(std::span<const float> mine, const std::vect
     stats_.add(CollectiveKind::kGather, n);
     return parent_.send(root, mine.first(static_cast<size_t>(n)));
   }
-  float* own = all.data() + rows_before(counts, me) * cols;
-  if (own != mine.data()) std::memmove(own, mine.data(), static_cast<size_t>(n) * sizeof(float));
-  core::wire_round_trip(wire_, own, 1, n);
-  for (int p = 0; p < world_; ++p) {
-    const int64_t c = counts[static_cast<size_t>(p)] * cols;
-    if (p != me && c > 0)
-      TESSERA_RETURN_IF_ERROR(parent_.recv(p, all.subspan(static_cast<size_t>(rows_before(counts, p) * cols), static_cast<size_t>(c))));
-  }
-  return core::ok_status();
+  return collect(mine, counts, cols, all);
 }
 
 Status SubSynchronizer::scatter_rows(std::span<const float> all, const std::vector<int64_t>& counts, int64_t cols,

@@ -43,6 +43,7 @@ class SubSynchronizer final : public Synchronizer {
  private:
   core::Status check_peer(int peer) const;
   core::Status check_root(int root) const;
+  core::Status collect(std::span<const float> mine, const std::vector<int64_t>& counts, int64_t cols, std::span<float> all);
   Synchronizer& parent_;
   const int world_;
   std::vector<float> buf_;

@@ -242,11 +242,12 @@ TEST(GenerateTest, StrategiesWithoutADecoderSayWhich) {
 // without the ring, in F16 caches and for a prompt too short to give the
 // terminal rows (the decode layout prefills it then).
 Plan pair_plan(int k, std::vector<double> ratios = {}, nlohmann::json options = nlohmann::json::object(),
-               const std::string& prefill = "voltage", const std::string& decode = single_device_plan().strategy) {
+               const std::string& prefill = "voltage", const std::string& decode = single_device_plan().strategy,
+               int decode_world = 0) {
   Plan p = make_plan(prefill, k, std::move(ratios), std::move(options));
   Plan d;
   d.strategy = decode;
-  d.world = 0;  // complete_plan chooses: single on the terminal, pipeline on every device
+  d.world = decode_world;  // 0: complete_plan chooses (single on the terminal, pipeline on every device)
   p.decode = std::make_shared<const Plan>(d);
   return p;
 }
@@ -314,11 +315,7 @@ TEST(GenerateTest, VoltagePrefillHandsItsCachesToTheTerminalsDecode) {
 // Llama-style layers, with uneven shares, and the trained copy model stays
 // 100% accurate.
 Plan pair_on(int k, int w, const std::string& prefill, const std::string& decode, std::vector<double> ratios = {}) {
-  Plan p = pair_plan(k, std::move(ratios), nlohmann::json::object(), prefill, decode);
-  Plan d = *p.decode;
-  d.world = w;
-  p.decode = std::make_shared<const Plan>(d);
-  return p;
+  return pair_plan(k, std::move(ratios), nlohmann::json::object(), prefill, decode, w);
 }
 
 TEST(GenerateTest, ADecodeOnTheFirstDevicesOfThePrefillsEqualsOneDevice) {

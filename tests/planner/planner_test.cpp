@@ -846,15 +846,21 @@ TEST(Planner, AMoreDevicesMarginWeighsOnlyThePhasesOnMoreDevices) {
 // Voltage's forward, each step the terminal's, its memory Voltage's weights
 // and the terminal's whole KV cache. Where links are fast and steps short,
 // auto takes it over both of its halves.
-TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
-  const model::ModelConfig c = twelve_layer_gpt2();
-  const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
-  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);  // GEMV: bandwidth-bound
+// A 16-token generation after a 512-token prompt, 1024 positions of cache.
+PlannerOptions generation_options(const ClusterProfile& step) {
   PlannerOptions o;
   o.rows = 512;
   o.ctx_size = 1024;
   o.new_tokens = 16;
   o.step_profile = &step;
+  return o;
+}
+
+TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
+  const model::ModelConfig c = twelve_layer_gpt2();
+  const ClusterProfile p = cluster({device(10), device(10)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2)}, 0.5, 10000);  // GEMV: bandwidth-bound
+  const PlannerOptions o = generation_options(step);
   const auto gen = plan_all(c, p, o);
   ASSERT_TRUE(gen.ok()) << gen.status().to_string();
   const Candidate* pair = nullptr;
@@ -937,11 +943,7 @@ TEST(Planner, APairsDecodeIsPricedOnTheFirstDevicesOfItsPrefills) {
   const model::ModelConfig c = twelve_layer_gpt2();
   const ClusterProfile p = cluster({device(10), device(10), device(10), device(10)}, 0.5, 10000);
   const ClusterProfile step = cluster({device(2), device(2), device(2), device(2)}, 0.5, 10000);
-  PlannerOptions o;
-  o.rows = 512;
-  o.ctx_size = 1024;
-  o.new_tokens = 16;
-  o.step_profile = &step;
+  const PlannerOptions o = generation_options(step);
   const auto gen = plan_all(c, p, o);
   ASSERT_TRUE(gen.ok()) << gen.status().to_string();
   const Candidate& voltage = row_of(gen.value(), "voltage");
