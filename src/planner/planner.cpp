@@ -654,7 +654,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     const size_t unpaired = table.rows.size();
     // A decode layout on the first w of a row's devices: that strategy's best
     // plan there (searched for the prompt, as the rows are), one per
-    // (strategy, devices, weights, wire). Null where it has none that fits.
+    // (strategy, devices, weights, wire). Null where it has none on exactly
+    // those devices (a one-device strategy). Memory is the pair's, priced below.
     std::map<std::tuple<std::string, std::vector<int>, int, int>, std::optional<Plan>> on_prefix;
     const auto decode_on_prefix = [&](const Strategy& d, const Candidate& r, size_t w) -> const Plan* {
       const std::vector<int> members(r.members.begin(), r.members.begin() + static_cast<std::ptrdiff_t>(w));
@@ -666,7 +667,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         model::ModelConfig ct = c;
         ct.weights = r.plan.weights;
         auto cand = plan_strategy(d, ct, p, members, ow);
-        if (cand.ok() && cand->plan.world == static_cast<int>(w)) it->second = cand->plan;  // the pair is priced whole below
+        if (cand.ok() && cand->plan.world == static_cast<int>(w)) it->second = cand->plan;
       }
       return it->second ? &*it->second : nullptr;
     };
