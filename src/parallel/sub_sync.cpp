@@ -72,8 +72,10 @@ Status SubSynchronizer::collect(std::span<const float> mine, const std::vector<i
   const int me = rank();
   const int64_t n = counts[static_cast<size_t>(me)] * cols;
   float* own = all.data() + rows_before(counts, me) * cols;
-  if (own != mine.data()) std::memmove(own, mine.data(), static_cast<size_t>(n) * sizeof(float));
-  core::wire_round_trip(wire_, own, 1, n);
+  if (n > 0) {
+    if (own != mine.data()) std::memmove(own, mine.data(), static_cast<size_t>(n) * sizeof(float));
+    core::wire_round_trip(wire_, own, 1, n);
+  }
   for (int p = 0; p < world_; ++p) {
     const int64_t c = counts[static_cast<size_t>(p)] * cols;
     if (p != me && c > 0)
@@ -123,7 +125,7 @@ Status SubSynchronizer::scatter_rows(std::span<const float> all, const std::vect
     TESSERA_RETURN_IF_ERROR(parent_.send(p, all.subspan(static_cast<size_t>(rows_before(counts, p) * cols), static_cast<size_t>(c))));
   }
   const float* own = all.data() + rows_before(counts, me) * cols;
-  if (own != mine.data()) std::memmove(mine.data(), own, static_cast<size_t>(n) * sizeof(float));
+  if (n > 0 && own != mine.data()) std::memmove(mine.data(), own, static_cast<size_t>(n) * sizeof(float));
   return core::ok_status();
 }
 
