@@ -96,6 +96,12 @@ void attention_head(const AttentionArgs& a, int64_t head, float* scores) {
     v = kv.data() + a.n_kv * a.head_dim;
     ldk = ldv = a.head_dim;
   }
+  if (a.n_q == 1) {  // a decode step: gemv, which packs nothing (sgemm's packing was 6% of a 1B Q8_0 token)
+    gemv_f32(true, a.n_kv, a.head_dim, a.scale, a.q + col, k, ldk, 0.0f, scores);
+    softmax_block(a, scores, 0, 1);
+    gemv_f32(false, a.head_dim, a.n_kv, 1.0f, scores, v, ldv, 0.0f, a.out + col);
+    return;
+  }
   gemm_f32(false, true, a.n_q, a.n_kv, a.head_dim, a.scale, a.q + col, a.ldq, k, ldk, 0.0f, scores, a.n_kv);
   softmax_block(a, scores, 0, a.n_q);
   gemm_f32(false, false, a.n_q, a.head_dim, a.n_kv, 1.0f, scores, a.n_kv, v, ldv, 0.0f, a.out + col, a.ldo);

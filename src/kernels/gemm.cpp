@@ -71,6 +71,27 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               static_cast<blasint>(ldc > 0 ? ldc : 1));
 }
 
+void gemv_f32(bool trans_b, int64_t n, int64_t k, float alpha, const float* x, const float* b, int64_t ldb, float beta,
+              float* y) {
+  core::KernelClock clock;  // --device-speed (core/device_speed.h)
+  TESSERA_CHECK(n >= 0 && k >= 0 && ldb >= (trans_b ? k : n));
+  if (n == 0) return;
+  if (beta == 0.0f) std::fill(y, y + n, 0.0f);  // exactly 0 whatever y held (NaN included), as gemm_f32
+  if (k == 0) {
+    if (beta != 0.0f)
+      for (int64_t j = 0; j < n; ++j) y[j] *= beta;
+    return;
+  }
+  count_flops(2.0 * static_cast<double>(n) * static_cast<double>(k));
+  // Row-major B^T (trans_b: B is [n, k]) is gemv's NoTrans over n rows of k.
+  if (trans_b)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(k), alpha, b,
+                static_cast<blasint>(ldb), x, 1, beta, y, 1);
+  else
+    cblas_sgemv(CblasRowMajor, CblasTrans, static_cast<blasint>(k), static_cast<blasint>(n), alpha, b,
+                static_cast<blasint>(ldb), x, 1, beta, y, 1);
+}
+
 namespace {
 // From this input width on, linear_f32 lets OpenBLAS pack W as its B operand
 // (bench: 2560 gains nothing, 3072 and 4096 gain 5-17%).

@@ -35,6 +35,13 @@ void reexec_with_better_blas_core(char** argv, int threads = 0);
 void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
+// y[n] = alpha * x op(B) + beta * y for one row x (row-major B, [k, n], or
+// [n, k] when trans_b), with checks. OpenBLAS's sgemm packs both operands
+// even for one row; its gemv reads B as it lies (a decode step's attention:
+// one query row against a head's cache).
+void gemv_f32(bool trans_b, int64_t n, int64_t k, float alpha, const float* x, const float* b, int64_t ldb, float beta,
+              float* y);
+
 // OpenBLAS's AVX-512 cores (SkylakeX, Cooperlake, SapphireRapids) have a
 // small-matrix kernel that packs neither operand. linear_f32 uses it for few
 // rows: it multiplies W in stripes of this many outputs, each product small
