@@ -76,6 +76,26 @@ TEST(GemmTest, MatchesScalarReference) {
   }
 }
 
+// One row times B or B^T with a row stride wider than B, alpha, and beta
+// 0 over a y holding NaN (it is overwritten) or 0.5 (it is scaled and added).
+TEST(GemvTest, MatchesScalarReference) {
+  struct Case { int64_t n, k; bool tb; float beta; };
+  const Case cases[] = {{9, 8, true, 0.0f}, {8, 37, false, 0.0f}, {64, 190, true, 0.5f}, {5, 3, false, 0.5f},
+                        {4, 0, true, 0.5f}, {0, 4, false, 0.0f}};
+  for (const auto& c : cases) {
+    const int64_t ldb = (c.tb ? c.k : c.n) + 3;
+    const auto x = random_vec(static_cast<size_t>(c.k), 3);
+    const auto b = random_vec(static_cast<size_t>((c.tb ? c.n : c.k) * ldb + 1), 4);
+    std::vector<float> y(static_cast<size_t>(c.n), c.beta == 0.0f ? std::nanf("") : 0.5f);
+    gemv_f32(c.tb, c.n, c.k, 0.75f, x.data(), b.data(), ldb, c.beta, y.data());
+    for (int64_t j = 0; j < c.n; ++j) {
+      double want = c.beta == 0.0f ? 0.0 : 0.5 * c.beta;
+      for (int64_t p = 0; p < c.k; ++p) want += 0.75 * x[p] * (c.tb ? b[j * ldb + p] : b[p * ldb + j]);
+      EXPECT_NEAR(y[j], want, 1e-4) << c.n << "x" << c.k << (c.tb ? " B^T" : " B");
+    }
+  }
+}
+
 TEST(LinearTest, FusedEpilogueEqualsSeparateSteps) {
   const int64_t m = 9, k = 12, n = 7;
   auto x = random_vec(m * k, 4), w = random_vec(n * k, 5), b = random_vec(n, 6), r = random_vec(m * n, 7);

@@ -366,6 +366,7 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
           check({8, 40, 256, 0, 256, false, Activation::kGeluErf}, t, path, tp);
           check({9, 70, 512, 0, 512, false, Activation::kNone}, t, path, tp);
           check({45, 130, 768, 256, 512, true, Activation::kNone}, t, path, tp);
+          check({3, 1100, 256, 0, 256, false, Activation::kNone}, t, path, tp);  // kernel calls of 16 panels and a part
           continue;
         }
         check({1, 70, 64, 0, 64, false, Activation::kNone}, t, path, tp);
@@ -374,6 +375,8 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
         check({9, 70, 96, 0, 96, false, Activation::kNone}, t, path, tp);
         check({45, 130, 256, 64, 192, true, Activation::kNone}, t, path, tp);
         check({70, 33, 512, 0, 512, false, Activation::kGeluErf}, t, path, tp);
+        check({1, 1100, 64, 0, 64, true, Activation::kNone}, t, path, tp);  // kernel calls of 16 panels and a part
+        check({6, 1100, 96, 32, 96, false, Activation::kNone}, t, path, tp);
       }
     }
 }
