@@ -129,6 +129,7 @@ int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only,
     if (chosen) {
       j["predicted_ttft_ms"] = chosen->prediction.latency_ms;
       j["predicted_ms_per_token"] = chosen->step_ms > 0 ? nlohmann::json(chosen->step_ms) : nlohmann::json(nullptr);
+      j["members"] = chosen->members;  // the cluster's devices in rank order: a pair decodes on the first
     }
     j["generated_ids"] = r.generated;
     std::cout << j.dump() << '\n';

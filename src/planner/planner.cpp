@@ -652,14 +652,13 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     // each decode layout that takes them (complete_plan says which combine);
     // memory is the prefill's weights and the decode's caches.
     const size_t unpaired = table.rows.size();
-    // A decode layout on the first w of a row's devices: that strategy's best
-    // plan there (searched for the prompt, as the rows are), one per
-    // (strategy, devices, weights, wire). Null where it has none on exactly
-    // those devices (a one-device strategy). Memory is the pair's, priced below.
-    std::map<std::tuple<std::string, std::vector<int>, int, int>, std::optional<Plan>> on_prefix;
-    const auto decode_on_prefix = [&](const Strategy& d, const Candidate& r, size_t w) -> const Plan* {
-      const std::vector<int> members(r.members.begin(), r.members.begin() + static_cast<std::ptrdiff_t>(w));
-      auto [it, fresh] = on_prefix.try_emplace({d.name(), members, static_cast<int>(r.plan.weights), static_cast<int>(r.plan.wire)});
+    // A decode layout on w of a row's devices: that strategy's best plan
+    // there (searched for the prompt, as the rows are), one per (strategy,
+    // devices, weights, wire). Null where it has none on exactly those
+    // devices (a one-device strategy). Memory is the pair's, priced below.
+    std::map<std::tuple<std::string, std::vector<int>, int, int>, std::optional<Plan>> decode_plans;
+    const auto decode_on = [&](const Strategy& d, const Candidate& r, const std::vector<int>& members) -> const Plan* {
+      auto [it, fresh] = decode_plans.try_emplace({d.name(), members, static_cast<int>(r.plan.weights), static_cast<int>(r.plan.wire)});
       if (fresh) {
         PlannerOptions ow = o;
         ow.wire = r.plan.wire;
@@ -667,9 +666,81 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         model::ModelConfig ct = c;
         ct.weights = r.plan.weights;
         auto cand = plan_strategy(d, ct, p, members, ow);
-        if (cand.ok() && cand->plan.world == static_cast<int>(w)) it->second = cand->plan;
+        if (cand.ok() && cand->plan.world == static_cast<int>(members.size())) it->second = cand->plan;
       }
       return it->second ? &*it->second : nullptr;
+    };
+    // A decode runs on the first ranks of its prefill's, so a decode on
+    // devices that are not the row's first w takes the row reordered: those
+    // devices first, the rest after (each in the row's order), and the
+    // prefill planned again on that order. Null where that plan is not the
+    // row's strategy on all of them.
+    std::map<std::pair<size_t, std::vector<int>>, std::optional<Candidate>> prefills;
+    const auto prefill_on = [&](size_t i, const std::vector<int>& order) -> const Candidate* {
+      auto [it, fresh] = prefills.try_emplace({i, order});
+      if (fresh) {
+        const Candidate& r = table.rows[i];
+        const Strategy* s = parallel::find_strategy(r.plan.strategy);
+        if (s == nullptr) return nullptr;
+        // The row's own options: its wire and its lossy setting, as plan_all chose them above.
+        std::vector<nlohmann::json> settings = o.lossy_allowed ? s->lossy_settings() : std::vector<nlohmann::json>{};
+        if (settings.empty()) settings.push_back(nullptr);
+        PlannerOptions ow = o;
+        ow.wire = r.plan.wire;
+        ow.strategy_options = settings[static_cast<size_t>(lossiness[i].setting)];
+        model::ModelConfig ct = c;
+        ct.weights = r.plan.weights;
+        auto cand = plan_strategy(*s, ct, p, order, ow);
+        if (cand.ok() && cand->feasible && cand->plan.world == r.plan.world) it->second = std::move(*cand);
+      }
+      return it->second ? &*it->second : nullptr;
+    };
+    // The sets of w of a row's n devices, with the terminal, that a decode
+    // is priced on: every one where there are few (n <= kEverySubsetUpTo),
+    // else the first w and the terminal with the w - 1 whose one-row step
+    // with it alone is priced fastest. As positions in the row; the first w
+    // come first.
+    constexpr size_t kEverySubsetUpTo = 5;
+    const ClusterProfile& step_p = o.step_profile != nullptr && o.step_profile->size() == p.size() ? *o.step_profile : p;
+    const int64_t rank_keys = std::min(o.rows + o.new_tokens / 2, o.ctx_size);
+    const auto decode_sets = [&](const Strategy& d, const Candidate& r, size_t w) {
+      const size_t n = r.members.size();
+      std::vector<std::vector<size_t>> sets;
+      std::vector<size_t> first(w);
+      std::iota(first.begin(), first.end(), 0);
+      sets.push_back(first);
+      if (n <= kEverySubsetUpTo) {
+        // Every choice of w - 1 of positions 1..n-1, in lexicographic order (the first w is the first).
+        std::vector<size_t> pick = first;
+        for (;;) {
+          size_t k = w - 1;
+          while (k >= 1 && pick[k] == n - w + k) --k;
+          if (k == 0) break;
+          ++pick[k];
+          for (size_t j = k + 1; j < w; ++j) pick[j] = pick[j - 1] + 1;
+          sets.push_back(pick);
+        }
+      } else {
+        std::vector<std::pair<double, size_t>> rank;
+        model::ModelConfig ct = c;
+        ct.weights = r.plan.weights;
+        for (size_t pos = 1; pos < n; ++pos) {
+          double ms = kInf;
+          const std::vector<int> two = {r.members[0], r.members[pos]};
+          if (const Plan* on_two = decode_on(d, r, two)) {
+            Plan two_plan = *on_two;
+            auto pred = evaluate(two_plan, ct, step_p.subset(two), 1, 0, o.kv_dtype, rank_keys);
+            if (pred.ok()) ms = pred->latency_ms;
+          }
+          rank.push_back({ms, pos});
+        }
+        std::stable_sort(rank.begin(), rank.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        std::vector<size_t> fast = {0};
+        for (size_t j = 0; j + 1 < w; ++j) fast.push_back(rank[j].second);
+        std::sort(fast.begin(), fast.end());
+        if (fast != first) sets.push_back(fast);
+      }
+      return sets;
     };
     for (size_t i = 0; i < unpaired; ++i) {
       const Candidate r = table.rows[i];  // a copy: rows grow below
@@ -677,47 +748,65 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       for (const Strategy* d : parallel::strategies()) {
         if (!d->decodes() || !d->takes_kv()) continue;
         // World 0: the prefill's devices, or the terminal for a one-device
-        // strategy. Then the decode on each shorter prefix of them.
+        // strategy. Then the decode on each smaller set of them.
         for (size_t w = 0; w < r.members.size(); ++w) {
           if (w == 1) continue;  // the terminal alone is world 0's choice for a one-device strategy
-          Plan dp;
-          dp.strategy = d->name();
-          dp.world = 0;
-          if (w == 0) {
-            // On the same devices, the decode layout's own row says how it splits
-            // (a pipeline's layer map); it was searched for the prompt.
-            for (size_t j = 0; j < unpaired; ++j) {
-              const Candidate& o2 = table.rows[j];
-              if (o2.feasible && o2.plan.strategy == dp.strategy && o2.members == r.members &&
-                  o2.plan.weights == r.plan.weights && o2.plan.wire == r.plan.wire && !o2.plan.decode) {
-                dp.world = o2.plan.world;
-                dp.ratios = o2.plan.ratios;
-                dp.options = o2.plan.options;
-                break;
+          const std::vector<std::vector<size_t>> sets = w == 0 ? std::vector<std::vector<size_t>>(1) : decode_sets(*d, r, w);
+          for (const std::vector<size_t>& set : sets) {
+            // The row's devices in the order the pair runs them: the decode's set first.
+            std::vector<int> order;
+            for (size_t pos : set) order.push_back(r.members[pos]);
+            const std::vector<int> decode_members = order;
+            for (size_t pos = 0; pos < r.members.size(); ++pos)
+              if (std::find(set.begin(), set.end(), pos) == set.end()) order.push_back(r.members[pos]);
+            const bool reordered = order != r.members;
+            const Candidate* prefill = reordered ? prefill_on(i, order) : &r;
+            if (prefill == nullptr) continue;
+            Plan dp;
+            dp.strategy = d->name();
+            dp.world = 0;
+            if (w == 0) {
+              // On the same devices, the decode layout's own row says how it splits
+              // (a pipeline's layer map); it was searched for the prompt.
+              for (size_t j = 0; j < unpaired; ++j) {
+                const Candidate& o2 = table.rows[j];
+                if (o2.feasible && o2.plan.strategy == dp.strategy && o2.members == r.members &&
+                    o2.plan.weights == r.plan.weights && o2.plan.wire == r.plan.wire && !o2.plan.decode) {
+                  dp.world = o2.plan.world;
+                  dp.ratios = o2.plan.ratios;
+                  dp.options = o2.plan.options;
+                  break;
+                }
               }
+            } else {
+              const Plan* sub = decode_on(*d, r, decode_members);
+              if (sub == nullptr) continue;
+              dp.world = sub->world;
+              dp.ratios = sub->ratios;
+              dp.options = sub->options;
             }
-          } else {
-            const Plan* sub = decode_on_prefix(*d, r, w);
-            if (sub == nullptr) continue;
-            dp.world = sub->world;
-            dp.ratios = sub->ratios;
-            dp.options = sub->options;
+            Plan pair = prefill->plan;
+            pair.decode = std::make_shared<const Plan>(std::move(dp));
+            model::ModelConfig ct = c;
+            ct.weights = r.plan.weights;
+            auto pred = evaluate(pair, ct, p.subset(order), o.rows, o.ctx_size, o.kv_dtype);
+            if (!pred.ok()) continue;  // not a pair these two layouts make
+            Candidate pc = r;  // its exactness, lossiness and notes; the order and plan below
+            pc.members = order;
+            pc.plan = pair;
+            pc.prediction = *pred;
+            pc.feasible = pred->fits;
+            pc.why_not = pred->fits ? "" : "exceeds a device's memory budget with the decode's KV caches";
+            std::string on = std::to_string(pair.decode->world) + " device(s)";
+            if (reordered) {
+              on += " (devices";
+              for (size_t k = 0; k < decode_members.size(); ++k) on += (k == 0 ? " " : ", ") + std::to_string(decode_members[k]);
+              on += ", which run first)";
+            }
+            pc.notes.push_back("a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() + " decodes on " + on);
+            table.rows.push_back(std::move(pc));
+            lossiness.push_back(lossiness[i]);
           }
-          Plan pair = r.plan;
-          pair.decode = std::make_shared<const Plan>(std::move(dp));
-          model::ModelConfig ct = c;
-          ct.weights = r.plan.weights;
-          auto pred = evaluate(pair, ct, p.subset(r.members), o.rows, o.ctx_size, o.kv_dtype);
-          if (!pred.ok()) continue;  // not a pair these two layouts make
-          Candidate pc = r;
-          pc.plan = pair;
-          pc.prediction = *pred;
-          pc.feasible = pred->fits;
-          pc.why_not = pred->fits ? "" : "exceeds a device's memory budget with the decode's KV caches";
-          pc.notes.push_back("a pair: " + r.plan.strategy + " prefills and hands the K/V over; " + d->name() +
-                             " decodes on " + std::to_string(pair.decode->world) + " device(s)");
-          table.rows.push_back(std::move(pc));
-          lossiness.push_back(lossiness[i]);
         }
       }
     }

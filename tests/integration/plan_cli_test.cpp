@@ -187,6 +187,47 @@ TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
   EXPECT_EQ(nlohmann::json::parse(a.out)["planner"]["members"], nlohmann::json::array({0}));
 }
 
+// A pair whose decode runs on devices that are not the first of its
+// prefill's, end to end: three devices alike at the prompt (a synthetic
+// profile, so the choice is the same on every machine), of which device 1 is
+// 10x slower at a one-row step. auto prefills on all three and decodes with
+// TP on devices 0 and 2, deployed in that order (device 1 last), and the
+// greedy tokens of the trained gpt2-copy equal one device's.
+TEST(PlanCli, AutoDecodesOnTheDevicesFastestAtAStepInTheirOrder) {
+  const std::string model = kData + "/gpt2-copy", prof = tmp("decode-set.json");
+  auto dev = [](double gflops) {
+    planner::DeviceProfile d;
+    d.name = "synthetic";
+    d.gemm = {{64, 256, 256, gflops}};
+    d.attention_gflops = gflops;
+    d.elementwise_gbps = 1;
+    d.stream_gbps = 1;
+    d.memory_bytes = int64_t{8} << 30;
+    return d;
+  };
+  planner::ClusterProfile p;
+  p.devices = {dev(1), dev(1), dev(1)};
+  p.links.assign(3, std::vector<planner::LinkProfile>(3, planner::LinkProfile{0.01, 100000}));
+  for (int d = 0; d < 3; ++d) p.links[static_cast<size_t>(d)][static_cast<size_t>(d)] = {};
+  p.steps.push_back({1, {dev(1), dev(0.1), dev(1)}});
+  ASSERT_TRUE(p.save(prof).ok());
+  std::string prompt;  // gpt2-copy's vocabulary is 64 tokens
+  for (int i = 0; i < 24; ++i) prompt += (i ? "," : "") + std::to_string(1 + (7 * i) % 63);
+  const std::string gen = "generate --model " + model + " --ids " + prompt + " --max-new-tokens 8 --greedy";
+  const CmdResult one = run(gen);  // the ids, comma-separated
+  ASSERT_EQ(one.code, 0) << one.err;
+  const CmdResult pair = run(gen + " --devices 3 --insecure --strategy auto --profile " + prof + " --stats");
+  ASSERT_EQ(pair.code, 0) << pair.err;
+  const nlohmann::json b = nlohmann::json::parse(pair.out);
+  EXPECT_EQ(b["members"], nlohmann::json::array({0, 2, 1})) << pair.out;
+  EXPECT_EQ(b["decode_strategy"], "tp") << pair.out;
+  EXPECT_EQ(b["plan"]["decode"]["world"], 2) << pair.out;
+  std::string ids;
+  for (const auto& id : b["generated_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
+  EXPECT_EQ(b["generated_ids"].size(), 8u);
+  EXPECT_EQ(ids + "\n", one.out);
+}
+
 // A decoder's profile file holds step profiles beside the prompt's (one
 // row, and --max-batch's rows), so plan --generate [--max-batch B] prices the
 // steps from it as it does measuring (both read the same cached device

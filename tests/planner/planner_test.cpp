@@ -968,5 +968,96 @@ TEST(Planner, APairsDecodeIsPricedOnTheFirstDevicesOfItsPrefills) {
   EXPECT_TRUE(seen.count({"single", 1}));
 }
 
+// A decode may run on devices that are not the first of its prefill's. The
+// row is then reordered so that they run first (a decode takes the first
+// ranks), the others after in the row's order, and the prefill planned again
+// on that order: as fast, since its devices are the same.
+bool names_its_devices(const Candidate& r) {
+  for (const std::string& n : r.notes)
+    if (n.find("which run first") != std::string::npos) return true;
+  return false;
+}
+
+void expect_reordered(const Candidate& r, const Candidate& row, int first) {
+  EXPECT_EQ(r.members[0], 0);
+  EXPECT_EQ(r.members[1], first);
+  std::vector<int> rest;
+  for (int m : row.members)
+    if (m != 0 && m != first) rest.push_back(m);
+  EXPECT_TRUE(std::equal(rest.begin(), rest.end(), r.members.begin() + 2));
+  EXPECT_EQ(r.plan.world, static_cast<int>(row.members.size()));
+  EXPECT_EQ(r.decode_devices, 2);
+  EXPECT_TRUE(r.step_ms > 0 && std::isfinite(r.step_ms));
+  EXPECT_NEAR(r.prediction.latency_ms, row.prediction.latency_ms, 1e-6 * row.prediction.latency_ms);
+  EXPECT_TRUE(names_its_devices(r));
+}
+
+// Where device 1 has room for Voltage's prefill but not for a TP decode beside
+// it, the pair decodes on devices 0 and 2.
+TEST(Planner, APairsDecodeTakesTheDevicesThatHoldIt) {
+  const model::ModelConfig c = twelve_layer_gpt2();
+  ClusterProfile p = cluster({device(10), device(10), device(10)}, 0.5, 10000);
+  const ClusterProfile step = cluster({device(2), device(2), device(2)}, 0.5, 10000);
+  const PlannerOptions o = generation_options(step);
+  const auto roomy = plan_all(c, p, o);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().to_string();
+  const Candidate& v = row_of(roomy.value(), "voltage");
+  ASSERT_EQ(v.members, (std::vector<int>{0, 1, 2}));
+  p.devices[1].memory_bytes = v.prediction.devices[1].memory_bytes + 1000000;
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const Candidate& voltage = row_of(t.value(), "voltage");
+  ASSERT_TRUE(voltage.feasible) << voltage.why_not;
+  ASSERT_EQ(voltage.members, (std::vector<int>{0, 1, 2}));
+  const Candidate* on_2 = nullptr;
+  for (const Candidate& r : t->rows) {
+    if (!r.plan.decode || r.plan.strategy != "voltage" || r.plan.decode->strategy != "tp" || r.plan.decode->world != 2) continue;
+    if (r.members[1] == 1) {
+      EXPECT_FALSE(r.feasible) << "a TP decode on device 1, which has no room for it";
+      EXPECT_FALSE(names_its_devices(r));
+    } else {
+      on_2 = &r;
+    }
+  }
+  ASSERT_NE(on_2, nullptr) << "no pair decodes on the terminal and device 2";
+  EXPECT_TRUE(on_2->feasible) << on_2->why_not;
+  expect_reordered(*on_2, voltage, 2);
+  // Device 1, now last, keeps the prefill's memory only.
+  EXPECT_LE(on_2->prediction.devices[2].memory_bytes, p.devices[1].memory_bytes);
+}
+
+// Devices alike at the prompt, of which the last is 4x as fast as the others
+// but the terminal at a one-row step: a TP decode on two is fastest on the
+// terminal and it. With 4 devices every set of 2 and 3 is priced; with 7 the
+// first ones and those whose step with the terminal is priced fastest.
+TEST(Planner, APairsDecodeTakesTheDevicesFastestAtAStep) {
+  const model::ModelConfig c = twelve_layer_gpt2();
+  for (const int k : {4, 7}) {
+    SCOPED_TRACE(k);
+    const ClusterProfile p = cluster(std::vector<DeviceProfile>(static_cast<size_t>(k), device(10)), 0.5, 10000);
+    std::vector<DeviceProfile> slow(static_cast<size_t>(k), device(0.5));
+    slow.front() = slow.back() = device(2);
+    const ClusterProfile step = cluster(slow, 0.5, 10000);
+    const PlannerOptions o = generation_options(step);
+    const auto t = plan_all(c, p, o);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    const Candidate& voltage = row_of(t.value(), "voltage");
+    ASSERT_EQ(voltage.members.size(), static_cast<size_t>(k));
+    ASSERT_NE(voltage.members[1], k - 1);
+    const Candidate* fastest = nullptr;
+    const Candidate* prefix = nullptr;
+    for (const Candidate& r : t->rows) {
+      if (!r.plan.decode || r.plan.strategy != "voltage" || r.plan.decode->strategy != "tp" || r.plan.decode->world != 2) continue;
+      ASSERT_TRUE(r.feasible) << r.why_not;
+      if (fastest == nullptr || r.step_ms < fastest->step_ms) fastest = &r;
+      if (r.members == voltage.members) prefix = &r;
+    }
+    ASSERT_NE(fastest, nullptr);
+    ASSERT_NE(prefix, nullptr);
+    expect_reordered(*fastest, voltage, k - 1);
+    EXPECT_LT(fastest->step_ms, prefix->step_ms);
+  }
+}
+
 }  // namespace
 }  // namespace tessera::planner
