@@ -201,7 +201,7 @@ BENCHMARK(BM_QuantDecode)
 void BM_QuantDecodeRows(benchmark::State& st) {
   quant_decode(st, static_cast<WeightType>(st.range(0)), st.range(1), st.range(2), false, st.range(3));
 }
-BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3, 4}, {2048}, {2048}, {1, 2, 4, 8}});
+BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3, 4}, {2048}, {2048}, {1, 2, 3, 4, 8}});
 
 // A prefill's product: 128 input rows against a [n, k] matrix (range 1-2) in
 // block type range 0 (0 f32, 1 q8_0, 3 q4_k, 4 q6_k), one thread. Quantized weights are
