@@ -88,7 +88,7 @@ nlohmann::json with_work_figures(const runtime::Session& s) {
 // (--stats), the ids (`ids_only`, as `tessera generate` prints them) or the
 // run's usual output.
 int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only,
-                         const std::optional<planner::Candidate>& chosen) {
+                         const std::optional<planner::Candidate>& chosen, const std::vector<int>& members) {
   auto in = runtime::build_input(s.model(), f.req);
   if (!in.ok()) return fail(in.status().to_string());
   model::GenerateOptions g = f.req.gen;
@@ -129,8 +129,8 @@ int generate_distributed(runtime::Session& s, const RunFlags& f, bool ids_only,
     if (chosen) {
       j["predicted_ttft_ms"] = chosen->prediction.latency_ms;
       j["predicted_ms_per_token"] = chosen->step_ms > 0 ? nlohmann::json(chosen->step_ms) : nlohmann::json(nullptr);
-      j["members"] = chosen->members;  // the cluster's devices in rank order: a pair decodes on the first
     }
+    j["members"] = members;  // the cluster's devices in rank order: a pair decodes on the first
     j["generated_ids"] = r.generated;
     std::cout << j.dump() << '\n';
   } else if (ids_only) {
@@ -182,7 +182,7 @@ int run_distributed(RunFlags& f, bool ids_only = false) {
   const std::optional<planner::Candidate>& chosen = deployment->chosen;
   auto session = runtime::Session::start(deployment->session);
   if (!session.ok()) return fail(session.status().to_string());
-  if (f.generate > 0) return generate_distributed(**session, f, ids_only, chosen);
+  if (f.generate > 0) return generate_distributed(**session, f, ids_only, chosen, deployment->members);
   for (int i = 0; i < f.warmup; ++i)
     if (auto w = (*session)->run(f.req); !w.ok()) return fail(w.status().to_string());
   // Timed runs: the figures reported are those of the median-latency run.

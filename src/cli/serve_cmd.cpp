@@ -71,6 +71,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--link", f->cluster.link, "emulated links: 500mbit,1ms, with a tc-style burst 100mbit,64kb, or a JSON matrix file");
   cmd->add_option("--threads-per-device", f->cluster.threads_per_device, "compute threads of each device")->capture_default_str();
   cmd->add_option("--memory-limit", f->cluster.memory_limit, "memory budget of each device, e.g. 1GB,512MB");
+  cmd->add_option("--device-order", f->cluster.device_order,
+                  "the order in which the devices take ranks, the terminal first, e.g. 0,2,1 (default: 0,1,..)");
   cmd->add_option("--profile", f->cluster.profile_file, "--strategy auto: profile JSON (tessera profile) instead of measuring");
   cmd->add_option("--host", f->serve.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->serve.port, "port (0: any free port, printed)")->capture_default_str();

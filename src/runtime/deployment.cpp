@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include <spdlog/spdlog.h>
 
@@ -67,6 +68,28 @@ Result<std::vector<int64_t>> parse_memory_limits(const std::string& text, int k)
   return out;
 }
 
+Result<std::vector<int>> parse_device_order(const std::string& text, int k) {
+  TESSERA_ASSIGN_OR_RETURN(const auto v, split_list(text, k, "--device-order"));
+  std::vector<int> out;
+  std::vector<bool> seen(static_cast<size_t>(k), false);
+  for (const auto& item : v) {
+    int d = -1;
+    try {
+      size_t used = 0;
+      d = std::stoi(item, &used);
+      if (used != item.size()) d = -1;
+    } catch (const std::exception&) {
+      d = -1;
+    }
+    if (d < 0 || d >= k) return core::invalid_argument("--device-order: '" + item + "' is not a device in 0.." + std::to_string(k - 1));
+    if (seen[static_cast<size_t>(d)]) return core::invalid_argument("--device-order: device " + item + " appears twice");
+    seen[static_cast<size_t>(d)] = true;
+    out.push_back(d);
+  }
+  if (out.front() != 0) return core::invalid_argument("--device-order: the terminal (device 0) comes first");
+  return out;
+}
+
 int64_t plan_rows(const model::ModelConfig& c, int64_t seq) {
   if (c.takes_images()) return c.max_rows();
   return seq > 0 ? std::min(seq, c.max_rows()) : std::min<int64_t>(128, c.max_rows());
@@ -114,6 +137,12 @@ Result<Cluster> Cluster::open(const ClusterOptions& o) {
   if (!o.device_speed.empty()) {
     TESSERA_ASSIGN_OR_RETURN(c.speeds_, parse_device_speeds(o.device_speed, world));
   }
+  if (!o.device_order.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(c.order_, parse_device_order(o.device_order, world));
+  } else {
+    c.order_.resize(static_cast<size_t>(world));
+    std::iota(c.order_.begin(), c.order_.end(), 0);
+  }
   c.devices_.push_back({"terminal", "", true});
   if (c.file_) {
     for (const auto& w : c.file_->workers) c.devices_.push_back({w, w, true});
@@ -125,8 +154,8 @@ Result<Cluster> Cluster::open(const ClusterOptions& o) {
 
 std::vector<int> Cluster::active() const {
   std::vector<int> out;
-  for (size_t d = 0; d < devices_.size(); ++d)
-    if (devices_[d].active) out.push_back(static_cast<int>(d));
+  for (int d : order_)
+    if (devices_[static_cast<size_t>(d)].active) out.push_back(d);
   return out;
 }
 

@@ -37,6 +37,9 @@ struct ClusterOptions {
   std::string cluster_file;   // set: the terminal and the worker daemons the file names
   std::string memory_limit;   // "1GB,512MB", one per device; overrides the file's budgets
   std::string device_speed;   // "1,0.5": emulated speeds in (0, 1] (core/device_speed.h)
+  // "0,2,1": the order in which the devices take ranks (the terminal first;
+  // a pair decodes on the first ranks). Empty: 0, 1, .., K-1.
+  std::string device_order;
   std::string link;           // emulated links: a spec or a JSON matrix file
   int threads_per_device = 1;
   std::string key_file;       // the daemons' key; empty and local: an ephemeral key
@@ -71,6 +74,7 @@ class Cluster {
 
   // Membership: devices dropped after a failure and re-admitted when they answer.
   const std::vector<Device>& devices() const { return devices_; }
+  // The devices that are up, in --device-order (by default by index).
   std::vector<int> active() const;
   void set_active(int device, bool active) { devices_.at(static_cast<size_t>(device)).active = active; }
 
@@ -97,6 +101,7 @@ class Cluster {
   std::vector<int64_t> memory_limits_;
   std::vector<double> speeds_;
   std::vector<Device> devices_;
+  std::vector<int> order_;  // --device-order: every device once, the terminal first
   std::optional<planner::ClusterProfile> given_profile_;  // --profile
   std::map<int64_t, planner::ClusterProfile> profiles_;   // measured, by rows
   std::optional<double> crypto_gbps_;                      // local, encrypted devices: measured once

@@ -143,7 +143,9 @@ TEST(PlanCli, MaxLossChoosesOnlyLossyPlansWhoseMeasuredLossMeetsIt) {
       EXPECT_GE(loss, 0.0);
       EXPECT_LE(loss, 1.0);
       EXPECT_FALSE(row["exact"].get<bool>());
-      if (loss > limit) EXPECT_FALSE(row["chosen"].get<bool>()) << row.dump();
+      if (loss > limit) {
+        EXPECT_FALSE(row["chosen"].get<bool>()) << row.dump();
+      }
     }
     const nlohmann::json& ch = t["rows"][t["chosen"].get<size_t>()];
     EXPECT_TRUE(ch["exact"].get<bool>() || ch["measured_loss"].get<double>() <= limit) << ch.dump();
@@ -192,7 +194,8 @@ TEST(PlanCli, ARunOverItsMemoryLimitFailsNamingTheDevice) {
 // profile, so the choice is the same on every machine), of which device 1 is
 // 10x slower at a one-row step. auto prefills on all three and decodes with
 // TP on devices 0 and 2, deployed in that order (device 1 last), and the
-// greedy tokens of the trained gpt2-copy equal one device's.
+// greedy tokens of the trained gpt2-copy equal one device's; so do they with
+// the same order given by hand (--device-order).
 TEST(PlanCli, AutoDecodesOnTheDevicesFastestAtAStepInTheirOrder) {
   const std::string model = kData + "/gpt2-copy", prof = tmp("decode-set.json");
   auto dev = [](double gflops) {
@@ -222,10 +225,20 @@ TEST(PlanCli, AutoDecodesOnTheDevicesFastestAtAStepInTheirOrder) {
   EXPECT_EQ(b["members"], nlohmann::json::array({0, 2, 1})) << pair.out;
   EXPECT_EQ(b["decode_strategy"], "tp") << pair.out;
   EXPECT_EQ(b["plan"]["decode"]["world"], 2) << pair.out;
-  std::string ids;
-  for (const auto& id : b["generated_ids"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
+  auto ids = [](const nlohmann::json& j) {
+    std::string s;
+    for (const auto& id : j["generated_ids"]) s += (s.empty() ? "" : ",") + std::to_string(id.get<int64_t>());
+    return s + "\n";
+  };
   EXPECT_EQ(b["generated_ids"].size(), 8u);
-  EXPECT_EQ(ids + "\n", one.out);
+  EXPECT_EQ(ids(b), one.out);
+  // By hand: --device-order puts device 2 second, so the pair decodes on devices 0 and 2.
+  const CmdResult hand = run(gen + " --devices 3 --insecure --prefill-strategy voltage --decode-strategy tp "
+                                   "--decode-devices 2 --device-order 0,2,1 --stats");
+  ASSERT_EQ(hand.code, 0) << hand.err;
+  const nlohmann::json h = nlohmann::json::parse(hand.out);
+  EXPECT_EQ(h["members"], nlohmann::json::array({0, 2, 1})) << hand.out;
+  EXPECT_EQ(ids(h), one.out);
 }
 
 // A decoder's profile file holds step profiles beside the prompt's (one

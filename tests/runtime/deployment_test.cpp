@@ -165,6 +165,50 @@ TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
   EXPECT_FALSE(deploy(*c, *cfg, r, {0, 7}).ok());
 }
 
+// --device-order sets the order in which the devices take ranks (a pair
+// decodes on the first): the active devices, a plan's members and their
+// budgets and speeds follow it, a dropped device leaves it, and an order
+// that is not every device once with the terminal first is refused.
+TEST(DeploymentTest, DeviceOrderSetsTheRanks) {
+  TempDir dir;
+  ClusterOptions o;
+  o.model_dir = kModel;
+  o.cluster_file = dir.file("c.toml", kClusterToml);
+  o.insecure = true;
+  o.device_speed = "1,0.5,0.25,1";
+  o.device_order = "0,3,1,2";
+  auto c = Cluster::open(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->active(), (std::vector<int>{0, 3, 1, 2}));
+  auto cfg = model::load_config(kModel);
+  ASSERT_TRUE(cfg.ok());
+  DeployRequest r;
+  r.plan.strategy = "voltage";
+  parallel::Plan dp;
+  dp.strategy = "tp";
+  dp.world = 2;
+  r.plan.decode = std::make_shared<const parallel::Plan>(dp);
+  r.rows = 8;
+  auto d = deploy(*c, *cfg, r);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  EXPECT_EQ(d->members, (std::vector<int>{0, 3, 1, 2}));
+  EXPECT_EQ(d->plan.decode->world, 2);
+  ASSERT_TRUE(d->session.cluster.has_value());
+  EXPECT_EQ(d->session.cluster->workers,
+            (std::vector<std::string>{"tcp://127.0.0.1:7090", "tcp://127.0.0.1:7070", "tcp://127.0.0.1:7080"}));
+  EXPECT_EQ(d->session.device_speeds, (std::vector<double>{1, 1, 0.5, 0.25}));
+  const int64_t none = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(d->session.memory_limits, (std::vector<int64_t>{kGB, 2 * kGB, 512 * kMB, none}));
+  c->set_active(3, false);
+  EXPECT_EQ(c->active(), (std::vector<int>{0, 1, 2}));
+  for (const char* bad : {"1,0,2,3", "0,1,1,2", "0,1,2", "0,1,2,4", "0,a,1,2"}) {
+    o.device_order = bad;
+    const auto refused = Cluster::open(o);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("--device-order"), std::string::npos) << refused.status().message();
+  }
+}
+
 TEST(DeploymentTest, AutoMapsThePlannersMembersToTheClustersDevices) {
   TempDir dir;
   ClusterOptions o;
