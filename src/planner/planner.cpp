@@ -520,6 +520,22 @@ double more_devices_ms(const Candidate& more, const Candidate& fewer, int64_t ne
   return t;
 }
 
+// Every set of w of positions 0..n-1 that holds 0 (the terminal), in
+// lexicographic order: the first w come first.
+std::vector<std::vector<size_t>> sets_with_first(size_t n, size_t w) {
+  std::vector<size_t> pick(w);
+  std::iota(pick.begin(), pick.end(), 0);
+  std::vector<std::vector<size_t>> sets = {pick};
+  for (;;) {
+    size_t k = w - 1;
+    while (k >= 1 && pick[k] == n - w + k) --k;
+    if (k == 0) return sets;
+    ++pick[k];
+    for (size_t j = k + 1; j < w; ++j) pick[j] = pick[j - 1] + 1;
+    sets.push_back(pick);
+  }
+}
+
 }  // namespace
 
 Result<Candidate> plan_strategy_any_subset(const Strategy& s, const model::ModelConfig& c, const ClusterProfile& p,
@@ -705,41 +721,28 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
     const int64_t rank_keys = std::min(o.rows + o.new_tokens / 2, o.ctx_size);
     const auto decode_sets = [&](const Strategy& d, const Candidate& r, size_t w) {
       const size_t n = r.members.size();
-      std::vector<std::vector<size_t>> sets;
+      if (n <= kEverySubsetUpTo) return sets_with_first(n, w);
       std::vector<size_t> first(w);
       std::iota(first.begin(), first.end(), 0);
-      sets.push_back(first);
-      if (n <= kEverySubsetUpTo) {
-        // Every choice of w - 1 of positions 1..n-1, in lexicographic order (the first w is the first).
-        std::vector<size_t> pick = first;
-        for (;;) {
-          size_t k = w - 1;
-          while (k >= 1 && pick[k] == n - w + k) --k;
-          if (k == 0) break;
-          ++pick[k];
-          for (size_t j = k + 1; j < w; ++j) pick[j] = pick[j - 1] + 1;
-          sets.push_back(pick);
+      std::vector<std::vector<size_t>> sets = {first};
+      std::vector<std::pair<double, size_t>> rank;
+      model::ModelConfig ct = c;
+      ct.weights = r.plan.weights;
+      for (size_t pos = 1; pos < n; ++pos) {
+        double ms = kInf;
+        const std::vector<int> two = {r.members[0], r.members[pos]};
+        if (const Plan* on_two = decode_on(d, r, two)) {
+          Plan two_plan = *on_two;
+          auto pred = evaluate(two_plan, ct, step_p.subset(two), 1, 0, o.kv_dtype, rank_keys);
+          if (pred.ok()) ms = pred->latency_ms;
         }
-      } else {
-        std::vector<std::pair<double, size_t>> rank;
-        model::ModelConfig ct = c;
-        ct.weights = r.plan.weights;
-        for (size_t pos = 1; pos < n; ++pos) {
-          double ms = kInf;
-          const std::vector<int> two = {r.members[0], r.members[pos]};
-          if (const Plan* on_two = decode_on(d, r, two)) {
-            Plan two_plan = *on_two;
-            auto pred = evaluate(two_plan, ct, step_p.subset(two), 1, 0, o.kv_dtype, rank_keys);
-            if (pred.ok()) ms = pred->latency_ms;
-          }
-          rank.push_back({ms, pos});
-        }
-        std::stable_sort(rank.begin(), rank.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-        std::vector<size_t> fast = {0};
-        for (size_t j = 0; j + 1 < w; ++j) fast.push_back(rank[j].second);
-        std::sort(fast.begin(), fast.end());
-        if (fast != first) sets.push_back(fast);
+        rank.push_back({ms, pos});
       }
+      std::stable_sort(rank.begin(), rank.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<size_t> fast = {0};
+      for (size_t j = 0; j + 1 < w; ++j) fast.push_back(rank[j].second);
+      std::sort(fast.begin(), fast.end());
+      if (fast != first) sets.push_back(fast);
       return sets;
     };
     for (size_t i = 0; i < unpaired; ++i) {

@@ -104,13 +104,19 @@ TEST(DeploymentTest, ClusterFileParsedOnceWithBudgetsAndDevices) {
   EXPECT_NE(profile.status().message().find("--key"), std::string::npos);
 }
 
-TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
-  TempDir dir;
+// kClusterToml's four devices, the speeds 1, 0.5, 0.25, 1.
+ClusterOptions four_devices(TempDir& dir) {
   ClusterOptions o;
   o.model_dir = kModel;
   o.cluster_file = dir.file("c.toml", kClusterToml);
   o.insecure = true;
   o.device_speed = "1,0.5,0.25,1";
+  return o;
+}
+
+TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
+  TempDir dir;
+  ClusterOptions o = four_devices(dir);
   auto c = Cluster::open(o);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   auto cfg = model::load_config(kModel);
@@ -171,11 +177,7 @@ TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
 // that is not every device once with the terminal first is refused.
 TEST(DeploymentTest, DeviceOrderSetsTheRanks) {
   TempDir dir;
-  ClusterOptions o;
-  o.model_dir = kModel;
-  o.cluster_file = dir.file("c.toml", kClusterToml);
-  o.insecure = true;
-  o.device_speed = "1,0.5,0.25,1";
+  ClusterOptions o = four_devices(dir);
   o.device_order = "0,3,1,2";
   auto c = Cluster::open(o);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
