@@ -121,6 +121,26 @@ class PairDecoder final : public Decoder {
     }
     return step_rows(inner, std::move(x), pos, pool);
   }
+  // Overlapped steps are its decode layout's, on the decode plan's ranks.
+  int overlapped_stages(std::span<Decoder* const> decs) const override {
+    std::vector<Decoder*> inner;
+    for (Decoder* d : decs) {
+      auto* p = dynamic_cast<PairDecoder*>(d);
+      if (p == nullptr || !p->dec_) return 1;
+      inner.push_back(p->dec_.get());
+    }
+    return inner.empty() ? 1 : inner[0]->overlapped_stages(inner);
+  }
+  Result<Tensor> forward_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows, Tensor x,
+                                std::span<const int64_t> pos, core::ThreadPool* pool) override {
+    std::vector<Decoder*> inner;
+    for (Decoder* d : decs) {
+      auto* p = static_cast<PairDecoder*>(d);
+      if (!p->dec_) return Tensor();  // outside the decode plan: never told of a step
+      inner.push_back(p->dec_.get());
+    }
+    return step_stages(inner, group_rows, std::move(x), pos, pool);
+  }
 
  private:
   const Strategy& prefill_;
@@ -161,6 +181,32 @@ Result<Tensor> step_rows(std::span<Decoder* const> decs, Tensor x, std::span<con
     std::memcpy(out.f32() + i * y.dim(1), y.f32(), static_cast<size_t>(y.dim(1)) * sizeof(float));
   }
   return out;
+}
+
+Result<Tensor> Decoder::forward_stages(std::span<Decoder* const>, std::span<const int64_t>, Tensor,
+                                       std::span<const int64_t>, core::ThreadPool*) {
+  return core::unimplemented("this decoder runs no overlapped steps");
+}
+
+Result<Tensor> step_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows, Tensor x,
+                           std::span<const int64_t> pos, core::ThreadPool* pool) {
+  int64_t total = 0;
+  for (const int64_t g : group_rows) {
+    if (g < 0) return core::invalid_argument("an overlapped step's group of " + std::to_string(g) + " rows");
+    total += g;
+  }
+  if (decs.empty() || total != static_cast<int64_t>(decs.size()) || pos.size() != decs.size())
+    return core::invalid_argument("an overlapped step of " + std::to_string(decs.size()) + " decoders, " +
+                                  std::to_string(pos.size()) + " positions and groups of " + std::to_string(total) +
+                                  " rows in all");
+  const int k = decs[0]->overlapped_stages(decs);
+  if (k < 2 || static_cast<int64_t>(group_rows.size()) != k)
+    return core::invalid_argument("an overlapped step in " + std::to_string(group_rows.size()) + " groups of a layout of " +
+                                  std::to_string(k) + " overlapped stage(s)");
+  if (!x.empty() && (x.rank() != 2 || x.dim(0) != group_rows[0]))
+    return core::invalid_argument("an overlapped step whose entering group of " + std::to_string(group_rows[0]) +
+                                  " sequences came with " + std::to_string(x.rank() == 2 ? x.dim(0) : 0) + " rows");
+  return decs[0]->forward_stages(decs, group_rows, std::move(x), pos, pool);
 }
 
 Result<std::unique_ptr<Decoder>> make_pair_decoder(const Strategy& prefill, const model::Transformer& m,

@@ -73,12 +73,18 @@ struct PipelineDecoder final : Decoder {
   }
   Result<Tensor> forward_rows(std::span<Decoder* const> decs, Tensor x, std::span<const int64_t> pos,
                               core::ThreadPool* pool) override;
+  int overlapped_stages(std::span<Decoder* const> decs) const override;
+  Result<Tensor> forward_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows, Tensor x,
+                                std::span<const int64_t> pos, core::ThreadPool* pool) override;
   const Pipeline& p;
   const model::Transformer& m;
   const Plan plan;
   Synchronizer& sync;
   model::KvCache cache;  // this device's layers only
   model::Workspace ws;
+  // Overlapped steps: the rows this rank's stage computed for the group
+  // this sequence leads, sent on at the next call.
+  Tensor carried;
 };
 
 // Layer l's attention block on x [n, F]: x becomes the output projection
@@ -127,11 +133,15 @@ class Pipeline final : public Strategy {
             {"--no-preload", "preload", OptionFlag::Kind::kSetsBool, "pipeline: do not touch the next weights while waiting",
              false},
             {"--micro-batches", "micro_batches", OptionFlag::Kind::kNumber,
-             "pipeline: a batched decode step (serve --max-batch) goes through the stages in this many parts"}};
+             "pipeline: a batched decode step (serve --max-batch) goes through the stages in this many parts"},
+            {"--no-overlap", "overlap", OptionFlag::Kind::kSetsBool,
+             "pipeline: batched decode steps do not keep a group of sequences at each stage", false}};
   }
 
   core::Status complete(Plan& plan, const model::ModelConfig& c) const override {
-    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map", "units", "preload", "micro_batches"}));
+    TESSERA_RETURN_IF_ERROR(only_options(plan, {"layer_map", "units", "preload", "micro_batches", "overlap"}));
+    TESSERA_ASSIGN_OR_RETURN(const bool overlap, option<bool>(plan, "overlap", true));
+    plan.options["overlap"] = overlap;
     TESSERA_ASSIGN_OR_RETURN(const int64_t parts, option<int64_t>(plan, "micro_batches", kDefaultMicroBatches));
     if (parts < 1 || parts > 64) return core::invalid_argument("pipeline micro_batches must be in [1, 64]");
     plan.options["micro_batches"] = parts;
@@ -272,6 +282,83 @@ class Pipeline final : public Strategy {
     return me == 0 ? cur : Tensor();
   }
 
+  // Overlapped steps run where the stages are the ranks in order, each
+  // rank one contiguous range of whole layers (option "overlap", default
+  // on): stage s's rows then go to rank s+1, the last stage's to the terminal.
+  int overlap_stages(const Plan& plan, const model::ModelConfig& c) const {
+    auto on = option<bool>(plan, "overlap", true);
+    auto blocks = blocks_option(plan);
+    auto map = unit_map(plan, c);
+    if (!on.ok() || !on.value() || !blocks.ok() || blocks.value() || !map.ok() || plan.world < 2) return 1;
+    const auto stages = map->stages();
+    if (static_cast<int>(stages.size()) != plan.world) return 1;
+    for (int s = 0; s < plan.world; ++s)
+      if (stages[static_cast<size_t>(s)].device != s) return 1;
+    return plan.world;
+  }
+
+  // One call of overlapped steps (step_stages). Rank 0 runs stage 0 on the
+  // entering group, sends it on and receives the leaving group's rows. A
+  // rank s > 0 first sends what it computed in the last call (group s now),
+  // then receives group s-1 and runs its stage on it at once, keeping the
+  // result for the next call: it computes while the terminal runs the head
+  // and waits for the rows that enter next. Sends are queued and no rank
+  // receives before it has sent, so no rank waits on a cycle; between calls
+  // nothing is left on the wire.
+  Result<Tensor> run_stages(const model::Transformer& m, const Plan& plan, Synchronizer& sync,
+                            std::span<Decoder* const> decs, std::span<const int64_t> group_rows, Tensor x,
+                            std::span<const int64_t> pos, std::span<model::KvCache* const> caches, model::Workspace& ws,
+                            core::ThreadPool* pool) const {
+    TESSERA_ASSIGN_OR_RETURN(const LayerMap map, unit_map(plan, m.config()));
+    const auto stages = map.stages();
+    const int k = static_cast<int>(group_rows.size()), me = sync.rank();
+    if (k != plan.world || static_cast<int>(stages.size()) != k || me >= k)
+      return core::invalid_argument("an overlapped step of " + std::to_string(k) + " groups on " +
+                                    std::to_string(stages.size()) + " stages");
+    const int64_t F = m.config().hidden;
+    std::vector<size_t> first(static_cast<size_t>(k) + 1, 0);
+    for (int g = 0; g < k; ++g)
+      first[static_cast<size_t>(g) + 1] = first[static_cast<size_t>(g)] + static_cast<size_t>(group_rows[static_cast<size_t>(g)]);
+    auto rows_of = [&](int g) { return group_rows[static_cast<size_t>(g)]; };
+    auto leader = [&](int g) { return static_cast<PipelineDecoder*>(decs[first[static_cast<size_t>(g)]]); };
+    // This rank's stage on group g's rows, in place.
+    auto run_stage = [&](int g, Tensor& rows) {
+      const auto p = pos.subspan(first[static_cast<size_t>(g)], static_cast<size_t>(rows_of(g)));
+      const auto c = caches.subspan(first[static_cast<size_t>(g)], static_cast<size_t>(rows_of(g)));
+      const Range layers = stages[static_cast<size_t>(me)].layers;
+      for (int64_t u = layers.begin; u < layers.end; ++u) model::layer_rows(m, u, rows.f32(), p, c, ws, pool);
+    };
+    const int next = (me + 1) % k, prev = (me + k - 1) % k;
+    if (me == 0) {
+      const int64_t n = rows_of(0);
+      if (n > 0) {
+        if (x.rank() != 2 || x.dim(0) != n || x.dim(1) != F) return core::invalid_argument("an overlapped step without its entering rows");
+        run_stage(0, x);
+        TESSERA_RETURN_IF_ERROR(sync.send(next, floats(x.f32(), n * F)));
+      }
+      const int64_t out = rows_of(k - 1);
+      if (out == 0) return Tensor();
+      Tensor y = Tensor::zeros_f32({out, F});
+      TESSERA_RETURN_IF_ERROR(sync.recv(prev, floats(y.f32(), out * F)));
+      return y;
+    }
+    if (const int64_t n = rows_of(me); n > 0) {
+      Tensor& held = leader(me)->carried;
+      if (held.rank() != 2 || held.dim(0) != n || held.dim(1) != F)
+        return core::invalid_argument("an overlapped step at stage " + std::to_string(me) + " of a group whose rows it does not hold");
+      const Tensor rows = std::move(held);
+      held = Tensor();
+      TESSERA_RETURN_IF_ERROR(sync.send(next, floats(rows.f32(), n * F)));
+    }
+    if (const int64_t n = rows_of(me - 1); n > 0) {
+      Tensor rows = Tensor::zeros_f32({n, F});
+      TESSERA_RETURN_IF_ERROR(sync.recv(prev, floats(rows.f32(), n * F)));
+      run_stage(me - 1, rows);
+      leader(me - 1)->carried = std::move(rows);
+    }
+    return Tensor();
+  }
+
   Schedule estimate(const Plan& plan, const model::ModelConfig& c, int64_t n) const override {
     const LayerMap map = unit_map(plan, c).value();
     const bool blocks = blocks_option(plan).value();
@@ -363,6 +450,17 @@ Result<Tensor> PipelineDecoder::forward_rows(std::span<Decoder* const> decs, Ten
   std::vector<model::KvCache*> caches;
   for (Decoder* d : decs) caches.push_back(&static_cast<PipelineDecoder*>(d)->cache);
   return p.run_rows(m, plan, sync, std::move(x), pos, caches, ws, pool);
+}
+
+int PipelineDecoder::overlapped_stages(std::span<Decoder* const> decs) const {
+  return batches(decs) ? p.overlap_stages(plan, m.config()) : 1;
+}
+
+Result<Tensor> PipelineDecoder::forward_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows,
+                                               Tensor x, std::span<const int64_t> pos, core::ThreadPool* pool) {
+  std::vector<model::KvCache*> caches;
+  for (Decoder* d : decs) caches.push_back(&static_cast<PipelineDecoder*>(d)->cache);
+  return p.run_stages(m, plan, sync, decs, group_rows, std::move(x), pos, caches, ws, pool);
 }
 
 }  // namespace

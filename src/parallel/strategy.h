@@ -109,6 +109,14 @@ class Decoder {
   virtual bool batches(std::span<Decoder* const> /*decs*/) const { return false; }
   [[nodiscard]] virtual core::Result<core::Tensor> forward_rows(std::span<Decoder* const> decs, core::Tensor x,
                                                                 std::span<const int64_t> pos, core::ThreadPool* pool);
+  // Overlapped steps (step_stages): a layout of k stages, stage s on rank
+  // s, whose batched steps keep k groups of sequences in flight, each at
+  // another stage, so that every rank computes at once rather than one
+  // after another. k (>= 2) when these decoders run them, else 1.
+  virtual int overlapped_stages(std::span<Decoder* const> /*decs*/) const { return 1; }
+  [[nodiscard]] virtual core::Result<core::Tensor> forward_stages(std::span<Decoder* const> decs,
+                                                                  std::span<const int64_t> group_rows, core::Tensor x,
+                                                                  std::span<const int64_t> pos, core::ThreadPool* pool);
 };
 
 // One decode step of several sequences (continuous batching): row i of
@@ -119,6 +127,17 @@ class Decoder {
 // decoding strategy serves batches, with the same rows either way.
 [[nodiscard]] core::Result<core::Tensor> step_rows(std::span<Decoder* const> decs, core::Tensor x,
                                                    std::span<const int64_t> pos, core::ThreadPool* pool);
+
+// One call of overlapped steps (Decoder::overlapped_stages k): group g is
+// the next group_rows[g] of decs and pos, in order. Rank 0 runs stage 0 on
+// the group that enters (group 0, x [group_rows[0], F]) and returns the
+// rows of the group that leaves (group k-1), computed by the last stage in
+// the last call. Rank s > 0 sends on group s's rows, which it computed in
+// the last call, then runs its stage on group s-1's as they arrive. The
+// caller keeps the groups: the next call's group g+1 is this call's group
+// g, in the same order. Rows of an empty group are neither sent nor received.
+[[nodiscard]] core::Result<core::Tensor> step_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows,
+                                                     core::Tensor x, std::span<const int64_t> pos, core::ThreadPool* pool);
 
 // Where a prefill that hands its K/V over puts each layer's (Decoder::take_kv's arguments).
 using KvSink = std::function<core::Status(int64_t l, const float* k, int64_t ldk, const float* v, int64_t ldv, int64_t n)>;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/json.h"
+#include "core/limits.h"
 
 namespace tessera::runtime {
 
@@ -97,7 +98,11 @@ json to_json(const ToWorker& m) {
                    return j;
                  },
                                  [](const msg::Decode& d) { return json{{"n", d.n}, {"pos", d.pos}}; },
-                                 [](const msg::Step& s) { return json{{"slots", s.slots}, {"pos", s.pos}}; },
+                                 [](const msg::Step& s) {
+                                   json j{{"slots", s.slots}, {"pos", s.pos}};
+                                   if (!s.groups.empty()) j["groups"] = s.groups;
+                                   return j;
+                                 },
                                  [](const auto&) { return json::object(); }},
                       m);
   j["op"] = op_name(op_of(m));
@@ -161,6 +166,21 @@ Result<ToWorker> to_worker_from_json(const json& j) {
           return core::invalid_argument("slot " + std::to_string(slot) + " twice in one step");
         s.slots.push_back(slot);
         s.pos.push_back(p);
+      }
+      // Overlapped steps: 2..kMaxDevices group sizes that add up to the slots.
+      if (const auto groups = j.find("groups"); groups != j.end()) {
+        if (!groups->is_array() || groups->size() < 2 || groups->size() > static_cast<size_t>(core::kMaxDevices))
+          return core::parse_error("'groups' must be an array of 2.." + std::to_string(core::kMaxDevices) + " row counts");
+        int64_t total = 0;
+        for (const json& g : *groups) {
+          if (!g.is_number_integer() || g.get<int64_t>() < 0 || g.get<int64_t>() > msg::kMaxSlots)
+            return core::parse_error("a step's groups are row counts in 0.." + std::to_string(msg::kMaxSlots));
+          total += g.get<int64_t>();
+          s.groups.push_back(g.get<int64_t>());
+        }
+        if (total != static_cast<int64_t>(s.slots.size()))
+          return core::invalid_argument("a step's groups hold " + std::to_string(total) + " rows, its slots " +
+                                        std::to_string(s.slots.size()));
       }
       return ToWorker{std::move(s)};
     }

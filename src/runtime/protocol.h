@@ -74,9 +74,12 @@ struct End {};
 // Continuous batching: one decode row of each slot's sequence, slots[i] at
 // position pos[i] (parallel::step_rows). Each slot holds a generation's
 // decoder ("generate" with the slot, its prefill, then "end"); the slots
-// are distinct, 1..kMaxSlots of them.
+// are distinct, 1..kMaxSlots of them. With `groups` (2..kMaxDevices row
+// counts that add up to the slots), one call of overlapped steps
+// (parallel::step_stages): the slots in order, group g at stage g.
 struct Step {
   std::vector<int64_t> slots, pos;
+  std::vector<int64_t> groups;
 };
 // Worker -> terminal.
 struct Ready { int64_t weight_bytes = 0; double load_ms = 0; };

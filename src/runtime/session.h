@@ -182,7 +182,7 @@ class Session {
                                                       int64_t* cached_tokens);
   struct StepSeat;
   core::Result<core::Tensor> batched_step(size_t slot, core::Tensor x, int64_t pos);
-  void run_step(const std::vector<StepSeat*>& seats);
+  core::Status run_step(const std::vector<std::vector<StepSeat*>>& groups);
   void break_batch(const core::Status& why);
   // The slots' in_use flags, the rows waiting for a step, who is decoding,
   // whether a step runs, and broken_. Taken after run_mu_, never before it.
@@ -195,6 +195,10 @@ class Session {
   double last_step_ms_ = 0;
   std::chrono::steady_clock::time_point last_step_end_;
   bool stepping_ = false;
+  // Overlapped steps (a pipeline's stages in rank order): the groups of
+  // rows in flight, flight_[g] at stage g + 1, and how many rows they hold.
+  std::vector<std::vector<StepSeat*>> flight_;
+  int in_flight_ = 0;
   // A batched chunk or step that failed leaves the ranks' states unknown:
   // every later batched call fails with it (serve fails over).
   core::Status broken_ = core::ok_status();

@@ -250,7 +250,8 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     const auto gather_until =
         std::max(submitted, last_step_end_) +
         std::chrono::microseconds(static_cast<int64_t>(1000 * std::clamp(last_step_ms_, kMinGatherMs, kMaxGatherMs)));
-    if (static_cast<int>(pending_.size()) < decoding_ && std::chrono::steady_clock::now() < gather_until) {
+    // Rows in flight (overlapped steps) are not waited for: they are on their way.
+    if (static_cast<int>(pending_.size()) < decoding_ - in_flight_ && std::chrono::steady_clock::now() < gather_until) {
       batch_cv_.wait_until(l, gather_until);
       continue;
     }
@@ -260,17 +261,40 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     // sequence then gets the bits it gets alone.
     int64_t cap = opts_.max_batch;
     if (model_->config().weights != kernels::WeightType::kF32) cap = std::min(cap, kernels::kQuantDotRows);
+    // A layout of k overlapped stages keeps the decoding sequences in k
+    // groups, one at each stage: the rows pending enter as the group of
+    // stage 0 (a k-th of the sequences), the last stage's group leaves.
+    // One sequence alone, with nothing in flight, steps whole.
+    parallel::Decoder* const mine = prefix_[seat.slot].dec.get();
+    const int stages = mine->overlapped_stages(std::span<parallel::Decoder* const>(&mine, 1));
+    const bool overlap = stages > 1 && (in_flight_ > 0 || decoding_ > 1);
+    if (overlap) cap = std::min<int64_t>(cap, (decoding_ + stages - 1) / stages);
     const size_t take = std::min(pending_.size(), static_cast<size_t>(cap));
-    std::vector<StepSeat*> batch(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
+    std::vector<std::vector<StepSeat*>> groups{std::vector<StepSeat*>(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take))};
     pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take));
+    if (overlap) {
+      flight_.resize(static_cast<size_t>(stages) - 1);
+      groups.insert(groups.end(), flight_.begin(), flight_.end());
+    }
     stepping_ = true;
     l.unlock();
     const core::Timer t;
-    run_step(batch);
+    const Status st = run_step(groups);
     l.lock();
     last_step_ms_ = t.ms();
     last_step_end_ = std::chrono::steady_clock::now();
-    for (StepSeat* s : batch) s->done = true;
+    if (!st.ok() || !overlap) {  // every row is done (a failed call's with its error)
+      for (const auto& g : groups)
+        for (StepSeat* s : g) s->done = true;
+      flight_.clear();
+      in_flight_ = 0;
+    } else {  // the last group leaves; the others move one stage on
+      for (StepSeat* s : groups.back()) s->done = true;
+      groups.pop_back();
+      flight_ = std::move(groups);
+      in_flight_ = 0;
+      for (const auto& g : flight_) in_flight_ += static_cast<int>(g.size());
+    }
     ++steps_done_;
     stepping_ = false;
     batch_cv_.notify_all();
@@ -278,8 +302,14 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
   return std::move(seat.out);
 }
 
-void Session::run_step(const std::vector<StepSeat*>& seats) {
-  const int64_t b = static_cast<int64_t>(seats.size());
+// One step (one group: its rows through every stage), or one call of
+// overlapped steps (group g at stage g: the first group's rows enter, the
+// last group's leave). The leaving rows get their logits, or every row the
+// error.
+Status Session::run_step(const std::vector<std::vector<StepSeat*>>& groups) {
+  const std::vector<StepSeat*>& entering = groups.front();
+  const std::vector<StepSeat*>& leaving = groups.back();
+  const auto b = static_cast<int64_t>(leaving.size());
   Status st = [&]() -> Status {
     const std::lock_guard<std::mutex> run_lock(run_mu_);
     {
@@ -289,19 +319,26 @@ void Session::run_step(const std::vector<StepSeat*>& seats) {
     const int64_t F = model_->config().hidden;
     msg::Step step;
     std::vector<parallel::Decoder*> decs;
-    Tensor x = Tensor::zeros_f32({b, F});
-    for (int64_t i = 0; i < b; ++i) {
-      const StepSeat& s = *seats[static_cast<size_t>(i)];
-      step.slots.push_back(static_cast<int64_t>(s.slot));
-      step.pos.push_back(s.pos);
-      decs.push_back(prefix_[s.slot].dec.get());
-      std::memcpy(x.f32() + i * F, s.x.f32(), static_cast<size_t>(F) * sizeof(float));
+    for (const auto& g : groups) {
+      for (const StepSeat* s : g) {
+        step.slots.push_back(static_cast<int64_t>(s->slot));
+        step.pos.push_back(s->pos);
+        decs.push_back(prefix_[s->slot].dec.get());
+      }
+      if (groups.size() > 1) step.groups.push_back(static_cast<int64_t>(g.size()));
     }
+    Tensor x;
+    if (!entering.empty()) x = Tensor::zeros_f32({static_cast<int64_t>(entering.size()), F});
+    for (size_t i = 0; i < entering.size(); ++i)
+      std::memcpy(x.f32() + static_cast<int64_t>(i) * F, entering[i]->x.f32(), static_cast<size_t>(F) * sizeof(float));
     std::unique_lock<std::mutex> wire_lock(wire_mu_);
     const int told = std::min(group_->size(), decs[0]->ranks_in(1, step.pos[0]));
     TESSERA_RETURN_IF_ERROR(tell_workers(step, told));
     if (told <= 1) wire_lock.unlock();  // the terminal alone (a pair's steps): pings go on
-    TESSERA_ASSIGN_OR_RETURN(Tensor h, parallel::step_rows(decs, std::move(x), step.pos, pool_.get()));
+    TESSERA_ASSIGN_OR_RETURN(Tensor h, step.groups.empty()
+                                           ? parallel::step_rows(decs, std::move(x), step.pos, pool_.get())
+                                           : parallel::step_stages(decs, step.groups, std::move(x), step.pos, pool_.get()));
+    if (b == 0) return core::ok_status();
     if (h.rank() != 2 || h.dim(0) != b) return core::internal_error("a batched step gave the wrong rows");
     if (wire_lock.owns_lock()) wire_lock.unlock();  // the head is the terminal's alone
     TESSERA_ASSIGN_OR_RETURN(Tensor y, model::chunk_logits(*model_, std::move(h), false, pool_.get()));
@@ -309,16 +346,18 @@ void Session::run_step(const std::vector<StepSeat*>& seats) {
     for (int64_t i = 0; i < b; ++i) {
       Tensor row = Tensor::zeros_f32({1, cols});
       std::memcpy(row.f32(), y.f32() + i * cols, static_cast<size_t>(cols) * sizeof(float));
-      seats[static_cast<size_t>(i)]->out = std::move(row);
+      leaving[static_cast<size_t>(i)]->out = std::move(row);
     }
     return core::ok_status();
   }();
   if (!st.ok()) {
     if (group_->size() > 1) break_batch(st);
-    for (StepSeat* s : seats) s->out = st;
-    return;
+    for (const auto& g : groups)
+      for (StepSeat* s : g) s->out = st;
+    return st;
   }
-  if (opts_.on_batch_step) opts_.on_batch_step(static_cast<int>(b));
+  if (opts_.on_batch_step && b > 0) opts_.on_batch_step(static_cast<int>(b));
+  return core::ok_status();
 }
 
 }  // namespace tessera::runtime

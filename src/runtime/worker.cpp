@@ -153,7 +153,8 @@ class WorkerLoop {
                                   std::to_string(slots_[slot].spec.positions) + "-position cache");
       decs.push_back(slots_[slot].dec.get());
     }
-    TESSERA_RETURN_IF_ERROR(parallel::step_rows(decs, Tensor(), s.pos, &pool_).status());
+    if (!s.groups.empty()) TESSERA_RETURN_IF_ERROR(parallel::step_stages(decs, s.groups, Tensor(), s.pos, &pool_).status());
+    else TESSERA_RETURN_IF_ERROR(parallel::step_rows(decs, Tensor(), s.pos, &pool_).status());
     core::settle_device_speed();
     return core::ok_status();
   }

@@ -460,7 +460,7 @@ TEST(DaemonTest, HostileKeyHolderCannotStopExhaustOrHoldTheDaemon) {
          auto done = runtime::recv_from_worker(**g, 1, t);
          ASSERT_TRUE(done.ok() && std::holds_alternative<runtime::msg::Done>(*done)) << done.status().to_string();
          // Position 8 of an 8-position cache.
-         ASSERT_TRUE(runtime::send_to_worker(**g, 1, runtime::msg::Step{{0}, {8}}, t).ok());
+         ASSERT_TRUE(runtime::send_to_worker(**g, 1, runtime::msg::Step{{0}, {8}, {}}, t).ok());
          EXPECT_EQ(runtime::recv_from_worker(**g, 1, t).status().code(), core::ErrorCode::kNetwork);
        }},
       {"flood of unmatched frames",

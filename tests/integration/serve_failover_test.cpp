@@ -118,14 +118,14 @@ TEST(ServeFailoverTest, WorkerKilledDuringAStreamedCompletion) {
 // A worker killed while batched streams decode: the batch's session fails
 // over once, and every stream completes on the devices left with the tokens
 // one device gives it alone (each replays from the tokens it had).
-void killed_during_batched_streams(std::vector<std::string> plan) {
-  std::vector<std::string> args{"--model", kData + "/gpt2-tiny", "--devices", "3", "--max-batch", "4", "--link",
-                                "100mbit,5ms", "--failover-timeout", "5000"};
+void killed_during_batched_streams(std::vector<std::string> plan, int devices = 3) {
+  std::vector<std::string> args{"--model", kData + "/gpt2-tiny", "--devices", std::to_string(devices), "--max-batch", "4",
+                                "--link", "100mbit,5ms", "--failover-timeout", "5000"};
   args.insert(args.end(), plan.begin(), plan.end());
   Server s(args);
   ASSERT_TRUE(s.up()) << s.proc().log();
   const auto workers = s.proc().children();
-  ASSERT_EQ(workers.size(), 2u) << s.proc().log();
+  ASSERT_EQ(workers.size(), static_cast<size_t>(devices - 1)) << s.proc().log();
   const auto prompts = batch_prompts();
   const int64_t n = 40;
   std::vector<Stream> got(prompts.size());
@@ -134,7 +134,7 @@ void killed_during_batched_streams(std::vector<std::string> plan) {
     clients.emplace_back([&, i] {
       got[i] = stream_completion(s, {{"prompt", prompts[i]}, {"max_tokens", n}, {"temperature", 0}, {"stream", true}},
                                  [&, i] {
-                                   if (i == 0) ::kill(workers[1], SIGKILL);
+                                   if (i == 0) ::kill(workers.back(), SIGKILL);
                                  });
     });
   for (auto& c : clients) c.join();
@@ -152,6 +152,12 @@ void killed_during_batched_streams(std::vector<std::string> plan) {
 }
 
 TEST(ServeFailoverTest, WorkerKilledDuringBatchedStreams) { killed_during_batched_streams({"--strategy", "tp"}); }
+
+// The same with a pipeline's overlapped steps on 2 devices (a group of
+// streams in flight at each stage when the worker dies).
+TEST(ServeFailoverTest, WorkerKilledDuringOverlappedPipelineStreams) {
+  killed_during_batched_streams({"--strategy", "pipeline"}, 2);
+}
 
 // The same with a pair (Voltage's prefill, TP's decode on its 3 devices):
 // every stream completes with its own tokens after the failover.

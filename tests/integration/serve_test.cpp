@@ -68,9 +68,10 @@ TEST(ServeTest, CompletionsEqualTheSingleDevice) {
 // Continuous batching (--max-batch): concurrent clients, streamed and
 // whole, each get the tokens one device gives their prompt alone, and
 // /metrics counts every decode row in the batch occupancy.
-TEST(ServeTest, BatchedCompletionsEachEqualTheSingleDevice) {
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp", "--max-batch", "4", "--link",
-            "1gbit,1ms"});
+void batched_completions(const std::vector<std::string>& plan) {
+  std::vector<std::string> args{"--model", kData + "/gpt2-tiny", "--max-batch", "4", "--link", "1gbit,1ms"};
+  args.insert(args.end(), plan.begin(), plan.end());
+  Server s(args);
   ASSERT_TRUE(s.up()) << s.proc().log();
   const auto prompts = batch_prompts();
   const int64_t n = 24;
@@ -93,8 +94,17 @@ TEST(ServeTest, BatchedCompletionsEachEqualTheSingleDevice) {
   EXPECT_EQ(metric(metrics->body, "tessera_batch_occupancy_sum"), static_cast<double>(prompts.size() * (n - 1)))
       << metrics->body;
   EXPECT_GT(metric(metrics->body, "tessera_batch_occupancy_count"), 0) << metrics->body;
+  EXPECT_EQ(metric(metrics->body, "tessera_failovers_total"), 0) << metrics->body << s.proc().log();
   s.proc().signal(SIGTERM);
   EXPECT_EQ(s.proc().wait_exit(), 0) << s.proc().log();
+}
+
+TEST(ServeTest, BatchedCompletionsEachEqualTheSingleDevice) { batched_completions({"--devices", "2", "--strategy", "tp"}); }
+
+// A pipeline of 2 processes keeps a group of the streams at each stage
+// (overlapped steps): the same tokens, every row counted once.
+TEST(ServeTest, OverlappedPipelineCompletionsEachEqualTheSingleDevice) {
+  batched_completions({"--devices", "2", "--strategy", "pipeline"});
 }
 
 // The events of an SSE body, "[DONE]" excluded (which must end it).

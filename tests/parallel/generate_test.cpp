@@ -408,10 +408,14 @@ struct Op {
   int64_t n = 0;             // its rows
   std::vector<int> seqs;     // a step: these sequences ...
   std::vector<int64_t> pos;  // ... at these positions
+  std::vector<int64_t> groups;  // overlapped steps: the rows of each stage's group
 };
 
+// With `overlapped`, the steps are calls of parallel::step_stages as the
+// session makes them: the sequences whose next row is known enter (at most
+// a k-th of those decoding), the others are in flight, one group a stage.
 std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const std::vector<std::vector<int64_t>>& prompts,
-                                      const std::vector<int>& join, int64_t new_tokens) {
+                                      const std::vector<int>& join, int64_t new_tokens, bool overlapped = false) {
   const auto cfg = model::load_config(dir).value();
   EXPECT_TRUE(complete_plan(plan, cfg).ok());
   auto models = runtime::load_rank_models(dir, plan).value();
@@ -435,6 +439,7 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
     }
     std::vector<Decoder*> ds;
     for (int s : op.seqs) ds.push_back(decs[static_cast<size_t>(s)].get());
+    if (!op.groups.empty()) return step_stages(ds, op.groups, std::move(x), op.pos, nullptr);
     // The planner prices a batched step by what the strategy says of its decoders.
     if (r == 0) {
       EXPECT_EQ(ds[0]->batches(ds), strategy_for(decode_plan(plan).strategy).value()->batches_steps()) << plan.to_json().dump();
@@ -481,23 +486,88 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
       seqs[static_cast<size_t>(which[i])].push_back(std::max_element(row, row + v) - row);
     }
   };
-  for (int step = 0;; ++step) {
+  auto join_at = [&](int step) {
     for (size_t i = 0; i < b; ++i)
       if (join[i] == step) {
-        Op op{static_cast<int>(i), static_cast<int64_t>(prompts[i].size()), {}, {}};
+        Op op{static_cast<int>(i), static_cast<int64_t>(prompts[i].size()), {}, {}, {}};
         post(op);
         Tensor x = m0.embed({prompts[i], {}, {}}, 0).value();
         auto y = apply(0, decs, *sync0, op, std::move(x));
         EXPECT_TRUE(y.ok()) << y.status().to_string();
-        if (!y.ok()) break;
+        if (!y.ok()) return false;
         pick(*y, {static_cast<int>(i)});
       }
+    return true;
+  };
+  auto wants_more = [&](int i) {
+    return static_cast<int64_t>(seqs[static_cast<size_t>(i)].size() - prompts[static_cast<size_t>(i)].size()) < new_tokens;
+  };
+  auto embed_rows = [&](const std::vector<int>& which, const std::vector<int64_t>& pos) {
+    if (which.empty()) return Tensor();
+    Tensor x = Tensor::zeros_f32({static_cast<int64_t>(which.size()), cfg.hidden});
+    for (size_t i = 0; i < which.size(); ++i) {
+      Tensor e = m0.embed({{seqs[static_cast<size_t>(which[i])].back()}, {}, {}}, pos[i]).value();
+      std::copy(e.f32(), e.f32() + cfg.hidden, x.f32() + static_cast<int64_t>(i) * cfg.hidden);
+    }
+    return x;
+  };
+  const int k = overlapped ? decode_plan(plan).world : 0;
+  if (overlapped) {
+    struct Group {
+      std::vector<int> seqs;
+      std::vector<int64_t> pos;
+    };
+    std::vector<int> ready;             // prefilled or left the last stage, not yet entered again
+    std::vector<Group> flight(static_cast<size_t>(k - 1));  // flight[g] at stage g + 1
+    int nonempty_groups = 0;            // calls with every group holding rows
+    for (int call = 0;; ++call) {
+      if (!join_at(call)) break;
+      for (size_t i = 0; i < b; ++i)
+        if (join[i] == call) ready.push_back(static_cast<int>(i));
+      size_t flying = 0;
+      for (const Group& g : flight) flying += g.seqs.size();
+      const size_t decoding = ready.size() + flying;
+      if (decoding == 0) {
+        if (std::any_of(join.begin(), join.end(), [&](int j) { return j > call; })) continue;
+        break;
+      }
+      const size_t take = std::min(ready.size(), (decoding + k - 1) / k);
+      Group in;
+      for (size_t i = 0; i < take; ++i) {
+        in.seqs.push_back(ready[i]);
+        in.pos.push_back(static_cast<int64_t>(seqs[static_cast<size_t>(ready[i])].size()) - 1);
+      }
+      ready.erase(ready.begin(), ready.begin() + static_cast<std::ptrdiff_t>(take));
+      std::vector<Group> groups{in};
+      groups.insert(groups.end(), flight.begin(), flight.end());
+      Op op;
+      for (const Group& g : groups) {
+        op.seqs.insert(op.seqs.end(), g.seqs.begin(), g.seqs.end());
+        op.pos.insert(op.pos.end(), g.pos.begin(), g.pos.end());
+        op.groups.push_back(static_cast<int64_t>(g.seqs.size()));
+      }
+      nonempty_groups += std::all_of(groups.begin(), groups.end(), [](const Group& g) { return !g.seqs.empty(); });
+      post(op);
+      auto y = apply(0, decs, *sync0, op, embed_rows(in.seqs, in.pos));
+      EXPECT_TRUE(y.ok()) << y.status().to_string();
+      if (!y.ok()) break;
+      const Group& out = groups.back();
+      EXPECT_EQ(y->empty() ? 0 : y->dim(0), static_cast<int64_t>(out.seqs.size()));
+      if (!out.seqs.empty()) pick(*y, out.seqs);
+      for (int i : out.seqs)
+        if (wants_more(i)) ready.push_back(i);
+      groups.pop_back();
+      flight = std::move(groups);
+    }
+    EXPECT_GT(nonempty_groups, 0) << "no call kept a group at every stage";
+  }
+  for (int step = 0; !overlapped; ++step) {
+    if (!join_at(step)) break;
     Op op;
     for (size_t i = 0; i < b; ++i) {
-      const auto& s = seqs[i];
-      if (decs[i] && static_cast<int64_t>(s.size() - prompts[i].size()) < new_tokens) {
+      if (decs[i] && wants_more(static_cast<int>(i))) {
         op.seqs.push_back(static_cast<int>(i));
-        op.pos.push_back(static_cast<int64_t>(s.size()) - 1);
+        op.pos.push_back(static_cast<int64_t>(seqs[i].size()) - 1);
       }
     }
     const bool more = std::any_of(join.begin(), join.end(), [&](int j) { return j > step; });
@@ -506,13 +576,7 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
       break;
     }
     post(op);
-    Tensor x = Tensor::zeros_f32({static_cast<int64_t>(op.seqs.size()), cfg.hidden});
-    for (size_t i = 0; i < op.seqs.size(); ++i) {
-      const auto& s = seqs[static_cast<size_t>(op.seqs[i])];
-      Tensor e = m0.embed({{s.back()}, {}, {}}, op.pos[i]).value();
-      std::copy(e.f32(), e.f32() + cfg.hidden, x.f32() + static_cast<int64_t>(i) * cfg.hidden);
-    }
-    auto y = apply(0, decs, *sync0, op, std::move(x));
+    auto y = apply(0, decs, *sync0, op, embed_rows(op.seqs, op.pos));
     EXPECT_TRUE(y.ok()) << y.status().to_string();
     if (!y.ok()) break;
     pick(*y, op.seqs);
@@ -528,6 +592,46 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
 }
 
 }  // namespace batch
+
+// Overlapped steps (step_stages): a pipeline of k stages in rank order
+// keeps k groups of sequences in flight, each at another stage, so every
+// rank computes at once. Groups of unequal size, empty ones, sequences
+// that join later and leave: every sequence gets its tokens alone. A map
+// whose stages are not the ranks in order, or the option off, does not overlap.
+TEST(GenerateTest, OverlappedStepsGiveEachSequenceItsOwnTokens) {
+  const std::vector<std::vector<int64_t>> prompts{{5, 17, 300, 42, 9}, {8, 6, 4, 2, 100, 7, 7, 31, 2}, {42}, {3, 250, 18}, {7, 1}};
+  const std::vector<int> join{0, 0, 0, 3, 6};
+  const int64_t new_tokens = 9;
+  for (const std::string& dir : {gpt2_12l(), kData + "/llama-tiny"}) {
+    std::vector<Case> want;
+    for (const auto& p : prompts) want.push_back(make_case(dir, p, new_tokens));
+    std::vector<Plan> plans{make_plan("pipeline", 2), make_plan("pipeline", 3), pair_plan(3, {}, {}, "sp", "pipeline")};
+    if (dir == gpt2_12l()) plans.push_back(make_plan("pipeline", 3, {}, {{"layer_map", "0-1:0,2-8:1,9-11:2"}}));
+    size_t compared = 0;
+    for (const Plan& p : plans) {
+      const auto got = batch::run(dir, p, prompts, join, new_tokens, true);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        compared += compare(want[i].want, got[i], want[i].margin, prompts[i].size(),
+                            "overlapped " + p.to_json().dump() + " sequence " + std::to_string(i) + " " + dir).steps;
+    }
+    EXPECT_GT(compared, prompts.size() * 6 * plans.size());
+  }
+  // Which plans overlap: stages that are the ranks in order, the option on.
+  const auto cfg = model::load_config(gpt2_12l()).value();
+  const auto stages = [&](Plan plan) {
+    EXPECT_TRUE(complete_plan(plan, cfg).ok());
+    auto models = runtime::load_rank_models(gpt2_12l(), plan).value();
+    LocalGroup group(plan.world);
+    auto sync = group.member(0);
+    auto d = make_decoder(*strategy_for(plan.strategy).value(), models[0], plan, *sync, {8, core::DType::kF32}).value();
+    Decoder* one = d.get();
+    return one->overlapped_stages(std::span<Decoder* const>(&one, 1));
+  };
+  EXPECT_EQ(stages(make_plan("pipeline", 3)), 3);
+  EXPECT_EQ(stages(make_plan("pipeline", 3, {}, {{"layer_map", "0-2:1,3-7:0,8-11:2"}})), 1);
+  EXPECT_EQ(stages(make_plan("pipeline", 2, {}, {{"overlap", false}})), 1);
+  EXPECT_EQ(stages(make_plan("tp", 2)), 1);
+}
 
 // Continuous batching: sequences that join a running batch at different
 // steps, each row at its own position over its own caches, give every

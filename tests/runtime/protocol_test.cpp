@@ -33,7 +33,8 @@ TEST(ProtocolTest, EveryMessageRoundTrips) {
   const std::vector<ToWorker> to_worker = {msg::Run{7}, msg::Stop{}, msg::Ping{}, msg::Generate{64}, msg::Decode{3, 60},
                                            msg::End{}, msg::Generate{64, true, 0, false},
                                            msg::Generate{64, false, msg::kMaxSlots - 1, true},
-                                           msg::Step{{0, 5, msg::kMaxSlots - 1}, {12, 0, 100}}};
+                                           msg::Step{{0, 5, msg::kMaxSlots - 1}, {12, 0, 100}, {}},
+                                           msg::Step{{0, 5, 7}, {12, 0, 100}, {2, 0, 1}}};
   for (const ToWorker& m : to_worker) {
     const json j = to_json(m);
     EXPECT_EQ(j["op"], op_name(op_of(m)));
@@ -75,6 +76,11 @@ TEST(ProtocolTest, BadMessagesAreRefused) {
       R"({"op": "step", "slots": [32], "pos": [3]})",           // past the slots
       R"({"op": "step", "slots": [0], "pos": [-1]})",
       R"({"op": "step", "slots": [0], "pos": [1.5]})",
+      R"({"op": "step", "slots": [0, 1], "pos": [3, 4], "groups": [2]})",       // one group: not overlapped
+      R"({"op": "step", "slots": [0, 1], "pos": [3, 4], "groups": [1, 0]})",    // groups of fewer rows than slots
+      R"({"op": "step", "slots": [0, 1], "pos": [3, 4], "groups": [3, -1]})",
+      R"({"op": "step", "slots": [0, 1], "pos": [3, 4], "groups": [1, 1.0]})",
+      R"({"op": "step", "slots": [0, 1], "pos": [3, 4], "groups": {"a": 1}})",
       R"({"op": "step", "slots": "0", "pos": [1]})",
       R"({"op": "step", "slots": [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,0], "pos": [0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0]})",
   };
