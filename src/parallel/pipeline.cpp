@@ -285,7 +285,7 @@ class Pipeline final : public Strategy {
   // Overlapped steps run where the stages are the ranks in order, each
   // rank one contiguous range of whole layers (option "overlap", default
   // on): stage s's rows then go to rank s+1, the last stage's to the terminal.
-  int overlap_stages(const Plan& plan, const model::ModelConfig& c) const {
+  int overlapped_stages(const Plan& plan, const model::ModelConfig& c) const override {
     auto on = option<bool>(plan, "overlap", true);
     auto blocks = blocks_option(plan);
     auto map = unit_map(plan, c);
@@ -453,7 +453,7 @@ Result<Tensor> PipelineDecoder::forward_rows(std::span<Decoder* const> decs, Ten
 }
 
 int PipelineDecoder::overlapped_stages(std::span<Decoder* const> decs) const {
-  return batches(decs) ? p.overlap_stages(plan, m.config()) : 1;
+  return batches(decs) ? p.overlapped_stages(plan, m.config()) : 1;
 }
 
 Result<Tensor> PipelineDecoder::forward_stages(std::span<Decoder* const> decs, std::span<const int64_t> group_rows,

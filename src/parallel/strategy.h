@@ -186,6 +186,10 @@ class Strategy {
   // once (Decoder::batches, continuous batching); otherwise step_rows runs
   // the sequences one after another. The planner prices batches by it.
   virtual bool batches_steps() const { return false; }
+  // Whether its decoders run a batch's steps overlapped, k groups of
+  // sequences in flight, one at each of k stages (Decoder::overlapped_stages),
+  // for this completed plan: k, or 1. The planner prices batches by it.
+  virtual int overlapped_stages(const Plan&, const model::ModelConfig&) const { return 1; }
   // A decoder for one generation on this rank (sync.rank()), its caches as
   // `cache` says (positions, F32 or F16); the default: generation is not supported.
   [[nodiscard]] virtual core::Result<std::unique_ptr<Decoder>> make_decoder(const model::Transformer& m, const Plan& plan,

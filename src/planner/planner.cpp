@@ -840,6 +840,34 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
         continue;
       }
       r.step_ms = static_cast<double>(turns) * pred->latency_ms;
+      // Overlapped steps (a pipeline's): k groups of rows in flight, one at
+      // each stage; a call takes the busiest device's time on one group, and
+      // a sequence's token takes k calls (more when the groups are capped).
+      // A device's transfers on one group count half: it still sends its
+      // rows, but receives the next ones while the others compute. Where
+      // that is slower (steps bound by reading the weights read them once
+      // per group), the plan turns them off.
+      const int stages = ds != nullptr && batch > 1 ? ds->overlapped_stages(step, ct) : 1;
+      int64_t group = 0;
+      const double in_turn_ms = r.step_ms;
+      if (stages > 1) {
+        const int64_t g = std::min<int64_t>(rows, (batch + stages - 1) / stages);
+        const auto gp = evaluate(step, ct, sp.subset(step_members), g, 0, o.kv_dtype, step_keys);
+        double busy = 0;
+        if (gp.ok())
+          for (const auto& d : gp->devices) busy = std::max(busy, d.compute_ms + d.comm_ms / 2);
+        const double calls = std::max<double>(stages, std::ceil(static_cast<double>(batch) / static_cast<double>(g)));
+        if (gp.ok() && calls * busy < r.step_ms) {
+          r.step_ms = calls * busy;
+          group = g;
+        } else if (r.plan.decode) {
+          Plan dp = *r.plan.decode;
+          dp.options["overlap"] = false;
+          r.plan.decode = std::make_shared<const Plan>(std::move(dp));
+        } else {
+          r.plan.options["overlap"] = false;
+        }
+      }
       r.decode_devices = static_cast<int>(step_members.size());
       std::snprintf(buf, sizeof(buf), "generation of %lld tokens: %.2f ms to the first + %.3f ms/token = %.1f ms%s",
                     static_cast<long long>(o.new_tokens), r.prediction.latency_ms, r.step_ms, r.generation_ms(o.new_tokens),
@@ -848,6 +876,11 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
                                  : (" (" + std::to_string(batch) + " sequences in " + std::to_string(turns) + " steps of " +
                                     std::to_string(rows) + " row(s) a token)").c_str());
       r.notes.push_back(buf);
+      if (group > 0) {
+        std::snprintf(buf, sizeof(buf), "; overlapped: %d groups of %lld rows, one at each stage (%.3f ms/token in turn)", stages,
+                      static_cast<long long>(group), in_turn_ms);
+        r.notes.back() += buf;
+      }
       if (r.members.size() == 1 && r.exact && r.plan.weights == c.weights)
         alone_total = std::min(alone_total, r.generation_ms(o.new_tokens));
     }

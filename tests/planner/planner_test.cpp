@@ -768,6 +768,45 @@ TEST(Planner, ABatchedStepReadsEverySequencesCaches) {
   EXPECT_NEAR(step(512, 8, f32, "tp") - step(128, 8, f32, "tp"), 8 * more_ms / 2, 1e-6);  // two heads of four each
 }
 
+// A pipeline's overlapped steps (serve --max-batch): two groups of 4 rows
+// in flight on 2 devices, so a call costs the busiest device's time on one
+// group and a token two calls. With GEMMs bound by compute and uneven
+// stages that is below the price of the 8 rows through the stages in turn
+// (the note gives both), but not below half of it; the plan keeps them on.
+TEST(Planner, APipelinesOverlappedStepIsPricedOnOneGroupAtEachStage) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  // Memory for about half the weights and caches each: a pipeline must use both devices.
+  const ClusterProfile p = cluster({device(10, 1.0, 45'000'000), device(10, 1.0, 45'000'000)}, 0.1, 10000);
+  PlannerOptions o;
+  o.rows = 128;
+  o.ctx_size = 1024;
+  o.new_tokens = 32;
+  o.decode_batch = 8;
+  o.layer_solver = PlannerOptions::LayerSolver::kDp;  // contiguous ranges: the stages are the ranks in order
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const Candidate* row = nullptr;
+  for (const Candidate& r : t.value().rows)
+    if (r.plan.strategy == "pipeline" && r.members.size() == 2 && !r.plan.decode) row = &r;
+  ASSERT_NE(row, nullptr);
+  const std::string key = "overlapped: 2 groups of 4 rows, one at each stage (";
+  double in_turn = 0;
+  for (const std::string& n : row->notes)
+    if (const size_t at = n.find(key); at != std::string::npos) in_turn = std::stod(n.substr(at + key.size()));
+  ASSERT_GT(in_turn, 0) << "no overlapped price in the notes";
+  EXPECT_LT(row->step_ms, in_turn);
+  EXPECT_GE(row->step_ms, in_turn / 2);
+  EXPECT_EQ(row->plan.options.value("overlap", false), true);
+  // One sequence alone never overlaps: its price is a step in turn.
+  o.decode_batch = 1;
+  const auto alone = plan_all(c, p, o);
+  ASSERT_TRUE(alone.ok());
+  for (const Candidate& r : alone.value().rows)
+    for (const std::string& n : r.notes) EXPECT_EQ(n.find("overlapped"), std::string::npos) << n;
+}
+
 // A generation's caches are mapped lazily: the first token costs the
 // slowest device's cache bytes of the prompt's positions at its rate of
 // faulting pages in, whatever the context; the steps cost nothing more; a
