@@ -89,7 +89,8 @@ class PackedLinear {
   // Q4_K with V in Q6_K): each range its own matrix, run one after another;
   // empty otherwise. type() is then the first range's.
   const std::vector<PackedLinear>& parts() const;
-  // The packed buffer (weights, padding included), for paging hints.
+  // The packed buffer (weights, padding included), for paging hints; null
+  // for stacked row ranges (parts(): each has its own).
   const void* raw() const { return quantized() ? static_cast<const void*>(qbase_) : base_; }
   size_t nbytes() const;
 

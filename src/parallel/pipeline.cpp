@@ -42,18 +42,25 @@ std::vector<const kernels::PackedLinear*> unit_matrices(const model::Transformer
 // Asks the kernel to read the stage's weight pages (mmap'd tensors are read
 // lazily) and touches them, so the first GEMM finds them in memory (and
 // the first of them in cache): the paper's weight pre-loading.
+// A matrix of row ranges in different block types (PackedLinear::parts)
+// has no buffer of its own: each range is touched.
+void touch(const kernels::PackedLinear& t, size_t page) {
+  if (!t.parts().empty()) {
+    for (const kernels::PackedLinear& p : t.parts()) touch(p, page);
+    return;
+  }
+  if (t.empty() || t.nbytes() == 0 || t.raw() == nullptr) return;
+  const auto addr = reinterpret_cast<uintptr_t>(t.raw());
+  const uintptr_t start = addr & ~(page - 1);
+  ::madvise(reinterpret_cast<void*>(start), t.nbytes() + (addr - start), MADV_WILLNEED);
+  volatile unsigned char sink = 0;
+  for (size_t off = 0; off < t.nbytes(); off += page) sink = sink + static_cast<const unsigned char*>(t.raw())[off];
+}
+
 void preload(const model::Transformer& model, Range units, bool blocks) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  for (int64_t u = units.begin; u < units.end; ++u) {
-    for (const kernels::PackedLinear* t : unit_matrices(model, u, blocks)) {
-      if (t->empty() || t->nbytes() == 0) continue;
-      const auto addr = reinterpret_cast<uintptr_t>(t->raw());
-      const uintptr_t start = addr & ~(page - 1);
-      ::madvise(reinterpret_cast<void*>(start), t->nbytes() + (addr - start), MADV_WILLNEED);
-      volatile unsigned char sink = 0;
-      for (size_t off = 0; off < t->nbytes(); off += page) sink = sink + static_cast<const unsigned char*>(t->raw())[off];
-    }
-  }
+  for (int64_t u = units.begin; u < units.end; ++u)
+    for (const kernels::PackedLinear* t : unit_matrices(model, u, blocks)) touch(*t, page);
 }
 
 class Pipeline;

@@ -14,6 +14,8 @@
 #include <iostream>
 
 #include "core/io.h"
+#include "model/gen_model.h"
+#include "model/gguf_model.h"
 #include "parallel/local_group.h"
 #include "generate_check.h"
 
@@ -592,6 +594,31 @@ std::vector<std::vector<int64_t>> run(const std::string& dir, Plan plan, const s
 }
 
 }  // namespace batch
+
+// A pipeline over a Q4_K_M file, whose fused QKV stacks Q4_K and Q6_K row
+// ranges: the stage that pages its weights in while it waits for the
+// prompt touches each range (a stacked matrix has no buffer of its own;
+// the worker used to read address 0 and die), and the tokens are one device's.
+TEST(GenerateTest, APipelineOverAQ4KMFilePreloadsEveryRowRange) {
+  model::GenModelOptions o;
+  o.preset = "llama-3.2-1b";
+  o.out_dir = ::testing::TempDir() + "/pipeline-q4km-" + std::to_string(::getpid());
+  o.layers = 2, o.hidden = 256, o.heads = 4, o.kv_heads = 2, o.intermediate = 512, o.vocab = 300, o.seed = 9;
+  ASSERT_TRUE(model::gen_model(o).ok());
+  const std::string gguf = o.out_dir + ".gguf";
+  ASSERT_TRUE(model::write_gguf_model(o.out_dir, "q4_k_m", gguf).ok());
+  auto m = model::Transformer::load(gguf);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->weights().layers[1].qkv_w.parts().size(), 2u);  // the second stage's layer is stacked
+  const std::vector<int64_t> prompt{5, 17, 200, 42, 9, 3};
+  model::GenerateOptions go;
+  go.max_new_tokens = 6;
+  go.eos_token_id = -1;
+  const auto want = model::generate(*m, prompt, go, nullptr).value();
+  EXPECT_EQ(generate_threads(gguf, make_plan("pipeline", 2), prompt, go), want);
+  std::filesystem::remove_all(o.out_dir);
+  std::filesystem::remove(gguf);
+}
 
 // Overlapped steps (step_stages): a pipeline of k stages in rank order
 // keeps k groups of sequences in flight, each at another stage, so every
