@@ -24,6 +24,7 @@ std::map<std::string, FlagUse> all_flags() {
     for (const auto& fl : s->flags()) {
       auto& use = out[fl.flag];
       if (use.strategies.empty()) use.flag = fl;
+      else if (use.flag.help.find(fl.help) == std::string::npos) use.flag.help += "; " + fl.help;  // each says its own
       use.strategies.push_back(s->name());
     }
   return out;

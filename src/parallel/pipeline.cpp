@@ -39,9 +39,6 @@ std::vector<const kernels::PackedLinear*> unit_matrices(const model::Transformer
   return {&w.ffn_in_w, &w.ffn_out_w};
 }
 
-// Asks the kernel to read the stage's weight pages (mmap'd tensors are read
-// lazily) and touches them, so the first GEMM finds them in memory (and
-// the first of them in cache): the paper's weight pre-loading.
 // A matrix of row ranges in different block types (PackedLinear::parts)
 // has no buffer of its own: each range is touched.
 void touch(const kernels::PackedLinear& t, size_t page) {
@@ -57,6 +54,9 @@ void touch(const kernels::PackedLinear& t, size_t page) {
   for (size_t off = 0; off < t.nbytes(); off += page) sink = sink + static_cast<const unsigned char*>(t.raw())[off];
 }
 
+// Asks the kernel to read the stage's weight pages (mmap'd tensors are read
+// lazily) and touches them, so the first GEMM finds them in memory (and
+// the first of them in cache): the paper's weight pre-loading.
 void preload(const model::Transformer& model, Range units, bool blocks) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   for (int64_t u = units.begin; u < units.end; ++u)
