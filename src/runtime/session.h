@@ -196,9 +196,8 @@ class Session {
   std::chrono::steady_clock::time_point last_step_end_;
   bool stepping_ = false;
   // Overlapped steps (a pipeline's stages in rank order): the groups of
-  // rows in flight, flight_[g] at stage g + 1, and how many rows they hold.
+  // rows in flight, flight_[g] at stage g + 1.
   std::vector<std::vector<StepSeat*>> flight_;
-  int in_flight_ = 0;
   // A batched chunk or step that failed leaves the ranks' states unknown:
   // every later batched call fails with it (serve fails over).
   core::Status broken_ = core::ok_status();

@@ -251,7 +251,9 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
         std::max(submitted, last_step_end_) +
         std::chrono::microseconds(static_cast<int64_t>(1000 * std::clamp(last_step_ms_, kMinGatherMs, kMaxGatherMs)));
     // Rows in flight (overlapped steps) are not waited for: they are on their way.
-    if (static_cast<int>(pending_.size()) < decoding_ - in_flight_ && std::chrono::steady_clock::now() < gather_until) {
+    int in_flight = 0;
+    for (const auto& g : flight_) in_flight += static_cast<int>(g.size());
+    if (static_cast<int>(pending_.size()) < decoding_ - in_flight && std::chrono::steady_clock::now() < gather_until) {
       batch_cv_.wait_until(l, gather_until);
       continue;
     }
@@ -267,7 +269,7 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
     // One sequence alone, with nothing in flight, steps whole.
     parallel::Decoder* const mine = prefix_[seat.slot].dec.get();
     const int stages = mine->overlapped_stages(std::span<parallel::Decoder* const>(&mine, 1));
-    const bool overlap = stages > 1 && (in_flight_ > 0 || decoding_ > 1);
+    const bool overlap = stages > 1 && (in_flight > 0 || decoding_ > 1);
     if (overlap) cap = std::min<int64_t>(cap, (decoding_ + stages - 1) / stages);
     const size_t take = std::min(pending_.size(), static_cast<size_t>(cap));
     std::vector<std::vector<StepSeat*>> groups{std::vector<StepSeat*>(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(take))};
@@ -287,13 +289,10 @@ Result<Tensor> Session::batched_step(size_t slot, Tensor x, int64_t pos) {
       for (const auto& g : groups)
         for (StepSeat* s : g) s->done = true;
       flight_.clear();
-      in_flight_ = 0;
     } else {  // the last group leaves; the others move one stage on
       for (StepSeat* s : groups.back()) s->done = true;
       groups.pop_back();
       flight_ = std::move(groups);
-      in_flight_ = 0;
-      for (const auto& g : flight_) in_flight_ += static_cast<int>(g.size());
     }
     ++steps_done_;
     stepping_ = false;
