@@ -1,6 +1,10 @@
 // Regression tests for the audit's model-side findings: each built from the
 // audit's input, each failing (or crashing) before its fix.
 #include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <tuple>
 #include <stb/stb_image_write.h>
 
 #include <cmath>
@@ -200,6 +204,74 @@ TEST(GenerateHardeningTest, NanLogitsAreNeverPicked) {
   sample.top_k = 3;
   const float d[] = {nan, 0.0f, 1.0f, nan, 5.0f, 2.0f};
   for (int i = 0; i < 50; ++i) EXPECT_EQ(pick_token(d, 6, sample, &rng), 4);
+}
+
+// The draw walks the kept tokens by id, and sorts them (most likely first,
+// ties by id) only for top-p, as far as the nucleus goes. A reference that
+// sorts the whole vocabulary first draws the same tokens from the same
+// states: plain temperature, top-k, top-p and both, with ties and -inf.
+int64_t pick_by_full_sort(const float* logits, int64_t vocab, const GenerateOptions& o, uint64_t* state) {
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i])) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  if (o.top_k > 0 && static_cast<size_t>(o.top_k) < order.size()) order.resize(static_cast<size_t>(o.top_k));
+  const double mx = logits[order[0]] / o.temperature;
+  double sum = 0;
+  for (int64_t id : order) sum += std::exp(logits[id] / o.temperature - mx);
+  if (o.top_p < 1.0f) {
+    double cum = 0, kept = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      const double w = std::exp(logits[order[i]] / o.temperature - mx);
+      kept += w;
+      if ((cum += w / sum) >= o.top_p) {
+        order.resize(i + 1);
+        break;
+      }
+    }
+    sum = kept;
+  } else {
+    std::sort(order.begin(), order.end());  // by id
+  }
+  std::mt19937_64 rng(*state);
+  *state = rng();
+  double r = std::uniform_real_distribution<double>(0.0, sum)(rng);
+  for (int64_t id : order) {
+    const double w = std::exp(logits[id] / o.temperature - mx);
+    if ((r -= w) <= 0.0 && w > 0.0) return id;
+  }
+  return order.back();
+}
+
+TEST(GenerateHardeningTest, SamplingDrawsAsAFullSortWould) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> z(0.0f, 3.0f);
+  int64_t draws = 0, beyond_first_64 = 0;  // draws of top-p's sorted walk past its first stretch
+  for (const int64_t vocab : {5, 300, 5000}) {
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& x : logits) x = std::round(z(gen) * 4.0f) / 4.0f;  // ties
+    logits[1] = -std::numeric_limits<float>::infinity();
+    for (const auto& [temp, k, top_p] : {std::tuple{1.0f, 0, 1.0f}, std::tuple{2.5f, 0, 1.0f}, std::tuple{0.7f, 40, 1.0f},
+                                        std::tuple{1.0f, 0, 0.9f}, std::tuple{1.3f, 100, 0.95f}}) {
+      GenerateOptions o;
+      o.greedy = false;
+      o.temperature = temp;
+      o.top_k = k;
+      o.top_p = top_p;
+      uint64_t a = 11, b = 11;
+      for (int i = 0; i < 200; ++i, ++draws) {
+        const int64_t want = pick_by_full_sort(logits.data(), vocab, o, &a);
+        const int64_t got = pick_token(logits.data(), vocab, o, &b);
+        ASSERT_EQ(got, want) << "vocab " << vocab << ", temperature " << temp << ", top-k " << k << ", top-p " << top_p;
+        ASSERT_EQ(a, b);
+        int64_t rank = 0;  // how far down the walk went
+        for (int64_t j = 0; j < vocab; ++j) rank += logits[static_cast<size_t>(j)] > logits[static_cast<size_t>(got)];
+        beyond_first_64 += top_p < 1.0f && rank >= 64;
+      }
+    }
+  }
+  EXPECT_GT(beyond_first_64, 0) << "no draw walked past the first sorted stretch";
+  EXPECT_GT(draws, 0);
 }
 
 // Audit defect 3: the cache was sized by n_positions before the request was
