@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/quant.h"
 #include "parallel/sync.h"
 
 namespace tessera::parallel {
@@ -28,6 +29,9 @@ struct Work {
   // Memory it streams that its FLOPs do not price: a decode step's read of
   // its K/V caches (add_cache_reads), bound by bandwidth, not arithmetic.
   int64_t bytes = 0;
+  // kGemm: the type its weights are held in (estimate() stamps the plan's),
+  // since a quantized matrix runs on other kernels than an F32 one.
+  kernels::WeightType weights = kernels::WeightType::kF32;
 };
 
 // One collective (or point-to-point message) as this device takes part in it.

@@ -13,7 +13,15 @@ using parallel::CollectiveKind;
 double work_ms(const parallel::Work& w, const DeviceProfile& d) {
   double s = 0;
   switch (w.kind) {
-    case parallel::WorkKind::kGemm: s = w.flops / (d.gemm_gflops(w.m, w.k, w.n) * 1e9); break;
+    case parallel::WorkKind::kGemm:
+      s = w.flops / (d.gemm_gflops(w.m, w.k, w.n, w.weights) * 1e9);
+      // Nor faster than its weights stream in: in a model they are cold
+      // when read. The profile's few rows cycle through copies that may
+      // still sit in a large cache (a 1B model's decode ran at the stream
+      // rate, 1.5x slower than its one-row samples said).
+      if (d.stream_gbps > 0 && w.k > 0 && w.n > 0)
+        s = std::max(s, static_cast<double>(w.n) * static_cast<double>(kernels::row_bytes(w.weights, w.k)) / (d.stream_gbps * 1e9));
+      break;
     case parallel::WorkKind::kAttention:
       // A step's one row over its caches reads them at the streaming rate,
       // two FLOPs per float read. (The one-row profile's attention rate is of
@@ -97,7 +105,10 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
   if (c.causal()) {
     w.push_back(parallel::elementwise("ln_f", n, c.hidden));
     if (c.projects_embeddings()) w.push_back(parallel::gemm("project_out", n, c.hidden, c.token_width()));
-    if (c.head == model::HeadKind::kLmHead) w.push_back(parallel::gemm("lm_head", n, c.token_width(), c.vocab));
+    if (c.head == model::HeadKind::kLmHead) {
+      w.push_back(parallel::gemm("lm_head", n, c.token_width(), c.vocab));
+      w.back().weights = c.weights;  // held in the layers' type
+    }
     return w;
   }
   if (c.final_norm) w.push_back(parallel::elementwise("ln_f", 1, c.hidden));

@@ -477,18 +477,19 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       // rows, but receives the next ones while the others compute. Where
       // that is slower (steps bound by reading the weights read them once
       // per group), the plan turns them off.
-      const int stages = ds != nullptr && batch > 1 ? ds->overlapped_stages(step, ct) : 1;
+      const Plan before = r.plan;
+      int stages = ds != nullptr && batch > 1 ? ds->overlapped_stages(step, ct) : 1;
       int64_t group = 0;
       const double in_turn_ms = r.step_ms;
+      auto calls_of = [&](int k, int64_t g) {
+        return std::max<double>(k, std::ceil(static_cast<double>(batch) / static_cast<double>(g)));
+      };
       if (stages > 1) {
         const int64_t g = std::min<int64_t>(rows, (batch + stages - 1) / stages);
-        const auto gp = evaluate(step, ct, sp.subset(step_members), g, 0, o.kv_dtype, step_keys);
-        double busy = 0;
-        if (gp.ok())
-          for (const auto& d : gp->devices) busy = std::max(busy, d.compute_ms + d.comm_ms / 2);
-        const double calls = std::max<double>(stages, std::ceil(static_cast<double>(batch) / static_cast<double>(g)));
-        if (gp.ok() && calls * busy < r.step_ms) {
-          r.step_ms = calls * busy;
+        auto gp = evaluate(step, ct, sp.subset(step_members), g, 0, o.kv_dtype, step_keys);
+        const double calls = calls_of(stages, g);
+        if (gp.ok() && calls * detail::overlapped_call_ms(*gp) < r.step_ms) {
+          r.step_ms = calls * detail::overlapped_call_ms(*gp);
           group = g;
         } else if (r.plan.decode) {
           Plan dp = *r.plan.decode;
@@ -496,6 +497,39 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
           r.plan.decode = std::make_shared<const Plan>(std::move(dp));
         } else {
           r.plan.options["overlap"] = false;
+        }
+      }
+      // The row's layer map was searched for the prompt; overlapped steps
+      // want the stages even, the terminal's LM head included. Taken where
+      // the whole generation is faster so.
+      std::string evened;
+      if (ds != nullptr && batch > 1 && step.world > 1) {
+        const int64_t g = std::min<int64_t>(rows, (batch + step.world - 1) / step.world);
+        const detail::StageMap sm = detail::balance_stages(*ds, step, ct, sp.subset(step_members), g, o.kv_dtype, step_keys);
+        const double ms = sm.map.empty() ? kInf : calls_of(step.world, g) * sm.call_ms;
+        if (ms < r.step_ms * 0.99) {
+          Plan plan = before;
+          if (plan.decode) {
+            Plan dp = *plan.decode;
+            ds->apply_partition(dp, Partition{{}, {}, sm.map, false});
+            plan.decode = std::make_shared<const Plan>(std::move(dp));
+          } else {
+            ds->apply_partition(plan, Partition{{}, {}, sm.map, false});
+          }
+          auto whole = evaluate(plan, ct, p.subset(r.members), o.rows, o.ctx_size, o.kv_dtype);
+          const double steps = static_cast<double>(std::max<int64_t>(o.new_tokens - 1, 0));
+          if (whole.ok() && whole->fits && whole->latency_ms + steps * ms < r.generation_ms(o.new_tokens)) {
+            std::vector<int64_t> per(static_cast<size_t>(step.world), 0);
+            for (int d : sm.map) ++per[static_cast<size_t>(d)];
+            std::string counts;
+            for (int64_t x : per) counts += (counts.empty() ? "" : ",") + std::to_string(x);
+            evened = "; the decode's layers per device " + counts + " even its stages out (the terminal's also runs the LM head)";
+            r.plan = std::move(plan);
+            r.prediction = *whole;
+            r.step_ms = ms;
+            stages = step.world;
+            group = g;
+          }
         }
       }
       r.decode_devices = static_cast<int>(step_members.size());
@@ -509,7 +543,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       if (group > 0) {
         std::snprintf(buf, sizeof(buf), "; overlapped: %d groups of %lld rows, one at each stage (%.3f ms/token in turn)", stages,
                       static_cast<long long>(group), in_turn_ms);
-        r.notes.back() += buf;
+        r.notes.back() += buf + evened;
       }
       if (r.members.size() == 1 && r.exact && r.plan.weights == c.weights)
         alone_total = std::min(alone_total, r.generation_ms(o.new_tokens));

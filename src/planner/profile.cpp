@@ -54,21 +54,27 @@ Result<double> positive(const json& j, const char* key) {
 
 }  // namespace
 
-double DeviceProfile::gemm_gflops(int64_t m, int64_t k, int64_t n) const {
-  if (gemm.empty()) return 1.0;
-  const GemmSample* best = &gemm.front();
+double DeviceProfile::gemm_gflops(int64_t m, int64_t k, int64_t n, kernels::WeightType type) const {
+  const bool have = std::any_of(gemm.begin(), gemm.end(), [&](const GemmSample& s) { return s.type == type; });
+  if (!have) type = kernels::WeightType::kF32;
+  const GemmSample* best = nullptr;
   double best_d = 1e300;
   for (const GemmSample& s : gemm) {
+    if (s.type != type) continue;
     // Rows matter most (the strategies' shares); k and n pick the shape class.
     const double d = log_gap(m, s.m) + 0.5 * (log_gap(k, s.k) + log_gap(n, s.n));
     if (d < best_d) best_d = d, best = &s;
   }
-  return std::max(best->gflops, 1e-6);
+  return best == nullptr ? 1.0 : std::max(best->gflops, 1e-6);
 }
 
 json DeviceProfile::to_json() const {
   json g = json::array();
-  for (const GemmSample& s : gemm) g.push_back({s.m, s.k, s.n, s.gflops});
+  for (const GemmSample& s : gemm) {
+    json x = {s.m, s.k, s.n, s.gflops};
+    if (s.type != kernels::WeightType::kF32) x.push_back(kernels::weight_type_name(s.type));
+    g.push_back(std::move(x));
+  }
   return {{"name", name},     {"threads", threads},       {"gemm", g},
           {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
           {"stream_gbps", stream_gbps}, {"zero_gbps", zero_gbps}, {"crypto_gbps", crypto_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
@@ -83,10 +89,16 @@ Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
   d.threads = static_cast<int>(threads);
   if (!j.contains("gemm") || !j["gemm"].is_array()) return core::invalid_argument("device profile: 'gemm' must be an array");
   for (const json& s : j["gemm"]) {
-    if (!s.is_array() || s.size() != 4) return core::invalid_argument("device profile: a gemm sample is [m, k, n, gflops]");
-    for (const json& v : s)
-      if (!v.is_number() || v.get<double>() < 0) return core::invalid_argument("device profile: gemm values must be numbers >= 0");
-    d.gemm.push_back({s[0].get<int64_t>(), s[1].get<int64_t>(), s[2].get<int64_t>(), s[3].get<double>()});
+    if (!s.is_array() || (s.size() != 4 && s.size() != 5))
+      return core::invalid_argument("device profile: a gemm sample is [m, k, n, gflops] or [m, k, n, gflops, type]");
+    for (size_t i = 0; i < 4; ++i)
+      if (!s[i].is_number() || s[i].get<double>() < 0) return core::invalid_argument("device profile: gemm values must be numbers >= 0");
+    GemmSample g{s[0].get<int64_t>(), s[1].get<int64_t>(), s[2].get<int64_t>(), s[3].get<double>()};
+    if (s.size() == 5) {
+      if (!s[4].is_string()) return core::invalid_argument("device profile: a gemm sample's type must be a string");
+      TESSERA_ASSIGN_OR_RETURN(g.type, kernels::parse_weight_type(s[4].get<std::string>()));
+    }
+    d.gemm.push_back(g);
   }
   TESSERA_ASSIGN_OR_RETURN(d.attention_gflops, positive(j, "attention_gflops"));
   TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
@@ -252,6 +264,27 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       }) / static_cast<double>(copies);
       d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
     }
+    // A quantized model's matrices run on its own kernels: the dot products
+    // up to kQuantDotRows rows, panels widened to F32 beyond (a decode step
+    // of a 1B Q8_0 model priced at F32's rates was 2.3x slow).
+    if (const kernels::WeightType type = c.weights; type != kernels::WeightType::kF32 && kernels::holds(type, k)) {
+      packed.clear();
+      const kernels::WeightSource src{w.f32(), cols, k, 1};
+      const int64_t q_copies = std::clamp<int64_t>(
+          kColdWeightBytes / std::max<int64_t>(static_cast<int64_t>(kernels::row_bytes(type, k)) * cols, 1) + 1, 2, 64);
+      for (int64_t i = 0; i < q_copies; ++i)
+        packed.push_back(kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), k,
+                                                     kernels::gemm_path(), {}, type));
+      for (int64_t m : rows) {
+        core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
+        core::Tensor r = residual ? core::Tensor::zeros_f32({m, cols}) : core::Tensor();
+        const double s = time_best(3, [&] {
+          for (const auto& p : packed)
+            kernels::linear_rows_f32(pool, x.f32(), m, p, b, act, residual ? r.f32() : nullptr, y.f32());
+        }) / static_cast<double>(q_copies);
+        d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9, type});
+      }
+    }
   }
   {
     // The model's own attention: its head size, its K/V heads.
@@ -324,7 +357,8 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
   return base + "/tessera/profile7-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
-         std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + ".json";
+         std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
+         (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) + ".json";
 }
 
 Result<int64_t> parse_bytes(const std::string& text) {

@@ -20,6 +20,9 @@ namespace tessera::planner {
 struct GemmSample {
   int64_t m = 0, k = 0, n = 0;
   double gflops = 0;
+  // The weights' type: a quantized model's matrices run on its kernels (JSON:
+  // a fifth element, absent for F32).
+  kernels::WeightType type = kernels::WeightType::kF32;
 };
 
 struct DeviceProfile {
@@ -45,7 +48,8 @@ struct DeviceProfile {
   double speed = 1.0;
 
   // GFLOP/s of the measured sample nearest to the shape (log distance).
-  double gemm_gflops(int64_t m, int64_t k, int64_t n) const;
+  // The nearest sample of weights in `type`; F32's where none was measured.
+  double gemm_gflops(int64_t m, int64_t k, int64_t n, kernels::WeightType type = kernels::WeightType::kF32) const;
   nlohmann::json to_json() const;
   [[nodiscard]] static core::Result<DeviceProfile> from_json(const nlohmann::json& j);
 };

@@ -34,7 +34,9 @@ Result<Prediction> evaluate(Plan& plan, const model::ModelConfig& c, const Clust
   if (kv_positions > 0)
     add_cache_allocation(pred, s, p, static_cast<double>(std::min(n, kv_positions)) / static_cast<double>(kv_positions));
   // A generation's prefill needs only its last row's logits (the first token).
-  add_terminal_work(pred, c, p, n, kv_positions > 0 ? 1 : -1);
+  model::ModelConfig head = c;
+  head.weights = plan.weights;  // the LM head is held in the plan's type
+  add_terminal_work(pred, head, p, n, kv_positions > 0 ? 1 : -1);
   return pred;
 }
 
@@ -368,6 +370,55 @@ void search_layers(const Strategy& s, const model::ModelConfig& c, const Cluster
   std::vector<int64_t> per(static_cast<size_t>(K), 0);
   for (int d : map) ++per[static_cast<size_t>(d)];
   notes.push_back("layers per device " + join_counts(per) + " (contiguous, dynamic programming)");
+}
+
+double overlapped_call_ms(const Prediction& group_step) {
+  double busy = 0;
+  for (const auto& d : group_step.devices) busy = std::max(busy, d.compute_ms + d.comm_ms / 2);
+  return busy;
+}
+
+StageMap balance_stages(const Strategy& s, const Plan& step, const model::ModelConfig& c, const ClusterProfile& p,
+                        int64_t group, core::DType kv_dtype, int64_t cache_keys) {
+  StageMap out;
+  const int K = step.world;
+  const int64_t L = c.layers;
+  if (K < 2 || L < K || s.share_kind() != ShareKind::kLayers) return out;
+  auto map_of = [&](const std::vector<int64_t>& counts) {
+    std::vector<int> map;
+    for (int d = 0; d < K; ++d) map.insert(map.end(), static_cast<size_t>(counts[static_cast<size_t>(d)]), d);
+    return map;
+  };
+  // The call on one group with these counts; kInf where the plan does not overlap.
+  auto call = [&](const std::vector<int64_t>& counts) {
+    Plan plan = step;
+    s.apply_partition(plan, Partition{{}, {}, map_of(counts), false});
+    auto pred = evaluate(plan, c, p, group, 0, kv_dtype, cache_keys);
+    return pred.ok() && s.overlapped_stages(plan, c) == K ? overlapped_call_ms(*pred) : kInf;
+  };
+  std::vector<int64_t> counts(static_cast<size_t>(K), L / K);
+  for (int64_t d = 0; d < L % K; ++d) ++counts[static_cast<size_t>(K - 1 - d)];  // the terminal's stage the shorter
+  double cur = call(counts);
+  if (cur == kInf) return out;
+  for (int64_t moves = 0; moves < L * K; ++moves) {
+    std::vector<int64_t> best_counts;
+    double best_ms = cur;
+    for (int b = 0; b + 1 < K; ++b)
+      for (int dir : {-1, 1}) {  // a layer from rank b to b + 1, or back
+        std::vector<int64_t> cand = counts;
+        cand[static_cast<size_t>(b)] += dir;
+        cand[static_cast<size_t>(b + 1)] -= dir;
+        if (cand[static_cast<size_t>(b)] < 1 || cand[static_cast<size_t>(b + 1)] < 1) continue;
+        const double ms = call(cand);
+        if (ms < best_ms - 1e-9) best_ms = ms, best_counts = cand;
+      }
+    if (best_counts.empty()) break;
+    counts = best_counts;
+    cur = best_ms;
+  }
+  out.map = map_of(counts);
+  out.call_ms = cur;
+  return out;
 }
 
 }  // namespace tessera::planner::detail

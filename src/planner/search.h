@@ -51,4 +51,22 @@ void search_heads(const parallel::Strategy& s, const model::ModelConfig& c, cons
 void search_layers(const parallel::Strategy& s, const model::ModelConfig& c, const ClusterProfile& p, const PlannerOptions& o,
                    Best& best, std::vector<std::string>& notes);
 
+// Overlapped decode steps (Strategy::overlapped_stages): a call takes the
+// busiest device's compute on one group of rows plus half its transfers (it
+// receives the next rows while the others compute).
+double overlapped_call_ms(const Prediction& group_step);
+
+// The contiguous layer map, ranks in order, whose overlapped call on one
+// group of `group` rows is the shortest, and that call; `step` is a layer
+// layout's decode plan on p's devices. Moves of the stage boundaries by a
+// layer, from an even split, while the cost model says the call shortens. The map
+// searched for the prompt need not even the stages out: the terminal's
+// also runs the LM head. Empty map: no map overlaps.
+struct StageMap {
+  std::vector<int> map;
+  double call_ms = kInf;
+};
+StageMap balance_stages(const parallel::Strategy& s, const parallel::Plan& step, const model::ModelConfig& c,
+                        const ClusterProfile& p, int64_t group, core::DType kv_dtype, int64_t cache_keys);
+
 }  // namespace tessera::planner::detail

@@ -639,6 +639,69 @@ TEST(Profile, RoundTripsThroughJson) {
   EXPECT_FALSE(ClusterProfile::from_json(twice).ok());
 }
 
+// A quantized model's matrices run on other kernels than F32's: a profile
+// keeps their rates apart (JSON: the sample's fifth element), the estimate
+// stamps the plan's type on its GEMMs, and the cost model prices each at
+// its type's rate, F32's where none was measured.
+TEST(Profile, AQuantizedPlansGemmsArePricedAtTheirTypesRate) {
+  DeviceProfile d = device(10);
+  d.gemm.push_back({64, 256, 256, 40, kernels::WeightType::kQ8_0});
+  EXPECT_DOUBLE_EQ(d.gemm_gflops(64, 256, 256), 10);
+  EXPECT_DOUBLE_EQ(d.gemm_gflops(64, 256, 256, kernels::WeightType::kQ8_0), 40);
+  EXPECT_DOUBLE_EQ(d.gemm_gflops(64, 256, 256, kernels::WeightType::kQ4_0), 10);  // none measured
+  const ClusterProfile p = cluster({d}, 0.1, 1000);
+  const auto back = ClusterProfile::from_json(p.to_json());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back.value().to_json(), p.to_json());
+  EXPECT_DOUBLE_EQ(back.value().devices[0].gemm_gflops(64, 256, 256, kernels::WeightType::kQ8_0), 40);
+  for (const char* bad : {R"([64, 256, 256, 40, "q9_9"])", R"([64, 256, 256, 40, 3])", R"([64, 256, 256, 40, "q8_0", 1])"}) {
+    nlohmann::json j = p.to_json();
+    j["devices"][0]["gemm"][1] = nlohmann::json::parse(bad);
+    EXPECT_FALSE(ClusterProfile::from_json(j).ok()) << bad;
+  }
+  const model::ModelConfig c = bert_like();
+  double gemm_ms[2] = {0, 0};
+  int i = 0;
+  for (const kernels::WeightType type : {kernels::WeightType::kF32, kernels::WeightType::kQ8_0}) {
+    parallel::Plan plan;
+    plan.weights = type;
+    ASSERT_TRUE(parallel::complete_plan(plan, c).ok());
+    const auto s = parallel::estimate(plan, c, 64);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    int gemms = 0;
+    for (const auto& ph : s.value().devices[0].phases)
+      for (const auto& w : ph.work)
+        if (w.kind == parallel::WorkKind::kGemm) {
+          EXPECT_EQ(w.weights, type) << w.what;
+          gemm_ms[i] += work_ms(w, d);
+          ++gemms;
+        }
+    EXPECT_GT(gemms, 0);
+    ++i;
+  }
+  EXPECT_NEAR(gemm_ms[1], gemm_ms[0] / 4, 1e-9 * gemm_ms[0]);
+}
+
+// Measuring a quantized model's device adds its type's samples beside F32's,
+// at every row count, and caches the profile apart from the F32 model's.
+TEST(Profile, MeasuresAQuantizedModelsOwnKernels) {
+  model::ModelConfig c = bert_like(1);
+  c.weights = kernels::WeightType::kQ8_0;
+  const auto d = measure_device(c, 2, 2, nullptr);
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  std::set<std::pair<int64_t, int64_t>> f32, q8;  // (rows, k) of each type's samples
+  for (const GemmSample& g : d.value().gemm) {
+    EXPECT_GT(g.gflops, 0);
+    (g.type == kernels::WeightType::kF32 ? f32 : q8).insert({g.m, g.k});
+    EXPECT_TRUE(g.type == kernels::WeightType::kF32 || g.type == kernels::WeightType::kQ8_0);
+  }
+  EXPECT_FALSE(q8.empty());
+  EXPECT_EQ(q8, f32);
+  model::ModelConfig f = c;
+  f.weights = kernels::WeightType::kF32;
+  EXPECT_NE(device_cache_path(c, 2, 1), device_cache_path(f, 2, 1));
+}
+
 TEST(Profile, ParsesSizes) {
   EXPECT_EQ(parse_bytes("512MB").value(), 512000000);
   EXPECT_EQ(parse_bytes("1GiB").value(), 1073741824);
@@ -805,6 +868,45 @@ TEST(Planner, APipelinesOverlappedStepIsPricedOnOneGroupAtEachStage) {
   ASSERT_TRUE(alone.ok());
   for (const Candidate& r : alone.value().rows)
     for (const std::string& n : r.notes) EXPECT_EQ(n.find("overlapped"), std::string::npos) << n;
+}
+
+// Overlapped steps want even stages, and the terminal's stage also runs the
+// LM head: with a head as large as 10 of the 12 layers, a pipeline decoding
+// on 2 devices gives the terminal fewer layers than the other device, in
+// rank order (so the steps overlap), where the prompt's map would not.
+TEST(Planner, OverlappedStepsGiveTheTerminalFewerLayersForItsHead) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+      "n_embd": 256, "n_head": 4, "vocab_size": 32000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  // Neither device holds the model with its caches: the decode takes both.
+  const ClusterProfile p = cluster({device(10, 1.0, 70'000'000), device(10, 1.0, 70'000'000)}, 0.1, 10000);
+  PlannerOptions o;
+  o.rows = 128;
+  o.ctx_size = 1024;
+  o.new_tokens = 32;
+  o.decode_batch = 8;
+  o.layer_solver = PlannerOptions::LayerSolver::kDp;
+  const auto t = plan_all(c, p, o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  int evened = 0;
+  for (const Candidate& r : t.value().rows) {
+    const parallel::Plan& d = parallel::decode_plan(r.plan);
+    if (!r.feasible || d.strategy != "pipeline" || d.world != 2 || r.step_ms <= 0) continue;
+    bool noted = false;
+    for (const std::string& n : r.notes) noted = noted || n.find("even its stages out") != std::string::npos;
+    if (!noted) continue;
+    ++evened;
+    const auto map = d.options.at("layer_map").get<std::vector<int>>();
+    ASSERT_EQ(map.size(), 12u);
+    EXPECT_TRUE(std::is_sorted(map.begin(), map.end())) << "stages out of rank order";
+    const auto on0 = std::count(map.begin(), map.end(), 0);
+    EXPECT_GE(on0, 1);
+    EXPECT_LT(on0, 12 - on0) << r.plan.strategy;
+    EXPECT_EQ(d.options.value("overlap", false), true);
+    // What the plan runs is what it priced: the decode plan overlaps.
+    EXPECT_EQ(parallel::find_strategy("pipeline")->overlapped_stages(d, c), 2);
+  }
+  EXPECT_GT(evened, 0) << "no pipeline decode was evened out";
 }
 
 // A generation's caches are mapped lazily: the first token costs the
