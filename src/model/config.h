@@ -106,7 +106,7 @@ struct ModelConfig {
   }
   // The LM head's (or tied table's) packed matrix: a mixed file's head type.
   int64_t head_bytes(int64_t rows, int64_t k) const {
-    const kernels::WeightType t = mixed() && mix_head != kernels::WeightType::kF32 ? mix_head : weights;
+    const kernels::WeightType t = head_type();
     return rows * static_cast<int64_t>(kernels::row_bytes(kernels::holds(t, k) ? t : kernels::WeightType::kF32, k));
   }
   // A GGUF file whose matrices mix block types (Q4_K_M: Q4_K with Q6_K).
@@ -117,6 +117,8 @@ struct ModelConfig {
   double mix_layer_scale = 1.0;
   kernels::WeightType mix_head = kernels::WeightType::kF32;
   bool mixed() const { return weights != kernels::WeightType::kF32 && weights == mix_weights; }
+  // The type the LM head's matrix is held in.
+  kernels::WeightType head_type() const { return mixed() && mix_head != kernels::WeightType::kF32 ? mix_head : weights; }
   std::vector<int64_t> bp_original;  // sorted, distinct
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden / heads; }

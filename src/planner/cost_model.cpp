@@ -107,7 +107,7 @@ std::vector<parallel::Work> head_work(const model::ModelConfig& c, int64_t n) {
     if (c.projects_embeddings()) w.push_back(parallel::gemm("project_out", n, c.hidden, c.token_width()));
     if (c.head == model::HeadKind::kLmHead) {
       w.push_back(parallel::gemm("lm_head", n, c.token_width(), c.vocab));
-      w.back().weights = c.weights;  // held in the layers' type
+      w.back().weights = c.head_type();
     }
     return w;
   }

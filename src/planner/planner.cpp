@@ -521,9 +521,8 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
           if (whole.ok() && whole->fits && whole->latency_ms + steps * ms < r.generation_ms(o.new_tokens)) {
             std::vector<int64_t> per(static_cast<size_t>(step.world), 0);
             for (int d : sm.map) ++per[static_cast<size_t>(d)];
-            std::string counts;
-            for (int64_t x : per) counts += (counts.empty() ? "" : ",") + std::to_string(x);
-            evened = "; the decode's layers per device " + counts + " even its stages out (the terminal's also runs the LM head)";
+            evened = "; the decode's layers per device " + detail::join_counts(per) +
+                     " even its stages out (the terminal's also runs the LM head)";
             r.plan = std::move(plan);
             r.prediction = *whole;
             r.step_ms = ms;

@@ -267,7 +267,12 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     // A quantized model's matrices run on its own kernels: the dot products
     // up to kQuantDotRows rows, panels widened to F32 beyond (a decode step
     // of a 1B Q8_0 model priced at F32's rates was 2.3x slow).
-    if (const kernels::WeightType type = c.weights; type != kernels::WeightType::kF32 && kernels::holds(type, k)) {
+    // A mixed file's head type (Q4_K_M's Q6_K) as well.
+    std::vector<kernels::WeightType> types;
+    for (const kernels::WeightType t : {c.weights, c.head_type()})
+      if (t != kernels::WeightType::kF32 && kernels::holds(t, k) && std::find(types.begin(), types.end(), t) == types.end())
+        types.push_back(t);
+    for (const kernels::WeightType type : types) {
       packed.clear();
       const kernels::WeightSource src{w.f32(), cols, k, 1};
       const int64_t q_copies = std::clamp<int64_t>(
@@ -358,7 +363,8 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
   return base + "/tessera/profile7-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
-         (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) + ".json";
+         (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) +
+         (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) + ".json";
 }
 
 Result<int64_t> parse_bytes(const std::string& text) {

@@ -49,6 +49,15 @@ Plan base_plan(const Strategy& s, int world, const PlannerOptions& o) {
   return plan;
 }
 
+std::string join_counts(const std::vector<int64_t>& v) {
+  std::string out;
+  for (int64_t x : v) {
+    if (!out.empty()) out += ',';  // (a prefix concatenated here trips GCC 12's -Wrestrict)
+    out += std::to_string(x);
+  }
+  return out;
+}
+
 namespace {
 
 Plan with_partition(const Strategy& s, int world, const Partition& part, const PlannerOptions& o) {
@@ -58,15 +67,6 @@ Plan with_partition(const Strategy& s, int world, const Partition& part, const P
 }
 
 std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
-
-std::string join_counts(const std::vector<int64_t>& v) {
-  std::string out;
-  for (int64_t x : v) {
-    if (!out.empty()) out += ',';  // (a prefix concatenated here trips GCC 12's -Wrestrict)
-    out += std::to_string(x);
-  }
-  return out;
-}
 
 // Each device's capacity for this strategy: 1 / its predicted latency
 // running the strategy alone.

@@ -27,6 +27,9 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 // of a lossy strategy being priced (PlannerOptions::strategy_options).
 parallel::Plan base_plan(const parallel::Strategy& s, int world, const PlannerOptions& o);
 
+// "3,5": counts for the notes.
+std::string join_counts(const std::vector<int64_t>& v);
+
 // The best plan offered so far: fitting first, then faster.
 struct Best {
   parallel::Plan plan;

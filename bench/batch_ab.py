@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Aggregate tokens/s of two `serve` configurations under the same concurrent load, in alternating rounds.
+
+  python3 bench/batch_ab.py BUILD_DIR MODEL ROUNDS STREAMS --a "SERVE ARGS" --b "SERVE ARGS"
+
+STREAMS clients at once, each a greedy /v1/completions of a 16-token prompt (token ids, seeded
+by the round and the client) and 64 new tokens (TESSERA_BATCH_NEW overrides it), as
+bench/batch_throughput.py sends them. Both servers start once; each round runs the same clients
+on A and on B, one after the other, alternating which goes first, so that a slow stretch of the
+machine falls on both. Prints each round (tokens/s of A and B, and B over A) and the median of
+the per-round ratios as JSON lines, and whether every stream got the same tokens on both.
+"""
+import argparse, json, os, random, shlex, statistics, threading, time, urllib.request
+
+from serve_util import start_serve
+
+ap = argparse.ArgumentParser()
+ap.add_argument("build")
+ap.add_argument("model")
+ap.add_argument("rounds", type=int)
+ap.add_argument("streams", type=int)
+ap.add_argument("--a", required=True, help="serve flags of A (one string)")
+ap.add_argument("--b", required=True, help="serve flags of B (one string)")
+args = ap.parse_args()
+bin_ = os.path.join(args.build, "bin", "tessera")
+config = os.path.join(args.model, "config.json")
+vocab = json.load(open(config))["vocab_size"] if os.path.isdir(args.model) else 30000
+PROMPT, NEW = 16, int(os.environ.get("TESSERA_BATCH_NEW", "64"))
+
+
+class Serve:
+    def __init__(self, flags):
+        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", args.model, "--port", "0", "--ctx-size", "256",
+                                                  "--queue", str(max(16, 2 * args.streams)), *shlex.split(flags)], "tessera-ab-")
+
+    def complete(self, ids):
+        body = {"prompt": ids, "max_tokens": NEW, "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            return json.loads(r.read())["choices"][0]["token_ids"]
+
+    def stop(self):
+        self.p.terminate()
+        self.p.wait(timeout=120)
+
+
+def run(server, prompts):
+    out = [None] * len(prompts)
+    def client(i):
+        out[i] = server.complete(prompts[i])
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if any(o is None for o in out):
+        raise RuntimeError("a request failed")
+    return sum(len(o) for o in out) / seconds, out
+
+
+a, b = Serve(args.a), Serve(args.b)
+try:
+    warm = [random.Random(-1).randrange(vocab) for _ in range(PROMPT)]
+    a.complete(warm)
+    b.complete(warm)
+    rows = []
+    for r in range(args.rounds):
+        rng = random.Random(r)
+        prompts = [[rng.randrange(vocab) for _ in range(PROMPT)] for _ in range(args.streams)]
+        got = {}
+        for name, server in ([("a", a), ("b", b)] if r % 2 == 0 else [("b", b), ("a", a)]):
+            got[name] = run(server, prompts)
+        row = {"round": r, "tokens_per_s_a": round(got["a"][0], 2), "tokens_per_s_b": round(got["b"][0], 2),
+               "b_over_a": round(got["b"][0] / got["a"][0], 3), "same_tokens": got["a"][1] == got["b"][1]}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    print(json.dumps({"median_b_over_a": statistics.median(x["b_over_a"] for x in rows),
+                      "median_tokens_per_s_a": statistics.median(x["tokens_per_s_a"] for x in rows),
+                      "median_tokens_per_s_b": statistics.median(x["tokens_per_s_b"] for x in rows),
+                      "all_same_tokens": all(x["same_tokens"] for x in rows), "rounds": args.rounds,
+                      "streams": args.streams, "new_tokens": NEW, "a": args.a, "b": args.b}), flush=True)
+finally:
+    a.stop()
+    b.stop()
