@@ -10,9 +10,9 @@ on A and on B, one after the other, alternating which goes first, so that a slow
 machine falls on both. Prints each round (tokens/s of A and B, and B over A) and the median of
 the per-round ratios as JSON lines, and whether every stream got the same tokens on both.
 """
-import argparse, json, os, random, shlex, statistics, threading, time, urllib.request
+import argparse, json, os, random, shlex, statistics
 
-from serve_util import start_serve
+from serve_util import CompletionServer, run_clients
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
@@ -28,40 +28,7 @@ vocab = json.load(open(config))["vocab_size"] if os.path.isdir(args.model) else 
 PROMPT, NEW = 16, int(os.environ.get("TESSERA_BATCH_NEW", "64"))
 
 
-class Serve:
-    def __init__(self, flags):
-        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", args.model, "--port", "0", "--ctx-size", "256",
-                                                  "--queue", str(max(16, 2 * args.streams)), *shlex.split(flags)], "tessera-ab-")
-
-    def complete(self, ids):
-        body = {"prompt": ids, "max_tokens": NEW, "temperature": 0}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            return json.loads(r.read())["choices"][0]["token_ids"]
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=120)
-
-
-def run(server, prompts):
-    out = [None] * len(prompts)
-    def client(i):
-        out[i] = server.complete(prompts[i])
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if any(o is None for o in out):
-        raise RuntimeError("a request failed")
-    return sum(len(o) for o in out) / seconds, out
-
-
-a, b = Serve(args.a), Serve(args.b)
+a, b = (CompletionServer(bin_, args.model, args.streams, shlex.split(f), "tessera-ab-", NEW) for f in (args.a, args.b))
 try:
     warm = [random.Random(-1).randrange(vocab) for _ in range(PROMPT)]
     a.complete(warm)
@@ -72,7 +39,7 @@ try:
         prompts = [[rng.randrange(vocab) for _ in range(PROMPT)] for _ in range(args.streams)]
         got = {}
         for name, server in ([("a", a), ("b", b)] if r % 2 == 0 else [("b", b), ("a", a)]):
-            got[name] = run(server, prompts)
+            got[name] = run_clients(server, prompts)
         row = {"round": r, "tokens_per_s_a": round(got["a"][0], 2), "tokens_per_s_b": round(got["b"][0], 2),
                "b_over_a": round(got["b"][0] / got["a"][0], 3), "same_tokens": got["a"][1] == got["b"][1]}
         print(json.dumps(row), flush=True)

@@ -12,9 +12,9 @@ the request gets alone: the script checks that the batched server gives every st
 same tokens. Prints each round and the medians as JSON lines, with the batched server's
 mean batch occupancy (/metrics).
 """
-import json, os, random, re, statistics, subprocess, sys, tempfile, threading, time, urllib.request
+import json, os, random, statistics, sys
 
-from serve_util import start_serve
+from serve_util import CompletionServer, run_clients
 
 build, model, rounds, streams, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 serve_args = sys.argv[6:]
@@ -26,47 +26,8 @@ vocab = json.load(open(config))["vocab_size"] if os.path.isdir(model) else 30000
 PROMPT, NEW = 16, int(os.environ.get("TESSERA_BATCH_NEW", "64"))
 
 
-class Serve:
-    def __init__(self, *args):
-        self.p, self.port, self.log = start_serve([bin_, "serve", "--model", model, "--port", "0", "--ctx-size", "256",
-                                                  "--queue", str(max(16, 2 * streams)), *args], "tessera-batch-")
-
-    def complete(self, ids):
-        body = {"prompt": ids, "max_tokens": NEW, "temperature": 0}
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            return json.loads(r.read())["choices"][0]["token_ids"]
-
-    def metric(self, name):
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30).read().decode()
-        m = re.search(r"\n" + re.escape(name) + r" ([0-9.e+-]+)", text)
-        return float(m.group(1)) if m else 0.0
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=120)
-
-
-def run(server, prompts):
-    """Tokens/s over all clients at once, and each client's tokens."""
-    out = [None] * len(prompts)
-    def client(i):
-        out[i] = server.complete(prompts[i])
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    if any(o is None for o in out):
-        raise RuntimeError("a request failed")
-    return sum(len(o) for o in out) / seconds, out
-
-
-one = Serve("--max-batch", "1", *serve_args)
-many = Serve("--max-batch", str(batch), *serve_args)
+one = CompletionServer(bin_, model, streams, ["--max-batch", "1", *serve_args], "tessera-batch-", NEW)
+many = CompletionServer(bin_, model, streams, ["--max-batch", str(batch), *serve_args], "tessera-batch-", NEW)
 try:
     # Warm-up: one request each (pages in the weights).
     warm = [random.Random(-1).randrange(vocab) for _ in range(PROMPT)]
@@ -79,7 +40,7 @@ try:
         order = [("one", one), ("many", many)] if r % 2 == 0 else [("many", many), ("one", one)]
         got = {}
         for name, server in order:
-            got[name] = run(server, prompts)
+            got[name] = run_clients(server, prompts)
         same = got["one"][1] == got["many"][1]
         row = {"round": r, "tokens_per_s_batch1": round(got["one"][0], 2), f"tokens_per_s_batch{batch}": round(got["many"][0], 2),
                "ratio": round(got["many"][0] / got["one"][0], 3), "streams_equal_alone": same}

@@ -243,50 +243,40 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   for (auto [k, cols] : shapes) {
     core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
     for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.01f * static_cast<float>(i % 13);
-    // Packed once, as the model's layers are at load. In the model a layer's
-    // weights have left the caches by the time they are used again, so the
-    // timed products cycle through copies that together exceed the caches
-    // (warm weights had the profile predict BERT-base 11% fast).
-    const int64_t copies = std::clamp<int64_t>(kColdWeightBytes / std::max<int64_t>(w.numel() * 4, 1) + 1, 2, 64);
-    std::vector<kernels::PackedLinear> packed;
-    for (int64_t i = 0; i < copies; ++i) packed.push_back(kernels::PackedLinear::pack(w));
     // With the epilogue the model fuses into each: FFN-in its activation
     // (GELU is a few percent of a layer), the two output projections the
     // residual; the QKV projection none.
     const kernels::Activation act = k == F && cols == c.ffn_in_rows() ? c.act : kernels::Activation::kNone;
     const bool residual = cols == F;
-    for (int64_t m : rows) {
-      core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
-      core::Tensor r = residual ? core::Tensor::zeros_f32({m, cols}) : core::Tensor();
-      const double s = time_best(3, [&] {
-        for (const auto& p : packed)
-          kernels::linear_rows_f32(pool, x.f32(), m, p, b, act, residual ? r.f32() : nullptr, y.f32());
-      }) / static_cast<double>(copies);
-      d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9});
-    }
-    // A quantized model's matrices run on its own kernels: the dot products
-    // up to kQuantDotRows rows, panels widened to F32 beyond (a decode step
-    // of a 1B Q8_0 model priced at F32's rates was 2.3x slow).
-    // A mixed file's head type (Q4_K_M's Q6_K) as well.
-    std::vector<kernels::WeightType> types;
+    // A quantized model's matrices run on its own kernels (the dot products
+    // up to kQuantDotRows rows, panels widened to F32 beyond), timed beside
+    // F32's; a mixed file's head type (Q4_K_M's Q6_K) as well. (A decode
+    // step of a 1B Q8_0 model priced at F32's rates was 2.3x slow.)
+    std::vector<kernels::WeightType> types = {kernels::WeightType::kF32};
     for (const kernels::WeightType t : {c.weights, c.head_type()})
-      if (t != kernels::WeightType::kF32 && kernels::holds(t, k) && std::find(types.begin(), types.end(), t) == types.end())
-        types.push_back(t);
+      if (kernels::holds(t, k) && std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
     for (const kernels::WeightType type : types) {
-      packed.clear();
-      const kernels::WeightSource src{w.f32(), cols, k, 1};
-      const int64_t q_copies = std::clamp<int64_t>(
+      // Packed once, as the model's layers are at load. In the model a
+      // layer's weights have left the caches by the time they are used
+      // again, so the timed products cycle through copies that together
+      // exceed the caches (warm weights had the profile predict BERT-base
+      // 11% fast).
+      const int64_t copies = std::clamp<int64_t>(
           kColdWeightBytes / std::max<int64_t>(static_cast<int64_t>(kernels::row_bytes(type, k)) * cols, 1) + 1, 2, 64);
-      for (int64_t i = 0; i < q_copies; ++i)
-        packed.push_back(kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), k,
-                                                     kernels::gemm_path(), {}, type));
+      const kernels::WeightSource src{w.f32(), cols, k, 1};
+      std::vector<kernels::PackedLinear> packed;
+      for (int64_t i = 0; i < copies; ++i)
+        packed.push_back(type == kernels::WeightType::kF32
+                             ? kernels::PackedLinear::pack(w)
+                             : kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), k,
+                                                           kernels::gemm_path(), {}, type));
       for (int64_t m : rows) {
         core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
         core::Tensor r = residual ? core::Tensor::zeros_f32({m, cols}) : core::Tensor();
         const double s = time_best(3, [&] {
           for (const auto& p : packed)
             kernels::linear_rows_f32(pool, x.f32(), m, p, b, act, residual ? r.f32() : nullptr, y.f32());
-        }) / static_cast<double>(q_copies);
+        }) / static_cast<double>(copies);
         d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9, type});
       }
     }
