@@ -132,7 +132,7 @@ int plan_command(const PlanCmd& f) {
     o.kv_dtype = f.kv_type;
     o.new_tokens = f.generate;
     o.decode_batch = f.max_batch;
-    auto p = cluster->profile(c.value(), f.max_batch);  // a decode step's shapes
+    auto p = cluster->profile(c.value(), f.max_batch, o.weight_types);  // a decode step's shapes
     if (!p.ok()) return fail(p.status().to_string());
     step = std::move(*p);
     o.step_profile = &*step;

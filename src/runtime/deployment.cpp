@@ -159,6 +159,21 @@ std::vector<int> Cluster::active() const {
   return out;
 }
 
+Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t rows, const std::vector<kernels::WeightType>& types) {
+  TESSERA_ASSIGN_OR_RETURN(ClusterProfile p, profile(c, rows));
+  if (given_profile_ || file_) return p;
+  for (const kernels::WeightType t : types) {
+    if (t == c.weights) continue;
+    model::ModelConfig ct = c;
+    ct.weights = t;
+    TESSERA_ASSIGN_OR_RETURN(const planner::DeviceProfile d, device_profile(ct, rows, opts_.threads_per_device, opts_.reprofile));
+    for (auto& dev : p.devices)
+      for (const planner::GemmSample& g : d.gemm)
+        if (g.type == t) dev.gemm.push_back(g);
+  }
+  return p;
+}
+
 Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t rows) {
   if (const auto it = profiles_.find(rows); it != profiles_.end()) return it->second;
   ClusterProfile p;
@@ -248,7 +263,7 @@ Result<std::function<Result<double>(const parallel::Plan&)>> Cluster::loss_measu
 }
 
 Result<planner::PlanTable> plan_table(Cluster& cluster, const model::ModelConfig& c, const planner::PlannerOptions& o) {
-  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster.profile(c, o.rows));
+  TESSERA_ASSIGN_OR_RETURN(const ClusterProfile p, cluster.profile(c, o.rows, o.weight_types));
   return planner::plan_all(c, p, o);
 }
 
@@ -270,7 +285,12 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
   const int64_t rows = r.rows > 0 ? r.rows : plan_rows(c, 0);
   Deployment out;
   if (r.plan.strategy == "auto") {
-    TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows));
+    // --lossy on an F32 model: weights quantized at load are a choice too.
+    const std::vector<kernels::WeightType> types =
+        r.lossy && c.weights == kernels::WeightType::kF32
+            ? std::vector<kernels::WeightType>{kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0}
+            : std::vector<kernels::WeightType>{};
+    TESSERA_ASSIGN_OR_RETURN(const ClusterProfile all, cluster.profile(c, rows, types));
     planner::PlannerOptions o;
     o.rows = rows;
     o.ctx_size = r.ctx_size;
@@ -278,7 +298,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     std::optional<ClusterProfile> step;
     if (r.ctx_size > 0 && r.new_tokens > 0) {
       o.decode_batch = std::max<int64_t>(r.decode_batch, 1);
-      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile step_rows, cluster.profile(c, o.decode_batch));
+      TESSERA_ASSIGN_OR_RETURN(const ClusterProfile step_rows, cluster.profile(c, o.decode_batch, types));
       step = step_rows.subset(devices);
       o.new_tokens = r.new_tokens;
       o.step_profile = &*step;
@@ -289,8 +309,7 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     o.wire_given = r.plan.wire != core::WireType::kF32;
     o.lossy_allowed = r.lossy;
     if (r.lossy && !o.wire_given) o.wires = {core::WireType::kF32, core::WireType::kF16, core::WireType::kQ8};
-    if (r.lossy && c.weights == kernels::WeightType::kF32)
-      o.weight_types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0, kernels::WeightType::kQ4_0};
+    if (!types.empty()) o.weight_types = types;
     if (r.lossy) {
       o.max_loss = r.max_loss;
       TESSERA_ASSIGN_OR_RETURN(o.measure_loss, cluster.loss_measure(c, rows, r.calibration));

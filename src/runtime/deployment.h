@@ -83,6 +83,12 @@ class Cluster {
   // itself; links through the transport), with the speeds and budgets
   // applied. Measured once per row count and kept.
   [[nodiscard]] core::Result<planner::ClusterProfile> profile(const model::ModelConfig& c, int64_t rows);
+  // The same, with the GEMM rates of weights quantized at load in `types`
+  // as well (--lossy on an F32 model may plan them), where this process
+  // measures the devices (local ones); a cluster file's or a --profile's
+  // devices price them at their own types' rates (F32's).
+  [[nodiscard]] core::Result<planner::ClusterProfile> profile(const model::ModelConfig& c, int64_t rows,
+                                                              const std::vector<kernels::WeightType>& types);
 
   // The --max-loss gate's measure (PlannerOptions::measure_loss): a plan's
   // top-1 disagreement with the exact model, its ranks as threads of this

@@ -4,6 +4,12 @@
 #include "runtime/cluster_profile.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "runtime/deployment.h"
 
 namespace tessera::runtime {
 namespace {
@@ -34,6 +40,51 @@ TEST(LocalLinksTest, EncryptionHasACpuRate) {
   ASSERT_TRUE(gbps.ok()) << gbps.status().to_string();
   EXPECT_GT(gbps.value(), 0);
   EXPECT_LT(gbps.value(), 1000);
+}
+
+// --lossy on an F32 model may plan weights quantized at load: local devices
+// are profiled with those types' kernels as well, every device with the
+// same samples, and the F32 ones are the plain profile's. A --profile file
+// is taken as it is.
+TEST(LocalProfileTest, LossyTypesAddTheirOwnRatesOnEveryLocalDevice) {
+  ClusterOptions o;
+  o.model_dir = std::string(TESSERA_TEST_DATA) + "/gpt2-tiny";
+  o.devices = 2;
+  o.insecure = true;
+  auto c = Cluster::open(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto cfg = model::load_config(o.model_dir);
+  ASSERT_TRUE(cfg.ok());
+  auto plain = c->profile(*cfg, 4);
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  const std::vector<kernels::WeightType> types = {kernels::WeightType::kF32, kernels::WeightType::kQ8_0,
+                                                  kernels::WeightType::kQ4_0};
+  auto typed = c->profile(*cfg, 4, types);
+  ASSERT_TRUE(typed.ok()) << typed.status().to_string();
+  ASSERT_EQ(typed->size(), 2);
+  for (int d = 0; d < 2; ++d) {
+    std::set<kernels::WeightType> seen;
+    size_t f32 = 0;
+    for (const planner::GemmSample& g : typed->devices[static_cast<size_t>(d)].gemm) {
+      seen.insert(g.type);
+      f32 += g.type == kernels::WeightType::kF32;
+    }
+    EXPECT_EQ(seen, std::set<kernels::WeightType>(types.begin(), types.end())) << d;
+    EXPECT_EQ(f32, plain->devices[static_cast<size_t>(d)].gemm.size()) << d;
+    for (const planner::GemmSample& g : plain->devices[static_cast<size_t>(d)].gemm) EXPECT_EQ(g.type, kernels::WeightType::kF32);
+  }
+  EXPECT_EQ(typed->devices[0].to_json()["gemm"], typed->devices[1].to_json()["gemm"]);
+  // A profile file: as it is.
+  const std::string file = (std::filesystem::temp_directory_path() / ("tessera-typed-" + std::to_string(::getpid()) + ".json")).string();
+  ASSERT_TRUE(plain->save(file).ok());
+  o.profile_file = file;
+  auto given = Cluster::open(o);
+  ASSERT_TRUE(given.ok()) << given.status().to_string();
+  auto read = given->profile(*cfg, 4, types);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(read.ok()) << read.status().to_string();
+  for (const auto& dev : read->devices)
+    for (const planner::GemmSample& g : dev.gemm) EXPECT_EQ(g.type, kernels::WeightType::kF32);
 }
 
 }  // namespace
