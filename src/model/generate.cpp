@@ -63,12 +63,15 @@ int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& op
   const double mx = logits[*std::min_element(order.begin(), order.end(), before)] / t;
   // Infinite maxima: exp(inf - inf) is NaN. +inf logits share the mass
   // equally; if all are -inf, every kept token is equally likely.
-  auto weight = [&](int64_t id) {
-    const double z = logits[id] / t;
-    return std::isinf(mx) ? (z == mx ? 1.0 : 0.0) : std::exp(z - mx);
-  };
+  // Each kept token's weight, by id: computed once, read by the sum, the
+  // nucleus and the draw.
+  std::vector<double> wt(static_cast<size_t>(vocab));
   double sum = 0.0;
-  for (size_t i = 0; i < keep; ++i) sum += weight(order[i]);
+  for (size_t i = 0; i < keep; ++i) {
+    const double z = logits[order[i]] / t;
+    sum += wt[static_cast<size_t>(order[i])] = std::isinf(mx) ? (z == mx ? 1.0 : 0.0) : std::exp(z - mx);
+  }
+  auto weight = [&](int64_t id) { return wt[static_cast<size_t>(id)]; };
   if (opts.top_p < 1.0f) {
     double cum = 0.0, kept = 0.0;
     size_t cut = keep;
