@@ -98,6 +98,37 @@ int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& op
   return order[0];
 }
 
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int64_t token, int64_t top) {
+  TokenLogprobs out;
+  out.token = token;
+  const auto value = [&](int64_t i) { return std::isnan(logits[i]) ? -INFINITY : static_cast<double>(logits[i]); };
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, value(i));
+  // log(sum exp(l - mx)) + mx in double; +inf logits share the mass, and a
+  // row of -inf has none anywhere.
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double v = value(i);
+    sum += std::isinf(mx) ? (v == mx && mx > 0 ? 1.0 : 0.0) : std::exp(v - mx);
+  }
+  const auto logprob = [&](int64_t i) -> float {
+    const double v = value(i);
+    if (sum <= 0.0 || v == -INFINITY || (std::isinf(mx) && v != mx)) return kNoMassLogprob;
+    const double lp = std::isinf(mx) ? -std::log(sum) : v - mx - std::log(sum);
+    return static_cast<float>(std::max(lp, static_cast<double>(kNoMassLogprob)));
+  };
+  if (token >= 0 && token < vocab) out.logprob = logprob(token);
+  const int64_t k = std::clamp<int64_t>(top, 0, vocab);
+  if (k > 0) {
+    std::vector<int64_t> ids(static_cast<size_t>(vocab));
+    std::iota(ids.begin(), ids.end(), int64_t{0});
+    const auto before = [&](int64_t a, int64_t b) { return value(a) > value(b) || (value(a) == value(b) && a < b); };
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), before);
+    for (int64_t i = 0; i < k; ++i) out.top.emplace_back(ids[static_cast<size_t>(i)], logprob(ids[static_cast<size_t>(i)]));
+  }
+  return out;
+}
+
 uint64_t resume_seed(uint64_t seed, int64_t tokens) {
   for (int64_t i = 0; i < tokens; ++i) seed = std::mt19937_64(seed)();  // as pick_token advances it
   return seed;
@@ -170,6 +201,7 @@ Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std
     const int64_t next = pick_token(row.f32(), c.vocab, opts, &rng_state);
     if (next < 0) return core::internal_error("the model produced only NaN logits at position " + std::to_string(pos));
     seq.push_back(next);
+    if (opts.on_logits) opts.on_logits(row.f32(), c.vocab, next);
     if (opts.on_token) opts.on_token(next);
     if (ends(next) || (opts.stop_requested && opts.stop_requested())) break;
   }

@@ -28,6 +28,9 @@ struct GenerateOptions {
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
+  // Called just before on_token with the row of logits [vocab] the token
+  // was picked from (for its log-probabilities); may be empty.
+  std::function<void(const float* logits, int64_t vocab, int64_t token)> on_logits;
   // Asked after each new token, and between the chunks of a chunked
   // prefill (Session's prefill_chunk); true ends the generation there (a
   // stop string, a deadline, a client gone). May be empty.
@@ -52,6 +55,19 @@ core::Status validate_generate_options(const GenerateOptions& opts);
 // temperature, top-k and top-p filtering). NaN logits are never picked;
 // -1 when every logit is NaN.
 int64_t pick_token(const float* logits, int64_t vocab, const GenerateOptions& opts, uint64_t* rng_state);
+
+// A token's log-probability under the model's own distribution (the
+// log-softmax of the raw logits: no temperature, top-k or top-p), and the
+// `top` most likely tokens with theirs, most likely first (ties: lower id
+// first). NaN logits count as -inf. A token of no mass gets
+// kNoMassLogprob, as OpenAI's API reports one (JSON has no -inf).
+struct TokenLogprobs {
+  int64_t token = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int64_t, float>> top;
+};
+constexpr float kNoMassLogprob = -9999.0f;
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int64_t token, int64_t top);
 
 constexpr int64_t kDefaultContext = 4096;
 // The context of a generation (see GenerateOptions::ctx_size).

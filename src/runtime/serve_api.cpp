@@ -89,7 +89,7 @@ Result<T> as_request_error(Result<T> r) {
 // The sampling and streaming fields that completions and chat completions share.
 Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
   // Options we do not implement are refused, never silently ignored.
-  for (const char* key : {"logprobs", "top_logprobs", "echo", "best_of", "logit_bias", "n"}) {
+  for (const char* key : {"echo", "best_of", "logit_bias", "n"}) {
     const json* v = member(j, key);
     if (v == nullptr) continue;
     const bool harmless = (v->is_boolean() && !v->get<bool>()) || (std::string_view(key) == "n" && *v == 1) ||
@@ -141,6 +141,14 @@ Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimit
   if (prompts.size() != 1) return bad("one prompt per request (\"prompt\" holds " + std::to_string(prompts.size()) + ")");
   r.prompt = std::move(prompts[0]);
   TESSERA_RETURN_IF_ERROR(sampling_fields(j, limits, "max_tokens", r));
+  // The legacy API's "logprobs" is the count of alternatives; false or null: none.
+  if (const json* lp = member(j, "logprobs"); lp != nullptr && !(lp->is_boolean() && !lp->get<bool>())) {
+    if (!lp->is_number_integer() || lp->get<int64_t>() < 0 || lp->get<int64_t>() > kMaxTopLogprobs)
+      return bad("\"logprobs\" must be an integer in [0, " + std::to_string(kMaxTopLogprobs) + "] (the alternatives per token)");
+    r.logprobs = lp->get<int64_t>();
+  }
+  if (member(j, "top_logprobs") != nullptr)
+    return bad("\"top_logprobs\" is a chat completion field; here \"logprobs\" gives the count");
   const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
   if (!r.prompt.ids.empty() && static_cast<int64_t>(r.prompt.ids.size()) + r.max_tokens > positions)
     return bad("the prompt's " + std::to_string(r.prompt.ids.size()) + " tokens plus max_tokens " +
@@ -206,6 +214,14 @@ Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
   const bool current = member(j, "max_completion_tokens") != nullptr;
   r.max_tokens_given = current || member(j, "max_tokens") != nullptr;
   TESSERA_RETURN_IF_ERROR(sampling_fields(j, limits, current ? "max_completion_tokens" : "max_tokens", r.sampling));
+  TESSERA_ASSIGN_OR_RETURN(const bool logprobs, as_request_error(core::json_field_bool(j, "logprobs", false)));
+  if (member(j, "top_logprobs") != nullptr) {
+    if (!logprobs) return bad("\"top_logprobs\" needs \"logprobs\": true");
+    TESSERA_ASSIGN_OR_RETURN(r.sampling.logprobs,
+                             as_request_error(core::json_field_int(j, "top_logprobs", 0, kMaxTopLogprobs, 0)));
+  } else if (logprobs) {
+    r.sampling.logprobs = 0;
+  }
   // Without a limit a chat answer may run to the end of the context (OpenAI's default).
   if (!r.max_tokens_given) r.sampling.max_tokens = limits.max_positions > 0 ? limits.max_positions : INT32_MAX;
   return r;

@@ -40,7 +40,12 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  // Log-probabilities of the tokens made, each with this many alternatives
+  // (0..kMaxTopLogprobs); -1: none. Completions' "logprobs": N, chat's
+  // "logprobs": true with "top_logprobs": N.
+  int64_t logprobs = -1;
 };
+constexpr int64_t kMaxTopLogprobs = 20;
 
 // /v1/chat/completions: the messages as the chat template takes them
 // ({role, content} with content a string, or null for an assistant turn

@@ -14,6 +14,7 @@
 
 #include "model/chat.h"
 #include "model/generate.h"
+#include "model/tokenizer.h"
 #include "runtime/serve_server.h"
 
 namespace tessera::runtime::serve_detail {
@@ -21,7 +22,36 @@ namespace tessera::runtime::serve_detail {
 struct Server::Generation {
   std::vector<int64_t> prompt, tokens;
   std::string finish = "length";
+  // With "logprobs": each token's, and where its text starts in the answer
+  // (in characters); a stream sends each entry once.
+  bool want_logprobs = false;
+  std::vector<model::TokenLogprobs> logprobs;
+  std::vector<int64_t> text_offsets;
+  size_t logprobs_sent = 0;
 };
+
+namespace {
+
+// A token's text for its log-probability: the token decoded alone (a piece
+// of a character shows as U+FFFD), or "token_id:N" without a tokenizer.
+std::string token_text(const model::Tokenizer* tok, int64_t id) {
+  if (tok != nullptr)
+    if (auto t = tok->decode({id}, false); t.ok()) return *t;
+  return "token_id:" + std::to_string(id);
+}
+
+json token_entry(const model::Tokenizer* tok, int64_t id, float logprob) {
+  const std::string t = token_text(tok, id);
+  json bytes = json::array();
+  for (const unsigned char c : t) bytes.push_back(static_cast<int>(c));
+  return {{"token", t}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+int64_t characters(const std::string& utf8) {
+  return std::count_if(utf8.begin(), utf8.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+}  // namespace
 
 Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline, int conn,
                         const std::function<bool(const std::string&, int64_t)>& emit) {
@@ -41,7 +71,13 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   if (engine_.tokenizer() != nullptr) decoder.emplace(*engine_.tokenizer());
   std::string text;
   size_t sent = 0;
+  int64_t chars = 0;  // in text
   bool stop = false, gone = false, late = false;
+  g.want_logprobs = r.logprobs >= 0;
+  if (g.want_logprobs)
+    o.on_logits = [&](const float* logits, int64_t vocab, int64_t id) {
+      g.logprobs.push_back(model::token_logprobs(logits, vocab, id, r.logprobs));
+    };
   // Replays after a failover count on from the tokens already made.
   Clock::time_point last = request_start();
   const auto on_token = [&](int64_t id) {
@@ -49,9 +85,10 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
     metrics_.token(g.tokens.empty(), std::chrono::duration<double>(now - last).count());
     last = now;
     g.tokens.push_back(id);
+    g.text_offsets.push_back(chars);
     std::string delta;
     if (decoder) {
-      if (auto piece = decoder->step(id); piece.ok()) text += *piece;
+      if (auto piece = decoder->step(id); piece.ok()) text += *piece, chars += characters(*piece);
       const api::StopScan s = api::scan_stop(text, r.stop, false);
       if (s.sendable > sent) delta = text.substr(sent, s.sendable - sent);
       sent = std::max(sent, s.sendable);
@@ -98,14 +135,48 @@ struct Server::Shape {
     return {{"id", id}, {"object", object}, {"created", static_cast<int64_t>(std::time(nullptr))},
             {"model", model}, {"choices", json::array({std::move(choice)})}};
   }
+  // The log-probabilities of tokens [from, to) in this API's shape: chat's
+  // list of entries, the legacy completions' parallel lists.
+  json logprobs(const Generation& g, size_t from, size_t to, const model::Tokenizer* tok) const {
+    if (chat) {
+      json content = json::array();
+      for (size_t i = from; i < to; ++i) {
+        const model::TokenLogprobs& t = g.logprobs[i];
+        json e = token_entry(tok, t.token, t.logprob), top = json::array();
+        for (const auto& [id, lp] : t.top) top.push_back(token_entry(tok, id, lp));
+        e["top_logprobs"] = std::move(top);
+        content.push_back(std::move(e));
+      }
+      return {{"content", std::move(content)}, {"refusal", nullptr}};
+    }
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (size_t i = from; i < to; ++i) {
+      const model::TokenLogprobs& t = g.logprobs[i];
+      tokens.push_back(token_text(tok, t.token));
+      lps.push_back(t.logprob);
+      json top = json::object();
+      for (const auto& [id, lp] : t.top) top[token_text(tok, id)] = lp;
+      tops.push_back(std::move(top));
+      offsets.push_back(i < g.text_offsets.size() ? g.text_offsets[i] : 0);
+    }
+    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  }
+  // Those not streamed yet (null when none, or none were asked for).
+  json unsent_logprobs(Generation& g, const model::Tokenizer* tok) const {
+    if (!g.want_logprobs || g.logprobs_sent >= g.logprobs.size()) return nullptr;
+    json j = logprobs(g, g.logprobs_sent, g.logprobs.size(), tok);
+    g.logprobs_sent = g.logprobs.size();
+    return j;
+  }
   // A streamed piece: `text` and its token (none for trailing text), or the
   // last event with the finish reason.
-  json chunk(const std::string& text, const json& token_ids, const json& finish) const {
+  json chunk(const std::string& text, const json& token_ids, const json& finish, json logprobs = nullptr) const {
     if (!chat)
-      return envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", nullptr},
+      return envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", std::move(logprobs)},
                                           {"finish_reason", finish}});
     json delta = finish.is_null() ? json{{"content", text}} : json::object();
-    return envelope("chat.completion.chunk", {{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish}});
+    return envelope("chat.completion.chunk",
+                    {{"index", 0}, {"delta", delta}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
   }
   // A chat stream opens with the assistant's role.
   std::optional<json> opening() const {
@@ -113,11 +184,12 @@ struct Server::Shape {
     return envelope("chat.completion.chunk", {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                                               {"logprobs", nullptr}, {"finish_reason", nullptr}});
   }
-  json whole(const std::string& text, const Generation& g) const {
+  json whole(const std::string& text, const Generation& g, const model::Tokenizer* tok) const {
+    const json lp = g.want_logprobs ? logprobs(g, 0, g.logprobs.size(), tok) : json(nullptr);
     json body = chat ? envelope("chat.completion", {{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}},
-                                                    {"logprobs", nullptr}, {"finish_reason", g.finish}})
+                                                    {"logprobs", lp}, {"finish_reason", g.finish}})
                      : envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", g.tokens},
-                                                    {"logprobs", nullptr}, {"finish_reason", g.finish}});
+                                                    {"logprobs", lp}, {"finish_reason", g.finish}});
     body["usage"] = usage(g);
     return body;
   }
@@ -196,7 +268,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         return send_error(res, 499, "the client closed the connection");
       }
       if (!st.ok()) return fail(res, st);
-      res.set_content(shape.whole(text, *g).dump(), "application/json");
+      res.set_content(shape.whole(text, *g, engine_.tokenizer()).dump(), "application/json");
     });
   }
   if (!admit(res)) return;
@@ -229,8 +301,9 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
           if (const auto first = shape.opening()) alive = event(*first);
           if (alive)
             st = generate(*request, *g, deadline, conn, [&](const std::string& text, int64_t token) {
-              if (shape.chat && text.empty()) return alive;  // a chat delta carries text
-              alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr));
+              if (shape.chat && text.empty()) return alive;  // a chat delta carries text (its logprobs wait)
+              alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr,
+                                                 shape.unsent_logprobs(*g, engine_.tokenizer())));
               return alive;
             });
           admission_.release();
@@ -238,7 +311,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         leave();
         if (alive) {
           if (st.ok()) {
-            json last = shape.chunk("", json::array(), g->finish);
+            json last = shape.chunk("", json::array(), g->finish, shape.unsent_logprobs(*g, engine_.tokenizer()));
             if (request->include_usage) last["usage"] = usage(*g);
             event(last);
           } else {

@@ -177,6 +177,26 @@ inline std::vector<int64_t> reference_tokens(const std::vector<int64_t>& prompt,
   return {seq.begin() + static_cast<std::ptrdiff_t>(prompt.size()), seq.end()};
 }
 
+// The rows of logits one device picks n greedy tokens from, and the tokens.
+struct ReferenceLogits {
+  std::vector<std::vector<float>> rows;
+  std::vector<int64_t> tokens;
+};
+inline ReferenceLogits reference_logits(const std::vector<int64_t>& prompt, int64_t n) {
+  const auto m = load("gpt2-tiny");
+  ReferenceLogits out;
+  model::GenerateOptions o;
+  o.greedy = true;
+  o.max_new_tokens = n;
+  o.on_logits = [&](const float* row, int64_t vocab, int64_t token) {
+    out.rows.emplace_back(row, row + vocab);
+    out.tokens.push_back(token);
+  };
+  core::ThreadPool pool(1);
+  EXPECT_TRUE(model::generate(m, prompt, o, &pool).ok());
+  return out;
+}
+
 inline model::ForwardOutput reference_forward(const std::string& name, const model::ModelInput& in) {
   const auto m = load(name);
   core::ThreadPool pool(1);

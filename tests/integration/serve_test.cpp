@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <future>
+#include <map>
 #include <sstream>
 
 #include "model/image.h"
@@ -130,6 +131,68 @@ std::vector<json> sse_events(const std::string& body) {
 // template (ChatML, written out here by hand) answer what /v1/completions
 // answers for that text; streamed and whole agree; usage, max_tokens and
 // stop hold; bad messages get 400 and the server keeps serving.
+// "logprobs" on /v1/completions: each token's log-probability and its top
+// alternatives under the distribution one device computes (in process
+// here; tp on 2 serves), whole and streamed. gpt2-tiny has no tokenizer, so
+// tokens read "token_id:N".
+TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const int64_t n = 8, top = 3;
+  const ReferenceLogits ref = reference_logits(kPrompt, n);
+  ASSERT_EQ(ref.rows.size(), static_cast<size_t>(n));
+  const json body = {{"prompt", kPrompt}, {"max_tokens", n}, {"temperature", 0}, {"logprobs", top}};
+  auto r = s.post("/v1/completions", body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json whole = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(whole["token_ids"].get<std::vector<int64_t>>(), ref.tokens);
+  const json& lp = whole["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(n)) << lp.dump();
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["top_logprobs"].size(), static_cast<size_t>(n));
+  ASSERT_EQ(lp["text_offset"].size(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<float>& row = ref.rows[static_cast<size_t>(i)];
+    const auto vocab = static_cast<int64_t>(row.size());
+    const model::TokenLogprobs all = model::token_logprobs(row.data(), vocab, ref.tokens[static_cast<size_t>(i)], vocab);
+    std::map<std::string, float> by_name;
+    for (const auto& [id, v] : all.top) by_name["token_id:" + std::to_string(id)] = v;
+    EXPECT_EQ(lp["tokens"][static_cast<size_t>(i)], "token_id:" + std::to_string(ref.tokens[static_cast<size_t>(i)]));
+    EXPECT_NEAR(lp["token_logprobs"][static_cast<size_t>(i)].get<double>(), all.logprob, 1e-4) << i;
+    // The alternatives: `top` of them, each with its own log-probability, none
+    // below the reference's top-th (near-ties may swap which one is listed).
+    const json& alts = lp["top_logprobs"][static_cast<size_t>(i)];
+    ASSERT_EQ(alts.size(), static_cast<size_t>(top)) << alts.dump();
+    for (const auto& [name, v] : alts.items()) {
+      ASSERT_TRUE(by_name.contains(name)) << name;
+      EXPECT_NEAR(v.get<double>(), by_name[name], 1e-4) << name;
+      EXPECT_GE(v.get<double>(), all.top[static_cast<size_t>(top - 1)].second - 1e-4) << name;
+    }
+  }
+
+  // Streamed: each token's event carries its own entry, the same figures.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  r = s.post("/v1/completions", streamed_body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<double> streamed;
+  for (const json& e : sse_events(r->body)) {
+    if (!e.contains("choices")) continue;
+    const json& c = e["choices"][0];
+    if (c["logprobs"].is_null()) continue;
+    EXPECT_EQ(c["logprobs"]["token_logprobs"].size(), c["token_ids"].size()) << e.dump();
+    for (const json& v : c["logprobs"]["token_logprobs"]) streamed.push_back(v.get<double>());
+  }
+  ASSERT_EQ(streamed.size(), static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(streamed[static_cast<size_t>(i)], lp["token_logprobs"][static_cast<size_t>(i)].get<double>(), 1e-6);
+  // Without "logprobs" the field stays null.
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}, {"temperature", 0}});
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(json::parse(r->body)["choices"][0]["logprobs"].is_null()) << r->body;
+}
+
 TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   Server s({"--model", kData + "/gpt2-chat", "--devices", "2", "--strategy", "tp"});
   ASSERT_TRUE(s.up()) << s.proc().log();
@@ -173,6 +236,30 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   EXPECT_EQ(streamed, content);
   EXPECT_EQ(events.back()["choices"][0]["finish_reason"], got["choices"][0]["finish_reason"]);
   EXPECT_EQ(events.back()["usage"], got["usage"]);
+
+  // "logprobs" with "top_logprobs", streamed: every token's entry arrives
+  // once (a token with no text yet waits for the next event), and a greedy
+  // token is its row's most likely, the first alternative.
+  r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"stream", true},
+                                      {"logprobs", true}, {"top_logprobs", 2}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<json> entries;
+  for (const json& e : sse_events(r->body)) {
+    if (!e.contains("choices") || e["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& x : e["choices"][0]["logprobs"]["content"]) entries.push_back(x);
+  }
+  EXPECT_EQ(static_cast<int64_t>(entries.size()), got["usage"]["completion_tokens"].get<int64_t>());
+  for (const json& x : entries) {
+    ASSERT_EQ(x["top_logprobs"].size(), 2u) << x.dump();
+    EXPECT_EQ(x["token"], x["top_logprobs"][0]["token"]) << x.dump();
+    EXPECT_EQ(x["logprob"], x["top_logprobs"][0]["logprob"]) << x.dump();
+    EXPECT_LE(x["logprob"].get<double>(), 0.0);
+    EXPECT_GE(x["top_logprobs"][0]["logprob"].get<double>(), x["top_logprobs"][1]["logprob"].get<double>());
+    std::string bytes;
+    for (const json& b : x["bytes"]) bytes.push_back(static_cast<char>(b.get<int>()));
+    EXPECT_EQ(bytes, x["token"].get<std::string>());
+  }
 
   // max_tokens and stop are honoured.
   r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 2}, {"temperature", 0}});

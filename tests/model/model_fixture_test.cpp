@@ -30,7 +30,9 @@ void check_text_case(const Transformer& model, const SafeTensorsFile& cases, con
     EXPECT_LT(max_abs_diff(out->hidden[i], cases.get(s + ".hidden." + std::to_string(i)).value()), 1e-4f)
         << s << " hidden." << i;
   EXPECT_LT(max_abs_diff(out->logits, cases.get(s + ".logits").value()), 1e-4f) << s << " logits";
-  if (bert) EXPECT_LT(max_abs_diff(out->pooler, cases.get(s + ".pooler_output").value()), 1e-4f) << s << " pooler";
+  if (bert) {
+    EXPECT_LT(max_abs_diff(out->pooler, cases.get(s + ".pooler_output").value()), 1e-4f) << s << " pooler";
+  }
 }
 
 TEST(FixtureTest, BertTinyMatchesHuggingFace) {

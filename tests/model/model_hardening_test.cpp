@@ -274,6 +274,71 @@ TEST(GenerateHardeningTest, SamplingDrawsAsAFullSortWould) {
   EXPECT_GT(draws, 0);
 }
 
+// A token's log-probability is the log-softmax of the raw logits (long
+// double here), the alternatives the most likely first with ties by id;
+// NaN is -inf, +inf logits share the mass, and no mass reads -9999.
+TEST(GenerateHardeningTest, TokenLogprobsAreTheLogSoftmaxOfTheRawLogits) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> z(0.0f, 4.0f);
+  const int64_t vocab = 3000;
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& x : logits) x = std::round(z(gen) * 2.0f) / 2.0f;  // ties
+  logits[7] = std::numeric_limits<float>::quiet_NaN();
+  logits[8] = -std::numeric_limits<float>::infinity();
+  long double mx = -INFINITY, sum = 0;
+  for (const float x : logits) mx = std::isnan(x) ? mx : std::max<long double>(mx, x);
+  for (const float x : logits) sum += std::isnan(x) ? 0.0L : std::exp(static_cast<long double>(x) - mx);
+  const auto want = [&](int64_t i) { return static_cast<double>(logits[static_cast<size_t>(i)] - mx - std::log(sum)); };
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[static_cast<size_t>(i)])) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+  for (const int64_t token : {int64_t{0}, int64_t{1234}, order[0], order[500]}) {
+    const TokenLogprobs t = token_logprobs(logits.data(), vocab, token, 20);
+    EXPECT_EQ(t.token, token);
+    EXPECT_NEAR(t.logprob, want(token), 1e-5);
+    ASSERT_EQ(t.top.size(), 20u);
+    for (size_t i = 0; i < t.top.size(); ++i) {
+      EXPECT_EQ(t.top[i].first, order[i]) << i;
+      EXPECT_NEAR(t.top[i].second, want(order[i]), 1e-5);
+    }
+  }
+  EXPECT_EQ(token_logprobs(logits.data(), vocab, 7, 0).logprob, kNoMassLogprob);  // NaN
+  EXPECT_EQ(token_logprobs(logits.data(), vocab, 8, 0).logprob, kNoMassLogprob);  // -inf
+  EXPECT_TRUE(token_logprobs(logits.data(), vocab, 0, 0).top.empty());
+  const float inf = std::numeric_limits<float>::infinity();
+  const float shared[] = {inf, 1.0f, inf, std::numeric_limits<float>::quiet_NaN()};
+  const TokenLogprobs s = token_logprobs(shared, 4, 2, 4);
+  EXPECT_FLOAT_EQ(s.logprob, -std::log(2.0f));
+  EXPECT_EQ(s.top[0].first, 0);
+  EXPECT_EQ(s.top[1].first, 2);
+  EXPECT_EQ(s.top[2].second, kNoMassLogprob);
+  const float none[] = {-inf, -inf};
+  EXPECT_EQ(token_logprobs(none, 2, 0, 1).logprob, kNoMassLogprob);
+
+  // generate() hands on_logits the row each token was picked from, before on_token.
+  auto model = Transformer::load(kData + "/gpt2-tiny");
+  ASSERT_TRUE(model.ok());
+  GenerateOptions o;
+  o.max_new_tokens = 5;
+  std::vector<int64_t> argmax, seen;
+  o.on_logits = [&](const float* row, int64_t v, int64_t token) {
+    EXPECT_EQ(v, model->config().vocab);
+    argmax.push_back(std::max_element(row, row + v) - row);
+    seen.push_back(token);
+  };
+  o.on_token = [&](int64_t token) {
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back(), token);
+  };
+  core::ThreadPool pool(1);
+  const auto seq = generate(*model, {17, 4, 99}, o, &pool);
+  ASSERT_TRUE(seq.ok());
+  EXPECT_EQ(argmax, std::vector<int64_t>(seq->begin() + 3, seq->end()));
+  EXPECT_EQ(seen, argmax);
+}
+
 // Audit defect 3: the cache was sized by n_positions before the request was
 // looked at, and a failed allocation aborted.
 TEST(KvCacheHardeningTest, SizedByTheRequestAndCheckedAgainstMemory) {

@@ -234,18 +234,51 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
     EXPECT_FALSE(r.status().message().empty());
   }
   // What the server does not implement is refused, not ignored; its "off" values pass.
-  for (const char* body : {R"({"prompt":"x","logprobs":2})", R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
+  for (const char* body : {R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
                            R"({"prompt":"x","logit_bias":{"5":1}})", R"({"prompt":"x","n":2})"}) {
     auto r = parse_completion(body, kLimits);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_NE(r.status().message().find("not supported"), std::string::npos) << body;
   }
   EXPECT_TRUE(parse_completion(R"({"prompt":"x","logprobs":null,"echo":false,"best_of":1,"n":1})", kLimits).ok());
-  EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})", kLimits).ok());
-  EXPECT_TRUE(parse_chat(R"({"messages":[{"role":"user","content":"x"}],"logprobs":false})", kLimits).ok());
   ApiLimits few = kLimits;
   few.max_messages = 1;
   EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]})", few).ok());
+}
+
+// Log-probabilities: the legacy completions' "logprobs": N, chat's
+// "logprobs": true with "top_logprobs": N; N at most 20.
+TEST(ServeApiTest, LogprobsFields) {
+  const auto completion = [](const char* fields) {
+    return parse_completion(std::string(R"({"prompt":"x")") + fields + "}", kLimits);
+  };
+  EXPECT_EQ(completion("")->logprobs, -1);
+  EXPECT_EQ(completion(R"(,"logprobs":null)")->logprobs, -1);
+  EXPECT_EQ(completion(R"(,"logprobs":false)")->logprobs, -1);
+  EXPECT_EQ(completion(R"(,"logprobs":0)")->logprobs, 0);
+  EXPECT_EQ(completion(R"(,"logprobs":20)")->logprobs, 20);
+  for (const char* bad : {R"(,"logprobs":21)", R"(,"logprobs":-1)", R"(,"logprobs":1.5)", R"(,"logprobs":"3")",
+                          R"(,"logprobs":true)", R"(,"top_logprobs":2)"}) {
+    auto r = completion(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("logprobs"), std::string::npos) << bad << " -> " << r.status().message();
+  }
+  const auto chat = [](const char* fields) {
+    return parse_chat(std::string(R"({"messages":[{"role":"user","content":"x"}])") + fields + "}", kLimits);
+  };
+  EXPECT_EQ(chat("")->sampling.logprobs, -1);
+  EXPECT_EQ(chat(R"(,"logprobs":false)")->sampling.logprobs, -1);
+  EXPECT_EQ(chat(R"(,"logprobs":true)")->sampling.logprobs, 0);
+  EXPECT_EQ(chat(R"(,"logprobs":true,"top_logprobs":5)")->sampling.logprobs, 5);
+  EXPECT_EQ(chat(R"(,"logprobs":true,"top_logprobs":null)")->sampling.logprobs, 0);
+  for (const char* bad : {R"(,"logprobs":2)", R"(,"top_logprobs":2)", R"(,"logprobs":false,"top_logprobs":2)",
+                          R"(,"logprobs":true,"top_logprobs":21)", R"(,"logprobs":true,"top_logprobs":"2")"}) {
+    auto r = chat(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("logprobs"), std::string::npos) << bad << " -> " << r.status().message();
+  }
 }
 
 // The HTTP status travels as the Status's code, never inside its message.
