@@ -3,6 +3,7 @@
 # GPT-2 server and a BERT server, each on 2 local devices; a completion, a
 # streamed completion and embeddings (the client's default base64 encoding)
 # must equal the single device: greedy tokens equal (`tessera generate`),
+# logprobs (and echo's, of the prompt) consistent,
 # embeddings within 1e-4 (`tessera run --dump`). Two chat servers answer
 # chat.completions.create the same whole and streamed, with the right usage,
 # max_tokens, stop and logprobs: gpt2-chat (a ChatML template, tp on 2 devices) and a
@@ -86,7 +87,16 @@ const l = withLp.choices[0].logprobs;
 if (!same(withLp.choices[0].token_ids, want) || l.token_logprobs.length !== want.length || l.top_logprobs.length !== want.length ||
     !l.tokens.every((t, i) => t === `token_id:${want[i]}` && l.top_logprobs[i][t] === l.token_logprobs[i]))
   fail(`completion logprobs ${JSON.stringify(l)}`);
-console.log(`completion: ${want.length} tokens equal the single device, with their logprobs`);
+// echo with max_tokens 0, as evaluation harnesses score a text: the prompt's
+// tokens, the first without a logprob, and the one after it as the generation saw it.
+const scored = await gpt2.completions.create({ model: "gpt2-tiny", prompt: [...ids(prompt), want[0]], max_tokens: 0,
+                                              echo: true, logprobs: 1 });
+const s = scored.choices[0].logprobs;
+const np = ids(prompt).length;
+if (s.token_logprobs.length !== np + 1 || s.token_logprobs[0] !== null || s.top_logprobs[0] !== null ||
+    Math.abs(s.token_logprobs[np] - l.token_logprobs[0]) > 1e-4)
+  fail(`echo logprobs ${JSON.stringify(s)}`);
+console.log(`completion: ${want.length} tokens equal the single device, with their logprobs; echo scores the prompt`);
 
 const stream = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length,
                                                temperature: 0, stream: true });

@@ -89,7 +89,7 @@ Result<T> as_request_error(Result<T> r) {
 // The sampling and streaming fields that completions and chat completions share.
 Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
   // Options we do not implement are refused, never silently ignored.
-  for (const char* key : {"echo", "best_of", "logit_bias", "n"}) {
+  for (const char* key : {"best_of", "logit_bias", "n"}) {
     const json* v = member(j, key);
     if (v == nullptr) continue;
     const bool harmless = (v->is_boolean() && !v->get<bool>()) || (std::string_view(key) == "n" && *v == 1) ||
@@ -149,11 +149,18 @@ Result<CompletionRequest> parse_completion(std::string_view body, const ApiLimit
   }
   if (member(j, "top_logprobs") != nullptr)
     return bad("\"top_logprobs\" is a chat completion field; here \"logprobs\" gives the count");
+  TESSERA_ASSIGN_OR_RETURN(r.echo, as_request_error(core::json_field_bool(j, "echo", false)));
   const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
   if (!r.prompt.ids.empty() && static_cast<int64_t>(r.prompt.ids.size()) + r.max_tokens > positions)
     return bad("the prompt's " + std::to_string(r.prompt.ids.size()) + " tokens plus max_tokens " +
                std::to_string(r.max_tokens) + " exceed the model's " + std::to_string(positions) + " positions");
   return r;
+}
+
+Status check_echo_logits(int64_t tokens, int64_t vocab) {
+  if (tokens > 0 && vocab > 0 && tokens <= kMaxEchoLogits / vocab) return core::ok_status();
+  return bad("\"echo\" with \"logprobs\" holds the prompt's logits: " + std::to_string(tokens) + " tokens x " +
+             std::to_string(vocab) + " exceed " + std::to_string(kMaxEchoLogits) + " floats");
 }
 
 Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
@@ -214,6 +221,8 @@ Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits) {
   const bool current = member(j, "max_completion_tokens") != nullptr;
   r.max_tokens_given = current || member(j, "max_tokens") != nullptr;
   TESSERA_RETURN_IF_ERROR(sampling_fields(j, limits, current ? "max_completion_tokens" : "max_tokens", r.sampling));
+  if (const json* echo = member(j, "echo"); echo != nullptr && !(echo->is_boolean() && !echo->get<bool>()))
+    return bad("\"echo\" is not supported by this server for chat completions");
   TESSERA_ASSIGN_OR_RETURN(const bool logprobs, as_request_error(core::json_field_bool(j, "logprobs", false)));
   if (member(j, "top_logprobs") != nullptr) {
     if (!logprobs) return bad("\"top_logprobs\" needs \"logprobs\": true");

@@ -44,7 +44,13 @@ struct CompletionRequest {
   // (0..kMaxTopLogprobs); -1: none. Completions' "logprobs": N, chat's
   // "logprobs": true with "top_logprobs": N.
   int64_t logprobs = -1;
+  bool echo = false;  // completions: the answer starts with the prompt (and its logprobs)
 };
+// "echo" with "logprobs" keeps every prompt row's logits at once: prompt
+// tokens x vocabulary at most this many floats (512 MB).
+constexpr int64_t kMaxEchoLogits = int64_t{128} << 20;
+// A 400 when a prompt of `tokens` is too long for that.
+core::Status check_echo_logits(int64_t tokens, int64_t vocab);
 constexpr int64_t kMaxTopLogprobs = 20;
 
 // /v1/chat/completions: the messages as the chat template takes them

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <ctime>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -25,6 +27,9 @@ struct Server::Generation {
   // With "logprobs": each token's, and where its text starts in the answer
   // (in characters); a stream sends each entry once.
   bool want_logprobs = false;
+  // "echo": the prompt's text, whose tokens' entries (the first has no
+  // logprob: NaN) come first in `logprobs`.
+  std::string echo_text;
   std::vector<model::TokenLogprobs> logprobs;
   std::vector<int64_t> text_offsets;
   size_t logprobs_sent = 0;
@@ -71,7 +76,7 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   if (engine_.tokenizer() != nullptr) decoder.emplace(*engine_.tokenizer());
   std::string text;
   size_t sent = 0;
-  int64_t chars = 0;  // in text
+  int64_t chars = characters(g.echo_text);  // in the answer's text
   bool stop = false, gone = false, late = false;
   g.want_logprobs = r.logprobs >= 0;
   if (g.want_logprobs)
@@ -124,6 +129,42 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   return core::ok_status();
 }
 
+Status Server::echo_prompt(const api::CompletionRequest& r, Generation& g) {
+  if (!r.echo) return core::ok_status();
+  const model::Tokenizer* tok = engine_.tokenizer();
+  if (r.prompt.text) {
+    g.echo_text = *r.prompt.text;
+  } else if (tok != nullptr) {
+    TESSERA_ASSIGN_OR_RETURN(g.echo_text, tok->decode(g.prompt, false));
+  }
+  g.want_logprobs = r.logprobs >= 0;
+  if (!g.want_logprobs) return core::ok_status();
+  const auto n = static_cast<int64_t>(g.prompt.size());
+  const int64_t vocab = engine_.config().vocab;
+  TESSERA_RETURN_IF_ERROR(api::check_echo_logits(n, vocab));
+  TESSERA_ASSIGN_OR_RETURN(const RunResult out, forward({g.prompt, {}, {}}));
+  const core::Tensor& l = out.output.logits;
+  if (l.numel() != n * vocab)
+    return core::internal_error("the prompt's forward gave " + std::to_string(l.numel()) + " logits for " + std::to_string(n) +
+                                " rows");
+  // Each prompt token's place in the echoed text, in characters.
+  std::optional<model::StreamDecoder> decoder;
+  if (tok != nullptr) decoder.emplace(*tok, false);
+  int64_t chars = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = g.prompt[static_cast<size_t>(i)];
+    model::TokenLogprobs t;
+    t.token = id;
+    t.logprob = std::numeric_limits<float>::quiet_NaN();  // the first token has nothing before it
+    if (i > 0) t = model::token_logprobs(l.f32() + (i - 1) * vocab, vocab, id, r.logprobs);
+    g.logprobs.push_back(std::move(t));
+    g.text_offsets.push_back(chars);
+    if (decoder)
+      if (auto piece = decoder->step(id); piece.ok()) chars += characters(*piece);
+  }
+  return core::ok_status();
+}
+
 // What the answer looks like: OpenAI's text completion or chat completion,
 // whole or as stream events.
 struct Server::Shape {
@@ -153,10 +194,11 @@ struct Server::Shape {
     for (size_t i = from; i < to; ++i) {
       const model::TokenLogprobs& t = g.logprobs[i];
       tokens.push_back(token_text(tok, t.token));
-      lps.push_back(t.logprob);
+      const bool first_echoed = std::isnan(t.logprob);  // "echo": the prompt's first token
+      lps.push_back(first_echoed ? json(nullptr) : json(t.logprob));
       json top = json::object();
       for (const auto& [id, lp] : t.top) top[token_text(tok, id)] = lp;
-      tops.push_back(std::move(top));
+      tops.push_back(first_echoed ? json(nullptr) : std::move(top));
       offsets.push_back(i < g.text_offsets.size() ? g.text_offsets[i] : 0);
     }
     return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
@@ -184,7 +226,8 @@ struct Server::Shape {
     return envelope("chat.completion.chunk", {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                                               {"logprobs", nullptr}, {"finish_reason", nullptr}});
   }
-  json whole(const std::string& text, const Generation& g, const model::Tokenizer* tok) const {
+  json whole(const std::string& generated, const Generation& g, const model::Tokenizer* tok) const {
+    const std::string text = g.echo_text + generated;
     const json lp = g.want_logprobs ? logprobs(g, 0, g.logprobs.size(), tok) : json(nullptr);
     json body = chat ? envelope("chat.completion", {{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}},
                                                     {"logprobs", lp}, {"finish_reason", g.finish}})
@@ -259,6 +302,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
       }
       std::string text;
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
+      if (const Status echoed = echo_prompt(r, *g); !echoed.ok()) return fail(res, echoed);
       const Status st = generate(r, *g, deadline, conn, [&](const std::string& t, int64_t) {
         text += t;
         return !client_closed(conn);
@@ -299,7 +343,10 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
           st = core::timeout_error("the request's deadline passed while it waited in the queue");
         } else {
           if (const auto first = shape.opening()) alive = event(*first);
-          if (alive)
+          st = echo_prompt(*request, *g);
+          if (alive && st.ok() && (!g->echo_text.empty() || g->logprobs_sent < g->logprobs.size()))
+            alive = event(shape.chunk(g->echo_text, json::array(), nullptr, shape.unsent_logprobs(*g, engine_.tokenizer())));
+          if (alive && st.ok())
             st = generate(*request, *g, deadline, conn, [&](const std::string& text, int64_t token) {
               if (shape.chat && text.empty()) return alive;  // a chat delta carries text (its logprobs wait)
               alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr,

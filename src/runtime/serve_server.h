@@ -72,6 +72,9 @@ class Server {
   // chunks of a long prompt's prefill, before any token.
   Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline, int conn,
                   const std::function<bool(const std::string&, int64_t)>& emit);
+  // "echo": the prompt's text in `g`, and with "logprobs" each prompt
+  // token's (one forward pass over the prompt for its logits).
+  Status echo_prompt(const api::CompletionRequest& r, Generation& g);
   struct Shape;  // a text or a chat completion's answer
   static json usage(const Generation& g);
   Status check_generates() const;

@@ -191,6 +191,29 @@ TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
   r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}, {"temperature", 0}});
   ASSERT_TRUE(r);
   EXPECT_TRUE(json::parse(r->body)["choices"][0]["logprobs"].is_null()) << r->body;
+
+  // "echo" (how evaluation harnesses score a text): the prompt's tokens come
+  // first, each with its log-probability given the tokens before it (the
+  // first has none), from the single device's forward over every row; then
+  // the new tokens, as without echo.
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", 1}, {"echo", true}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json echoed = json::parse(r->body)["choices"][0]["logprobs"];
+  const size_t p = kPrompt.size();
+  ASSERT_EQ(echoed["token_logprobs"].size(), p + 2) << echoed.dump();
+  EXPECT_TRUE(echoed["token_logprobs"][0].is_null());
+  EXPECT_TRUE(echoed["top_logprobs"][0].is_null());
+  const core::Tensor logits = reference_forward("gpt2-tiny", {kPrompt, {}, {}}).logits;
+  const int64_t vocab = logits.numel() / static_cast<int64_t>(p);  // [p, V]
+  for (size_t i = 1; i < p; ++i) {
+    EXPECT_EQ(echoed["tokens"][i], "token_id:" + std::to_string(kPrompt[i]));
+    const float want = model::token_logprobs(logits.f32() + static_cast<int64_t>(i - 1) * vocab, vocab, kPrompt[i], 0).logprob;
+    EXPECT_NEAR(echoed["token_logprobs"][i].get<double>(), want, 1e-4) << i;
+    EXPECT_EQ(echoed["top_logprobs"][i].size(), 1u);
+  }
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_NEAR(echoed["token_logprobs"][p + i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
 }
 
 TEST(ServeTest, ChatCompletionsRenderTheTemplate) {

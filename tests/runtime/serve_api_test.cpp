@@ -234,7 +234,7 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
     EXPECT_FALSE(r.status().message().empty());
   }
   // What the server does not implement is refused, not ignored; its "off" values pass.
-  for (const char* body : {R"({"prompt":"x","echo":true})", R"({"prompt":"x","best_of":3})",
+  for (const char* body : {R"({"prompt":"x","best_of":3})",
                            R"({"prompt":"x","logit_bias":{"5":1}})", R"({"prompt":"x","n":2})"}) {
     auto r = parse_completion(body, kLimits);
     ASSERT_FALSE(r.ok()) << body;
@@ -246,8 +246,8 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
   EXPECT_FALSE(parse_chat(R"({"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]})", few).ok());
 }
 
-// Log-probabilities: the legacy completions' "logprobs": N, chat's
-// "logprobs": true with "top_logprobs": N; N at most 20.
+// Log-probabilities: the legacy completions' "logprobs": N (and "echo"),
+// chat's "logprobs": true with "top_logprobs": N; N at most 20.
 TEST(ServeApiTest, LogprobsFields) {
   const auto completion = [](const char* fields) {
     return parse_completion(std::string(R"({"prompt":"x")") + fields + "}", kLimits);
@@ -257,6 +257,15 @@ TEST(ServeApiTest, LogprobsFields) {
   EXPECT_EQ(completion(R"(,"logprobs":false)")->logprobs, -1);
   EXPECT_EQ(completion(R"(,"logprobs":0)")->logprobs, 0);
   EXPECT_EQ(completion(R"(,"logprobs":20)")->logprobs, 20);
+  EXPECT_FALSE(completion("")->echo);
+  EXPECT_TRUE(completion(R"(,"echo":true,"logprobs":1,"max_tokens":0)")->echo);
+  EXPECT_FALSE(completion(R"(,"echo":"yes")").ok());
+  // Echo's logits are held whole: a prompt too long for them is a 400, not an allocation.
+  EXPECT_TRUE(check_echo_logits(1024, 128256).ok());
+  const core::Status too_long = check_echo_logits(kMaxEchoLogits / 128256 + 1, 128256);
+  EXPECT_EQ(too_long.code(), core::ErrorCode::kInvalidArgument);
+  EXPECT_NE(too_long.message().find("echo"), std::string::npos);
+  EXPECT_FALSE(check_echo_logits(INT64_MAX, 2).ok());
   for (const char* bad : {R"(,"logprobs":21)", R"(,"logprobs":-1)", R"(,"logprobs":1.5)", R"(,"logprobs":"3")",
                           R"(,"logprobs":true)", R"(,"top_logprobs":2)"}) {
     auto r = completion(bad);
@@ -272,6 +281,10 @@ TEST(ServeApiTest, LogprobsFields) {
   EXPECT_EQ(chat(R"(,"logprobs":true)")->sampling.logprobs, 0);
   EXPECT_EQ(chat(R"(,"logprobs":true,"top_logprobs":5)")->sampling.logprobs, 5);
   EXPECT_EQ(chat(R"(,"logprobs":true,"top_logprobs":null)")->sampling.logprobs, 0);
+  EXPECT_TRUE(chat(R"(,"echo":false)").ok());
+  auto echoed = chat(R"(,"echo":true)");
+  ASSERT_FALSE(echoed.ok());
+  EXPECT_NE(echoed.status().message().find("not supported"), std::string::npos) << echoed.status().message();
   for (const char* bad : {R"(,"logprobs":2)", R"(,"top_logprobs":2)", R"(,"logprobs":false,"top_logprobs":2)",
                           R"(,"logprobs":true,"top_logprobs":21)", R"(,"logprobs":true,"top_logprobs":"2")"}) {
     auto r = chat(bad);
