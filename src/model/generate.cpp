@@ -184,6 +184,10 @@ Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std
     if (opts.eos_token_id == -2) return c.ends_generation(id) || id == c.eos_token_id;
     return id == opts.eos_token_id;
   };
+  for (const auto& [id, bias] : opts.logit_bias)
+    if (id < 0 || id >= c.vocab || std::isnan(bias))
+      return core::invalid_argument("a logit bias for token " + std::to_string(id) + " (the vocabulary has " +
+                                    std::to_string(c.vocab) + "), or a NaN bias");
   if (opts.cached_prefix < 0 || opts.cached_prefix >= static_cast<int64_t>(prompt.size()))
     return core::invalid_argument("a cached prefix of " + std::to_string(opts.cached_prefix) + " positions for a prompt of " +
                                   std::to_string(prompt.size()));
@@ -198,7 +202,15 @@ Result<std::vector<int64_t>> generate_logits(const Transformer& model, const std
     if (row.empty()) break;  // stopped between two chunks of the prefill
     if (row.numel() < c.vocab) return core::internal_error("a chunk gave " + std::to_string(row.numel()) + " logits");
     pos = static_cast<int64_t>(seq.size());
-    const int64_t next = pick_token(row.f32(), c.vocab, opts, &rng_state);
+    const float* picked_from = row.f32();
+    std::vector<float> biased;
+    if (!opts.logit_bias.empty()) {
+      biased.assign(row.f32(), row.f32() + c.vocab);
+      for (const auto& [id, bias] : opts.logit_bias)
+        if (id >= 0 && id < c.vocab) biased[static_cast<size_t>(id)] += bias;
+      picked_from = biased.data();
+    }
+    const int64_t next = pick_token(picked_from, c.vocab, opts, &rng_state);
     if (next < 0) return core::internal_error("the model produced only NaN logits at position " + std::to_string(pos));
     seq.push_back(next);
     if (opts.on_logits) opts.on_logits(row.f32(), c.vocab, next);

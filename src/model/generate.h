@@ -28,6 +28,9 @@ struct GenerateOptions {
   int64_t eos_token_id = -2;  // -2: the config's; -1: never stop early
   // Called with each new token (streaming output); may be empty.
   std::function<void(int64_t)> on_token;
+  // Added to the logits before each pick (OpenAI's logit_bias: token id,
+  // bias); the row on_logits sees is the model's own. -inf bans a token.
+  std::vector<std::pair<int64_t, float>> logit_bias;
   // Called just before on_token with the row of logits [vocab] the token
   // was picked from (for its log-probabilities); may be empty.
   std::function<void(const float* logits, int64_t vocab, int64_t token)> on_logits;

@@ -1,6 +1,8 @@
 #include "runtime/serve_api.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <array>
 #include <random>
 
@@ -89,7 +91,7 @@ Result<T> as_request_error(Result<T> r) {
 // The sampling and streaming fields that completions and chat completions share.
 Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
   // Options we do not implement are refused, never silently ignored.
-  for (const char* key : {"best_of", "logit_bias", "n"}) {
+  for (const char* key : {"best_of", "n"}) {
     const json* v = member(j, key);
     if (v == nullptr) continue;
     const bool harmless = (v->is_boolean() && !v->get<bool>()) || (std::string_view(key) == "n" && *v == 1) ||
@@ -121,6 +123,20 @@ Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_t
     }
     for (const auto& s : r.stop)
       if (s.empty()) return bad("\"stop\" strings must not be empty");
+  }
+  if (const json* bias = member(j, "logit_bias")) {
+    if (!bias->is_object()) return bad("\"logit_bias\" must be an object of token ids to biases in [-100, 100]");
+    for (const auto& [key, v] : bias->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || (limits.vocab > 0 && id >= limits.vocab))
+        return bad("\"logit_bias\" key \"" + key.substr(0, 32) + "\" is not a token id in [0, " + std::to_string(limits.vocab) + ")");
+      if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+        return bad("\"logit_bias\"[\"" + key + "\"] must be a number in [-100, 100]");
+      // -100 bans the token outright (OpenAI: "should result in a ban").
+      const double b = v.get<double>();
+      r.logit_bias.emplace_back(id, b <= -100.0 ? -INFINITY : static_cast<float>(b));
+    }
   }
   TESSERA_ASSIGN_OR_RETURN(r.stream, as_request_error(core::json_field_bool(j, "stream", false)));
   if (const json* so = member(j, "stream_options")) {

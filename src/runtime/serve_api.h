@@ -45,6 +45,9 @@ struct CompletionRequest {
   // "logprobs": true with "top_logprobs": N.
   int64_t logprobs = -1;
   bool echo = false;  // completions: the answer starts with the prompt (and its logprobs)
+  // OpenAI's logit_bias: token id -> bias in [-100, 100], added to the
+  // logits before sampling (-100 bans the token here).
+  std::vector<std::pair<int64_t, float>> logit_bias;
 };
 // "echo" with "logprobs" keeps every prompt row's logits at once: prompt
 // tokens x vocabulary at most this many floats (512 MB).

@@ -65,6 +65,7 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   o.temperature = o.greedy ? 1.0f : static_cast<float>(r.temperature);
   o.top_p = static_cast<float>(r.top_p);
   o.top_k = r.top_k;
+  o.logit_bias = r.logit_bias;
   const uint64_t seed = r.seed ? *r.seed : std::random_device{}();
   o.ctx_size = limits_.max_positions;
   o.kv_dtype = opts_.kv_dtype;

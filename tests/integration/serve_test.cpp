@@ -133,7 +133,7 @@ std::vector<json> sse_events(const std::string& body) {
 // stop hold; bad messages get 400 and the server keeps serving.
 // "logprobs" on /v1/completions: each token's log-probability and its top
 // alternatives under the distribution one device computes (in process
-// here; tp on 2 serves), whole and streamed. gpt2-tiny has no tokenizer, so
+// here; tp on 2 serves), whole, streamed, echoed, and with a logit_bias. gpt2-tiny has no tokenizer, so
 // tokens read "token_id:N".
 TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
   Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
@@ -191,6 +191,21 @@ TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
   r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}, {"temperature", 0}});
   ASSERT_TRUE(r);
   EXPECT_TRUE(json::parse(r->body)["choices"][0]["logprobs"].is_null()) << r->body;
+
+  // logit_bias -100 bans the first greedy token: the pick is its row's next
+  // best, and its logprob still the model's own.
+  std::vector<float> row0 = ref.rows[0];
+  row0[static_cast<size_t>(ref.tokens[0])] = -INFINITY;
+  const int64_t next_best = std::max_element(row0.begin(), row0.end()) - row0.begin();
+  r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 0},
+                                 {"logit_bias", {{std::to_string(ref.tokens[0]), -100}}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json banned = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(banned["token_ids"], json::array({next_best}));
+  const auto vocab0 = static_cast<int64_t>(ref.rows[0].size());
+  EXPECT_NEAR(banned["logprobs"]["token_logprobs"][0].get<double>(),
+              model::token_logprobs(ref.rows[0].data(), vocab0, next_best, 0).logprob, 1e-4);
 
   // "echo" (how evaluation harnesses score a text): the prompt's tokens come
   // first, each with its log-probability given the tokens before it (the

@@ -276,7 +276,8 @@ TEST(GenerateHardeningTest, SamplingDrawsAsAFullSortWould) {
 
 // A token's log-probability is the log-softmax of the raw logits (long
 // double here), the alternatives the most likely first with ties by id;
-// NaN is -inf, +inf logits share the mass, and no mass reads -9999.
+// NaN is -inf, +inf logits share the mass, and no mass reads -9999. (And
+// logit_bias, which moves the pick but not the row reported.)
 TEST(GenerateHardeningTest, TokenLogprobsAreTheLogSoftmaxOfTheRawLogits) {
   std::mt19937 gen(3);
   std::normal_distribution<float> z(0.0f, 4.0f);
@@ -337,6 +338,26 @@ TEST(GenerateHardeningTest, TokenLogprobsAreTheLogSoftmaxOfTheRawLogits) {
   ASSERT_TRUE(seq.ok());
   EXPECT_EQ(argmax, std::vector<int64_t>(seq->begin() + 3, seq->end()));
   EXPECT_EQ(seen, argmax);
+
+  // logit_bias is added before the pick: banning each greedy token moves the
+  // pick to its row's next best, and on_logits still sees the model's own row.
+  GenerateOptions biased;
+  biased.max_new_tokens = 1;
+  biased.logit_bias = {{argmax[0], -INFINITY}};
+  std::vector<float> row;
+  biased.on_logits = [&](const float* l, int64_t v, int64_t) { row.assign(l, l + v); };
+  const auto banned = generate(*model, {17, 4, 99}, biased, &pool);
+  ASSERT_TRUE(banned.ok());
+  ASSERT_EQ(std::max_element(row.begin(), row.end()) - row.begin(), argmax[0]);
+  row[static_cast<size_t>(argmax[0])] = -INFINITY;
+  EXPECT_EQ(banned->back(), std::max_element(row.begin(), row.end()) - row.begin());
+  biased.logit_bias = {{5, 1e6f}};
+  EXPECT_EQ(generate(*model, {17, 4, 99}, biased, &pool)->back(), 5);
+  for (const auto& bad : {std::pair<int64_t, float>{model->config().vocab, 1.0f}, std::pair<int64_t, float>{-1, 1.0f},
+                          std::pair<int64_t, float>{3, std::nanf("")}}) {
+    biased.logit_bias = {bad};
+    EXPECT_EQ(generate(*model, {17, 4, 99}, biased, &pool).status().code(), core::ErrorCode::kInvalidArgument);
+  }
 }
 
 // Audit defect 3: the cache was sized by n_positions before the request was

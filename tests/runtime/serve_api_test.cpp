@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <random>
 
 #include "model/generate.h"
@@ -234,8 +236,7 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
     EXPECT_FALSE(r.status().message().empty());
   }
   // What the server does not implement is refused, not ignored; its "off" values pass.
-  for (const char* body : {R"({"prompt":"x","best_of":3})",
-                           R"({"prompt":"x","logit_bias":{"5":1}})", R"({"prompt":"x","n":2})"}) {
+  for (const char* body : {R"({"prompt":"x","best_of":3})", R"({"prompt":"x","n":2})"}) {
     auto r = parse_completion(body, kLimits);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_NE(r.status().message().find("not supported"), std::string::npos) << body;
@@ -291,6 +292,29 @@ TEST(ServeApiTest, LogprobsFields) {
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("logprobs"), std::string::npos) << bad << " -> " << r.status().message();
+  }
+}
+
+// logit_bias: token ids (as OpenAI's string keys) to biases in [-100, 100];
+// -100 bans the token.
+TEST(ServeApiTest, LogitBias) {
+  auto r = parse_completion(R"({"prompt":"x","logit_bias":{"5":2.5,"0":-100,"511":100}})", kLimits);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  std::map<int64_t, float> got(r->logit_bias.begin(), r->logit_bias.end());
+  EXPECT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[5], 2.5f);
+  EXPECT_EQ(got[511], 100.0f);
+  EXPECT_TRUE(std::isinf(got[0]) && got[0] < 0);
+  auto c = parse_chat(R"({"messages":[{"role":"user","content":"x"}],"logit_bias":{"7":-1}})", kLimits);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->sampling.logit_bias, (std::vector<std::pair<int64_t, float>>{{7, -1.0f}}));
+  for (const char* bad : {R"({"prompt":"x","logit_bias":[1]})", R"({"prompt":"x","logit_bias":{"512":1}})",
+                          R"({"prompt":"x","logit_bias":{"-1":1}})", R"({"prompt":"x","logit_bias":{"a":1}})",
+                          R"({"prompt":"x","logit_bias":{"5x":1}})", R"({"prompt":"x","logit_bias":{"5":101}})",
+                          R"({"prompt":"x","logit_bias":{"5":"1"}})"}) {
+    auto b = parse_completion(bad, kLimits);
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_NE(b.status().message().find("logit_bias"), std::string::npos) << bad << " -> " << b.status().message();
   }
 }
 
