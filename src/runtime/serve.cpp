@@ -283,6 +283,8 @@ void Server::routes() {
   svr_.Post("/v1/classify", [this](const httplib::Request& req, httplib::Response& res) {
     admitted(res, [&] { classify(req, res); });
   });
+  svr_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+  svr_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
   // A known endpoint asked with the wrong method: 405 with the one that works, not 404.
   const auto wrong_method = [](const char* allow) {
     return [allow](const httplib::Request&, httplib::Response& res) {
@@ -295,7 +297,7 @@ void Server::routes() {
     svr_.Put(path, wrong_method("GET"));
     svr_.Delete(path, wrong_method("GET"));
   }
-  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify"}) {
+  for (const char* path : {"/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/classify", "/tokenize", "/detokenize"}) {
     svr_.Get(path, wrong_method("POST"));
     svr_.Put(path, wrong_method("POST"));
     svr_.Delete(path, wrong_method("POST"));

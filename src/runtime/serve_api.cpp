@@ -282,6 +282,28 @@ Result<ClassifyRequest> parse_classify(std::string_view body, const ApiLimits& l
   return r;
 }
 
+Result<TokenizeRequest> parse_tokenize(std::string_view body) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  TokenizeRequest r;
+  const json* content = member(j, "content");
+  const json* prompt = member(j, "prompt");
+  if ((content == nullptr) == (prompt == nullptr)) return bad("give exactly one of \"content\" and \"prompt\" (text)");
+  const json& text = content != nullptr ? *content : *prompt;
+  if (!text.is_string()) return bad(std::string("\"") + (content != nullptr ? "content" : "prompt") + "\" must be a string");
+  r.text = text.get<std::string>();
+  const char* special = member(j, "add_special_tokens") != nullptr ? "add_special_tokens" : "add_special";
+  TESSERA_ASSIGN_OR_RETURN(r.add_special, as_request_error(core::json_field_bool(j, special, false)));
+  return r;
+}
+
+Result<std::vector<int64_t>> parse_detokenize(std::string_view body, const ApiLimits& limits) {
+  TESSERA_ASSIGN_OR_RETURN(const json j, parse_object(body));
+  const json* tokens = member(j, "tokens");
+  if (tokens == nullptr || !tokens->is_array()) return bad("\"tokens\" must be a list of token ids");
+  if (tokens->empty()) return std::vector<int64_t>{};
+  return id_list(*tokens, "tokens", limits);
+}
+
 Result<std::string> base64_decode(std::string_view text) {
   if (text.rfind("data:", 0) == 0) {
     const size_t comma = text.find(',');

@@ -79,6 +79,14 @@ struct ClassifyRequest {
   std::optional<std::string> image;  // ViT: the decoded bytes of a base64 PNG/JPEG
 };
 
+// POST /tokenize (llama.cpp's and vLLM's): "content" or "prompt", and
+// "add_special" / "add_special_tokens" (false: as /v1/completions encodes a
+// text prompt).
+struct TokenizeRequest {
+  std::string text;
+  bool add_special = false;
+};
+
 // The HTTP status that answers an error of this code: the request's fault
 // (400), no device to serve it now (503), a wait that ran out (504), or ours (500).
 int http_status(core::ErrorCode code);
@@ -89,6 +97,9 @@ int http_status(core::ErrorCode code);
 [[nodiscard]] core::Result<ChatRequest> parse_chat(std::string_view body, const ApiLimits& limits);
 [[nodiscard]] core::Result<EmbeddingRequest> parse_embedding(std::string_view body, const ApiLimits& limits);
 [[nodiscard]] core::Result<ClassifyRequest> parse_classify(std::string_view body, const ApiLimits& limits);
+[[nodiscard]] core::Result<TokenizeRequest> parse_tokenize(std::string_view body);
+// POST /detokenize: "tokens", a list of ids of the model (may be empty).
+[[nodiscard]] core::Result<std::vector<int64_t>> parse_detokenize(std::string_view body, const ApiLimits& limits);
 
 // Standard base64 (padding optional); a "data:...;base64," prefix is skipped.
 [[nodiscard]] core::Result<std::string> base64_decode(std::string_view text);

@@ -1,5 +1,5 @@
 // `tessera serve`'s one-shot endpoints: /v1/embeddings and /v1/classify, one
-// forward pass per input, answered whole. Apart from serve.cpp (routes and
+// forward pass per input, answered whole; /tokenize and /detokenize. Apart from serve.cpp (routes and
 // admission) and serve_completions.cpp (generation, streaming).
 #include <algorithm>
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/image.h"
+#include "model/tokenizer.h"
 #include "runtime/serve_server.h"
 
 namespace tessera::runtime::serve_detail {
@@ -102,6 +103,28 @@ void Server::classify(const httplib::Request& req, httplib::Response& res) {
     data.push_back({{"index", i}, {"label", labels[0]["label"]}, {"score", labels[0]["score"]}, {"labels", labels}});
   }
   res.set_content(json{{"object", "list"}, {"model", model_name_}, {"data", data}}.dump(), "application/json");
+}
+
+void Server::tokenize(const httplib::Request& req, httplib::Response& res) {
+  const model::Tokenizer* tok = engine_.tokenizer();
+  if (tok == nullptr) return send_error(res, 400, "this model has no tokenizer");
+  auto r = api::parse_tokenize(req.body);
+  if (!r.ok()) return fail(res, r.status());
+  auto ids = tok->encode(r->text, r->add_special);
+  if (!ids.ok()) return send_error(res, 400, ids.status().message());
+  res.set_content(json{{"tokens", *ids}, {"count", ids->size()}, {"max_model_len", limits_.max_positions}}.dump(),
+                  "application/json");
+}
+
+void Server::detokenize(const httplib::Request& req, httplib::Response& res) {
+  const model::Tokenizer* tok = engine_.tokenizer();
+  if (tok == nullptr) return send_error(res, 400, "this model has no tokenizer");
+  auto ids = api::parse_detokenize(req.body, limits_);
+  if (!ids.ok()) return fail(res, ids.status());
+  auto text = tok->decode(*ids, false);
+  if (!text.ok()) return send_error(res, 400, text.status().message());
+  // llama.cpp answers "content", vLLM "prompt".
+  res.set_content(json{{"content", *text}, {"prompt", *text}}.dump(), "application/json");
 }
 
 }  // namespace tessera::runtime::serve_detail

@@ -62,6 +62,9 @@ class Server {
   Result<RunResult> forward(const model::ModelInput& in);
   void embeddings(const httplib::Request& req, httplib::Response& res);
   void classify(const httplib::Request& req, httplib::Response& res);
+  // /tokenize and /detokenize: the model's tokenizer alone, no admission.
+  void tokenize(const httplib::Request& req, httplib::Response& res);
+  void detokenize(const httplib::Request& req, httplib::Response& res);
 
   // serve_completions.cpp: generation.
   struct Generation;

@@ -243,6 +243,18 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   ASSERT_EQ(plain->status, 200) << plain->body;
   const json want = json::parse(plain->body);
 
+  // /tokenize counts the text as /v1/completions does; /detokenize gives it back.
+  auto tk = s.post("/tokenize", {{"content", rendered}});
+  ASSERT_TRUE(tk);
+  ASSERT_EQ(tk->status, 200) << tk->body;
+  const json tokenized = json::parse(tk->body);
+  EXPECT_EQ(tokenized["count"], want["usage"]["prompt_tokens"]);
+  EXPECT_EQ(tokenized["tokens"].size(), tokenized["count"].get<size_t>());
+  tk = s.post("/detokenize", {{"tokens", tokenized["tokens"]}});
+  ASSERT_TRUE(tk);
+  ASSERT_EQ(tk->status, 200) << tk->body;
+  EXPECT_EQ(json::parse(tk->body)["content"], rendered);
+
   auto r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -450,10 +462,16 @@ TEST(ServeTest, BadRequestsGet400AndDoNotDisturbOthers) {
     ASSERT_EQ(ok->status, 200) << ok->body;
     EXPECT_EQ(json::parse(ok->body)["choices"][0]["token_ids"].get<std::vector<int64_t>>(), want);
   }
-  // Embeddings of GPT-2 (mean pooling) work; classification does not exist.
+  // Embeddings of GPT-2 (mean pooling) work; classification does not exist,
+  // nor (without a tokenizer) /tokenize and /detokenize.
   auto r = s.post("/v1/classify", {{"input", kPrompt}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
+  for (const char* path : {"/tokenize", "/detokenize"}) {
+    r = s.post(path, {{"content", "x"}, {"tokens", kPrompt}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << path << " " << r->body;
+  }
   r = s.post("/v1/embeddings", {{"input", kPrompt}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);

@@ -318,6 +318,33 @@ TEST(ServeApiTest, LogitBias) {
   }
 }
 
+// /tokenize takes llama.cpp's or vLLM's field names; /detokenize a list of
+// the model's ids.
+TEST(ServeApiTest, TokenizeAndDetokenizeBodies) {
+  auto t = parse_tokenize(R"({"content":"hi there"})");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->text, "hi there");
+  EXPECT_FALSE(t->add_special);
+  t = parse_tokenize(R"({"prompt":"","add_special_tokens":true})");
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_EQ(t->text, "");
+  EXPECT_TRUE(t->add_special);
+  EXPECT_TRUE(parse_tokenize(R"({"content":"x","add_special":true})")->add_special);
+  for (const char* bad : {R"({})", R"({"content":"a","prompt":"b"})", R"({"content":5})", R"({"prompt":["a"]})",
+                          R"({"content":"a","add_special":"yes"})", "[]"}) {
+    auto r = parse_tokenize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(parse_detokenize(R"({"tokens":[3,0,511]})", kLimits).value(), (std::vector<int64_t>{3, 0, 511}));
+  EXPECT_TRUE(parse_detokenize(R"({"tokens":[]})", kLimits)->empty());
+  for (const char* bad : {R"({})", R"({"tokens":"abc"})", R"({"tokens":[512]})", R"({"tokens":[-1]})", R"({"tokens":[1.5]})"}) {
+    auto r = parse_detokenize(bad, kLimits);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
+  }
+}
+
 // The HTTP status travels as the Status's code, never inside its message.
 TEST(ServeApiTest, ErrorCodesMapToHttpStatuses) {
   EXPECT_EQ(http_status(core::ErrorCode::kInvalidArgument), 400);
