@@ -96,7 +96,10 @@ const np = ids(prompt).length;
 if (s.token_logprobs.length !== np + 1 || s.token_logprobs[0] !== null || s.top_logprobs[0] !== null ||
     Math.abs(s.token_logprobs[np] - l.token_logprobs[0]) > 1e-4)
   fail(`echo logprobs ${JSON.stringify(s)}`);
-console.log(`completion: ${want.length} tokens equal the single device, with their logprobs; echo scores the prompt`);
+const two = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length, temperature: 0, n: 2 });
+if (two.choices.length !== 2 || !two.choices.every((ch, i) => ch.index === i && same(ch.token_ids, want)))
+  fail(`n = 2: ${JSON.stringify(two.choices)}`);
+console.log(`completion: ${want.length} tokens equal the single device, with their logprobs; echo scores the prompt; n = 2`);
 
 const stream = await gpt2.completions.create({ model: "gpt2-tiny", prompt: ids(prompt), max_tokens: want.length,
                                                temperature: 0, stream: true });

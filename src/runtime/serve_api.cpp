@@ -90,14 +90,10 @@ Result<T> as_request_error(Result<T> r) {
 
 // The sampling and streaming fields that completions and chat completions share.
 Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_tokens_field, CompletionRequest& r) {
-  // Options we do not implement are refused, never silently ignored.
-  for (const char* key : {"best_of", "n"}) {
-    const json* v = member(j, key);
-    if (v == nullptr) continue;
-    const bool harmless = (v->is_boolean() && !v->get<bool>()) || (std::string_view(key) == "n" && *v == 1) ||
-                          (std::string_view(key) == "best_of" && *v == 1) || (v->is_object() && v->empty());
-    if (!harmless) return bad(std::string("\"") + key + "\" is not supported by this server");
-  }
+  // best_of (several choices ranked on the server) is not implemented:
+  // refused, never silently ignored, but for its "off" value 1.
+  if (const json* v = member(j, "best_of"); v != nullptr && !(v->is_number_integer() && *v == 1))
+    return bad("\"best_of\" is not supported by this server");
   const int64_t positions = limits.max_positions > 0 ? limits.max_positions : INT64_MAX;
   TESSERA_ASSIGN_OR_RETURN(r.max_tokens, as_request_error(core::json_field_int(j, max_tokens_field, 0, positions, 16)));
   TESSERA_ASSIGN_OR_RETURN(r.temperature, as_request_error(core::json_field_number(j, "temperature", 0.0, 2.0, 1.0)));
@@ -108,8 +104,7 @@ Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_t
     TESSERA_ASSIGN_OR_RETURN(const int64_t seed, as_request_error(core::json_field_int(j, "seed", INT64_MIN, INT64_MAX)));
     r.seed = static_cast<uint64_t>(seed);
   }
-  TESSERA_ASSIGN_OR_RETURN(const int64_t n, as_request_error(core::json_field_int(j, "n", 1, 1, 1)));
-  (void)n;
+  TESSERA_ASSIGN_OR_RETURN(r.n, as_request_error(core::json_field_int(j, "n", 1, kMaxChoices, 1)));
   if (const json* stop = member(j, "stop")) {
     if (stop->is_string()) {
       r.stop.push_back(stop->get<std::string>());
@@ -353,6 +348,15 @@ std::string base64_encode(std::string_view bytes) {
 
 json error_body(const std::string& message, const std::string& type) {
   return {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+}
+
+uint64_t choice_seed(uint64_t seed, int64_t i) {
+  if (i == 0) return seed;
+  // splitmix64 of (seed, i): far from seed's own stream and every other choice's.
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 uint64_t advance_seed(uint64_t seed, int64_t picks) {

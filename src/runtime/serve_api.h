@@ -45,6 +45,7 @@ struct CompletionRequest {
   // "logprobs": true with "top_logprobs": N.
   int64_t logprobs = -1;
   bool echo = false;  // completions: the answer starts with the prompt (and its logprobs)
+  int64_t n = 1;      // choices, generated one after another (1..kMaxChoices)
   // OpenAI's logit_bias: token id -> bias in [-100, 100], added to the
   // logits before sampling (-100 bans the token here).
   std::vector<std::pair<int64_t, float>> logit_bias;
@@ -55,6 +56,10 @@ constexpr int64_t kMaxEchoLogits = int64_t{128} << 20;
 // A 400 when a prompt of `tokens` is too long for that.
 core::Status check_echo_logits(int64_t tokens, int64_t vocab);
 constexpr int64_t kMaxTopLogprobs = 20;
+constexpr int64_t kMaxChoices = 16;
+// Choice i's sampling seed for a request seeded with `seed`: choice 0 takes
+// it as it is (n = 1 draws what it always did), the others their own.
+uint64_t choice_seed(uint64_t seed, int64_t i);
 
 // /v1/chat/completions: the messages as the chat template takes them
 // ({role, content} with content a string, or null for an assistant turn

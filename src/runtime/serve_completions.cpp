@@ -211,38 +211,58 @@ struct Server::Shape {
     g.logprobs_sent = g.logprobs.size();
     return j;
   }
-  // A streamed piece: `text` and its token (none for trailing text), or the
-  // last event with the finish reason.
-  json chunk(const std::string& text, const json& token_ids, const json& finish, json logprobs = nullptr) const {
+  // A streamed piece of choice `index`: `text` and its token (none for
+  // trailing text), or the choice's last event with the finish reason.
+  json chunk(int64_t index, const std::string& text, const json& token_ids, const json& finish, json logprobs = nullptr) const {
     if (!chat)
-      return envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", token_ids}, {"logprobs", std::move(logprobs)},
-                                          {"finish_reason", finish}});
+      return envelope("text_completion", {{"index", index}, {"text", text}, {"token_ids", token_ids},
+                                          {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
     json delta = finish.is_null() ? json{{"content", text}} : json::object();
     return envelope("chat.completion.chunk",
-                    {{"index", 0}, {"delta", delta}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
+                    {{"index", index}, {"delta", delta}, {"logprobs", std::move(logprobs)}, {"finish_reason", finish}});
   }
-  // A chat stream opens with the assistant's role.
-  std::optional<json> opening() const {
+  // A chat stream's choice opens with the assistant's role.
+  std::optional<json> opening(int64_t index) const {
     if (!chat) return std::nullopt;
-    return envelope("chat.completion.chunk", {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+    return envelope("chat.completion.chunk", {{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}},
                                               {"logprobs", nullptr}, {"finish_reason", nullptr}});
   }
-  json whole(const std::string& generated, const Generation& g, const model::Tokenizer* tok) const {
-    const std::string text = g.echo_text + generated;
-    const json lp = g.want_logprobs ? logprobs(g, 0, g.logprobs.size(), tok) : json(nullptr);
-    json body = chat ? envelope("chat.completion", {{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}},
-                                                    {"logprobs", lp}, {"finish_reason", g.finish}})
-                     : envelope("text_completion", {{"index", 0}, {"text", text}, {"token_ids", g.tokens},
-                                                    {"logprobs", lp}, {"finish_reason", g.finish}});
-    body["usage"] = usage(g);
+  // The whole answer: choice i is generated[i] after the echoed prompt.
+  json whole(const std::vector<std::string>& generated, const std::vector<Generation>& gs, const model::Tokenizer* tok) const {
+    json choices = json::array();
+    for (size_t i = 0; i < gs.size(); ++i) {
+      const Generation& g = gs[i];
+      const std::string text = g.echo_text + generated[i];
+      const json lp = g.want_logprobs ? logprobs(g, 0, g.logprobs.size(), tok) : json(nullptr);
+      choices.push_back(chat ? json{{"index", i}, {"message", {{"role", "assistant"}, {"content", text}}},
+                                    {"logprobs", lp}, {"finish_reason", g.finish}}
+                             : json{{"index", i}, {"text", text}, {"token_ids", g.tokens}, {"logprobs", lp},
+                                    {"finish_reason", g.finish}});
+    }
+    json body = envelope(chat ? "chat.completion" : "text_completion", nullptr);
+    body["choices"] = std::move(choices);
+    body["usage"] = usage(gs);
     return body;
   }
 };
 
-json Server::usage(const Generation& g) {
-  const auto p = static_cast<int64_t>(g.prompt.size()), n = static_cast<int64_t>(g.tokens.size());
+json Server::usage(const std::vector<Generation>& gs) {
+  const auto p = gs.empty() ? int64_t{0} : static_cast<int64_t>(gs[0].prompt.size());
+  int64_t n = 0;
+  for (const Generation& g : gs) n += static_cast<int64_t>(g.tokens.size());
   return {{"prompt_tokens", p}, {"completion_tokens", n}, {"total_tokens", p + n}};
 }
+
+namespace {
+
+// Choice i's request: its own seed, so that its draws differ from the others'.
+api::CompletionRequest for_choice(const api::CompletionRequest& r, int64_t i) {
+  api::CompletionRequest c = r;
+  if (r.seed) c.seed = api::choice_seed(*r.seed, i);
+  return c;
+}
+
+}  // namespace
 
 Status Server::check_generates() const {
   const auto& c = engine_.config();
@@ -301,19 +321,24 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         metrics_.abandoned();
         return send_error(res, 499, "the client closed the connection");
       }
-      std::string text;
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
       if (const Status echoed = echo_prompt(r, *g); !echoed.ok()) return fail(res, echoed);
-      const Status st = generate(r, *g, deadline, conn, [&](const std::string& t, int64_t) {
-        text += t;
-        return !client_closed(conn);
-      });
-      if (client_closed(conn)) {
-        metrics_.abandoned();
-        return send_error(res, 499, "the client closed the connection");
+      // The choices one after another, each from the prompt (and its echo).
+      std::vector<Generation> gs(static_cast<size_t>(r.n), *g);
+      std::vector<std::string> texts(gs.size());
+      for (size_t i = 0; i < gs.size(); ++i) {
+        const Status st = generate(for_choice(r, static_cast<int64_t>(i)), gs[i], deadline, conn,
+                                   [&](const std::string& t, int64_t) {
+                                     texts[i] += t;
+                                     return !client_closed(conn);
+                                   });
+        if (client_closed(conn)) {
+          metrics_.abandoned();
+          return send_error(res, 499, "the client closed the connection");
+        }
+        if (!st.ok()) return fail(res, st);
       }
-      if (!st.ok()) return fail(res, st);
-      res.set_content(shape.whole(text, *g, engine_.tokenizer()).dump(), "application/json");
+      res.set_content(shape.whole(texts, gs, engine_.tokenizer()).dump(), "application/json");
     });
   }
   if (!admit(res)) return;
@@ -338,29 +363,41 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
           const std::string s = "data: " + j.dump() + "\n\n";
           return sink.write(s.data(), s.size());
         };
+        const model::Tokenizer* tok = engine_.tokenizer();
         bool alive = true;
         Status st = core::ok_status();
+        std::vector<Generation> gs;
         if (!admission_.acquire(deadline)) {
           st = core::timeout_error("the request's deadline passed while it waited in the queue");
         } else {
-          if (const auto first = shape.opening()) alive = event(*first);
           st = echo_prompt(*request, *g);
-          if (alive && st.ok() && (!g->echo_text.empty() || g->logprobs_sent < g->logprobs.size()))
-            alive = event(shape.chunk(g->echo_text, json::array(), nullptr, shape.unsent_logprobs(*g, engine_.tokenizer())));
-          if (alive && st.ok())
-            st = generate(*request, *g, deadline, conn, [&](const std::string& text, int64_t token) {
+          if (st.ok()) gs.assign(static_cast<size_t>(request->n), *g);
+          // The choices one after another; each but the last ends with its
+          // finish event here, the last after the queue is left (below).
+          for (size_t i = 0; i < gs.size() && alive && st.ok(); ++i) {
+            Generation& c = gs[i];
+            const auto index = static_cast<int64_t>(i);
+            if (const auto first = shape.opening(index)) alive = event(*first);
+            if (alive && (!c.echo_text.empty() || c.logprobs_sent < c.logprobs.size()))
+              alive = event(shape.chunk(index, c.echo_text, json::array(), nullptr, shape.unsent_logprobs(c, tok)));
+            if (!alive) break;
+            st = generate(for_choice(*request, index), c, deadline, conn, [&](const std::string& text, int64_t token) {
               if (shape.chat && text.empty()) return alive;  // a chat delta carries text (its logprobs wait)
-              alive = alive && event(shape.chunk(text, token < 0 ? json::array() : json::array({token}), nullptr,
-                                                 shape.unsent_logprobs(*g, engine_.tokenizer())));
+              alive = alive && event(shape.chunk(index, text, token < 0 ? json::array() : json::array({token}), nullptr,
+                                                 shape.unsent_logprobs(c, tok)));
               return alive;
             });
+            if (st.ok() && alive && i + 1 < gs.size())
+              alive = event(shape.chunk(index, "", json::array(), c.finish, shape.unsent_logprobs(c, tok)));
+          }
           admission_.release();
         }
         leave();
         if (alive) {
-          if (st.ok()) {
-            json last = shape.chunk("", json::array(), g->finish, shape.unsent_logprobs(*g, engine_.tokenizer()));
-            if (request->include_usage) last["usage"] = usage(*g);
+          if (st.ok() && !gs.empty()) {
+            Generation& c = gs.back();
+            json last = shape.chunk(static_cast<int64_t>(gs.size()) - 1, "", json::array(), c.finish, shape.unsent_logprobs(c, tok));
+            if (request->include_usage) last["usage"] = usage(gs);
             event(last);
           } else {
             std::string message;

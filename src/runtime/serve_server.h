@@ -79,7 +79,7 @@ class Server {
   // token's (one forward pass over the prompt for its logits).
   Status echo_prompt(const api::CompletionRequest& r, Generation& g);
   struct Shape;  // a text or a chat completion's answer
-  static json usage(const Generation& g);
+  static json usage(const std::vector<Generation>& choices);
   Status check_generates() const;
   // The prompt in `g` generated and answered in `shape`, whole or streamed.
   void answer(const httplib::Request& req, const Shape& shape, const api::CompletionRequest& r,

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           if (id < 0 || id >= limits.vocab) __builtin_trap();
         if (!r->prompt.ids.empty() && static_cast<int64_t>(r->prompt.ids.size()) + r->max_tokens > limits.max_positions)
           __builtin_trap();
-        if (r->logprobs < -1 || r->logprobs > api::kMaxTopLogprobs) __builtin_trap();
+        if (r->logprobs < -1 || r->logprobs > api::kMaxTopLogprobs || r->n < 1 || r->n > api::kMaxChoices) __builtin_trap();
         for (const auto& [id, bias] : r->logit_bias)
           if (id < 0 || id >= limits.vocab || !(bias <= 100.0f) || (bias < -100.0f && !std::isinf(bias))) __builtin_trap();
         const std::string text = r->prompt.text.value_or("");

@@ -231,6 +231,60 @@ TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
     EXPECT_NEAR(echoed["token_logprobs"][p + i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-6) << i;
 }
 
+// "n": several choices of one prompt, each the generation its own seed
+// gives (api::choice_seed: choice 0 keeps the request's), whole and
+// streamed; greedy choices are all the single device's.
+TEST(ServeTest, SeveralChoicesEachAreTheirSeedsGeneration) {
+  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
+  ASSERT_TRUE(s.up()) << s.proc().log();
+  const auto tokens_of = [&](const json& body) {
+    auto r = s.post("/v1/completions", body);
+    EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no answer");
+    return r ? json::parse(r->body) : json();
+  };
+  const json sampled = {{"prompt", kPrompt}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 5}};
+  json three = sampled;
+  three["n"] = 3;
+  const json whole = tokens_of(three);
+  ASSERT_EQ(whole["choices"].size(), 3u) << whole.dump();
+  int64_t completion_tokens = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const json& c = whole["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    json alone = sampled;
+    alone["seed"] = static_cast<int64_t>(runtime::api::choice_seed(5, static_cast<int64_t>(i)));  // the API reads int64
+    EXPECT_EQ(c["token_ids"], tokens_of(alone)["choices"][0]["token_ids"]) << i;
+    completion_tokens += static_cast<int64_t>(c["token_ids"].size());
+  }
+  EXPECT_NE(whole["choices"][0]["token_ids"], whole["choices"][1]["token_ids"]);
+  EXPECT_EQ(whole["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(whole["usage"]["prompt_tokens"], kPrompt.size());
+
+  // Streamed: each event names its choice; a finish event each.
+  json streamed_body = three;
+  streamed_body["stream"] = true;
+  auto r = s.post("/v1/completions", streamed_body);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<std::vector<int64_t>> streamed(3);
+  int finishes = 0;
+  for (const json& e : sse_events(r->body)) {
+    if (!e.contains("choices")) continue;
+    const json& c = e["choices"][0];
+    const auto i = c["index"].get<size_t>();
+    ASSERT_LT(i, 3u);
+    for (const json& t : c["token_ids"]) streamed[i].push_back(t.get<int64_t>());
+    finishes += !c["finish_reason"].is_null();
+  }
+  EXPECT_EQ(finishes, 3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(json(streamed[i]), whole["choices"][i]["token_ids"]) << i;
+
+  // Greedy: every choice is the single device's.
+  const json greedy = tokens_of({{"prompt", kPrompt}, {"max_tokens", 6}, {"temperature", 0}, {"n", 2}});
+  ASSERT_EQ(greedy["choices"].size(), 2u);
+  for (const json& c : greedy["choices"]) EXPECT_EQ(c["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 6));
+}
+
 TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   Server s({"--model", kData + "/gpt2-chat", "--devices", "2", "--strategy", "tp"});
   ASSERT_TRUE(s.up()) << s.proc().log();
@@ -286,6 +340,18 @@ TEST(ServeTest, ChatCompletionsRenderTheTemplate) {
   EXPECT_EQ(streamed, content);
   EXPECT_EQ(events.back()["choices"][0]["finish_reason"], got["choices"][0]["finish_reason"]);
   EXPECT_EQ(events.back()["usage"], got["usage"]);
+
+  // Two choices: greedy, both the same answer.
+  r = s.post("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}, {"n", 2}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json two = json::parse(r->body);
+  ASSERT_EQ(two["choices"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(two["choices"][i]["index"], i);
+    EXPECT_EQ(two["choices"][i]["message"]["content"], content);
+  }
+  EXPECT_EQ(two["usage"]["completion_tokens"], 2 * got["usage"]["completion_tokens"].get<int64_t>());
 
   // "logprobs" with "top_logprobs", streamed: every token's entry arrives
   // once (a token with no text yet waits for the next event), and a greedy

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 
 #include "model/generate.h"
 
@@ -71,7 +72,9 @@ TEST(ServeApiTest, CompletionRefusals) {
       {R"({"prompt":"a","stop":[1]})", "stop"},
       {R"({"prompt":"a","stop":["a","b","c","d","e"]})", "stop"},
       {R"({"prompt":"a","stop":""})", "empty"},
-      {R"({"prompt":"a","n":2})", "\"n\""},
+      {R"({"prompt":"a","n":17})", "\"n\""},
+      {R"({"prompt":"a","n":0})", "\"n\""},
+      {R"({"prompt":"a","best_of":2})", "best_of"},
       {R"({"prompt":"a","stream_options":3})", "stream_options"},
       {R"({"prompt":"a","prompt":"b"})", "duplicate"},
   };
@@ -236,7 +239,7 @@ TEST(ServeApiTest, BadChatRequestsSayWhatIsWrong) {
     EXPECT_FALSE(r.status().message().empty());
   }
   // What the server does not implement is refused, not ignored; its "off" values pass.
-  for (const char* body : {R"({"prompt":"x","best_of":3})", R"({"prompt":"x","n":2})"}) {
+  for (const char* body : {R"({"prompt":"x","best_of":3})", R"({"prompt":"x","best_of":true})"}) {
     auto r = parse_completion(body, kLimits);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_NE(r.status().message().find("not supported"), std::string::npos) << body;
@@ -293,6 +296,21 @@ TEST(ServeApiTest, LogprobsFields) {
     EXPECT_EQ(r.status().code(), core::ErrorCode::kInvalidArgument) << bad;
     EXPECT_NE(r.status().message().find("logprobs"), std::string::npos) << bad << " -> " << r.status().message();
   }
+}
+
+// "n" choices (1..16), each sampled from a seed of its own: choice 0 keeps
+// the request's, so n = 1 draws as before.
+TEST(ServeApiTest, ChoicesAndTheirSeeds) {
+  EXPECT_EQ(parse_completion(R"({"prompt":"x"})", kLimits)->n, 1);
+  EXPECT_EQ(parse_completion(R"({"prompt":"x","n":16})", kLimits)->n, 16);
+  EXPECT_EQ(parse_chat(R"({"messages":[{"role":"user","content":"x"}],"n":3})", kLimits)->sampling.n, 3);
+  EXPECT_FALSE(parse_completion(R"({"prompt":"x","n":"2"})", kLimits).ok());
+  std::set<uint64_t> seeds;
+  for (const uint64_t s : {uint64_t{0}, uint64_t{5}, ~uint64_t{0}}) {
+    EXPECT_EQ(choice_seed(s, 0), s);
+    for (int64_t i = 0; i < kMaxChoices; ++i) seeds.insert(choice_seed(s, i));
+  }
+  EXPECT_EQ(seeds.size(), static_cast<size_t>(3 * kMaxChoices));  // no two choices share a stream
 }
 
 // logit_bias: token ids (as OpenAI's string keys) to biases in [-100, 100];
