@@ -1,9 +1,9 @@
 #include "runtime/serve_api.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
-#include <array>
 #include <random>
 
 #include "core/json.h"
@@ -128,6 +128,8 @@ Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_t
         return bad("\"logit_bias\" key \"" + key.substr(0, 32) + "\" is not a token id in [0, " + std::to_string(limits.vocab) + ")");
       if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
         return bad("\"logit_bias\"[\"" + key + "\"] must be a number in [-100, 100]");
+      if (std::any_of(r.logit_bias.begin(), r.logit_bias.end(), [&](const auto& e) { return e.first == id; }))
+        return bad("\"logit_bias\" names token " + std::to_string(id) + " twice");
       // -100 bans the token outright (OpenAI: "should result in a ban").
       const double b = v.get<double>();
       r.logit_bias.emplace_back(id, b <= -100.0 ? -INFINITY : static_cast<float>(b));

@@ -1,6 +1,7 @@
 // `tessera serve`'s one-shot endpoints: /v1/embeddings and /v1/classify, one
-// forward pass per input, answered whole; /tokenize and /detokenize. Apart from serve.cpp (routes and
-// admission) and serve_completions.cpp (generation, streaming).
+// forward pass per input, answered whole; /tokenize and /detokenize. Apart
+// from serve.cpp (routes and admission) and serve_completions.cpp
+// (generation, streaming).
 #include <algorithm>
 #include <cmath>
 #include <string>

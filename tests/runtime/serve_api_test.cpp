@@ -329,7 +329,7 @@ TEST(ServeApiTest, LogitBias) {
   for (const char* bad : {R"({"prompt":"x","logit_bias":[1]})", R"({"prompt":"x","logit_bias":{"512":1}})",
                           R"({"prompt":"x","logit_bias":{"-1":1}})", R"({"prompt":"x","logit_bias":{"a":1}})",
                           R"({"prompt":"x","logit_bias":{"5x":1}})", R"({"prompt":"x","logit_bias":{"5":101}})",
-                          R"({"prompt":"x","logit_bias":{"5":"1"}})"}) {
+                          R"({"prompt":"x","logit_bias":{"5":"1"}})", R"({"prompt":"x","logit_bias":{"5":1,"05":2}})"}) {
     auto b = parse_completion(bad, kLimits);
     ASSERT_FALSE(b.ok()) << bad;
     EXPECT_NE(b.status().message().find("logit_bias"), std::string::npos) << bad << " -> " << b.status().message();
