@@ -167,16 +167,6 @@ class Server {
 
 inline model::Transformer load(const std::string& name) { return model::Transformer::load(kData + "/" + name).value(); }
 
-inline std::vector<int64_t> reference_tokens(const std::vector<int64_t>& prompt, int64_t n) {
-  const auto m = load("gpt2-tiny");
-  model::GenerateOptions o;
-  o.greedy = true;
-  o.max_new_tokens = n;
-  core::ThreadPool pool(1);
-  auto seq = model::generate(m, prompt, o, &pool).value();
-  return {seq.begin() + static_cast<std::ptrdiff_t>(prompt.size()), seq.end()};
-}
-
 // The rows of logits one device picks n greedy tokens from, and the tokens.
 struct ReferenceLogits {
   std::vector<std::vector<float>> rows;
@@ -195,6 +185,11 @@ inline ReferenceLogits reference_logits(const std::vector<int64_t>& prompt, int6
   core::ThreadPool pool(1);
   EXPECT_TRUE(model::generate(m, prompt, o, &pool).ok());
   return out;
+}
+
+// The n greedy tokens one device gives the prompt.
+inline std::vector<int64_t> reference_tokens(const std::vector<int64_t>& prompt, int64_t n) {
+  return reference_logits(prompt, n).tokens;
 }
 
 inline model::ForwardOutput reference_forward(const std::string& name, const model::ModelInput& in) {
