@@ -39,25 +39,38 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kProbeTag = 0;     // .. kProbeTag + kSmall + kBulk: one pair's messages
+constexpr int kProbeTag = 0;     // .. kProbeTag + the probes of a pass: one pair's messages
 constexpr int kRowTag = 100;     // a rank's measured row, to rank 0
 constexpr int kAckTag = 101;     // rank 0: every row is in
-// Round trips of a 4-byte message (the first is a warm-up), then of 1 MiB.
-// Medians of several: with 7 and 1, two measurements of one emulated link
-// (1 Gbit/s, 0.2 ms) a minute apart put its latency at 0.45 and 1.34 ms,
-// and `run --strategy auto` then chose differently from run to run.
-constexpr int kSmall = 21;
-constexpr int kBulk = 3;
 constexpr int64_t kBulkFloats = 256 * 1024;  // 1 MiB
 // The largest believable link: 10 Tbit/s. A row beyond it is a peer's error.
 constexpr double kMaxMbps = 1e7;
 
-// Latency and bandwidth of pair (rank, peer) as the sender `a` sees them.
-Result<LinkProfile> measure_pair(comm::Group& g, int a, int peer, comm::Millis timeout) {
+// One pass over a pair: `small` round trips of a 4-byte message (the first a
+// warm-up), then `bulk` of 1 MiB (the first `bulk_warmups` warm-ups).
+struct Probes {
+  int small, bulk_warmups, bulk;
+};
+// The links are measured in two passes over every pair, the first a warm-up:
+// on a fresh group the first pair read worse than the same pair a pass later
+// (0.54-0.97 ms against 0.45-0.60, 1 Gbit/s at 0.2 ms, two local ranks on 2
+// cores), and the first two 1 MiB transfers of a connection took 21-32 ms
+// where the rest took 11-12. The latency is the median of the small round
+// trips: with 7 a link read 0.45 and 1.34 ms a minute apart, and `run
+// --strategy auto` chose differently from run to run. The bandwidth is from
+// the fastest bulk one: one direction of a group sometimes stayed at 15 ms a
+// transfer throughout, so a median of three read 370-610 Mbit/s on the link
+// whose other direction read 780.
+constexpr Probes kWarmPass{4, 2, 0};
+constexpr Probes kMeasurePass{21, 1, 4};
+
+// Latency and bandwidth of pair (rank, peer) as the sender `a` sees them
+// (zero from a pass without bulk probes).
+Result<LinkProfile> measure_pair(comm::Group& g, int a, int peer, comm::Millis timeout, Probes n) {
   std::vector<double> rtt, bulk_s;
   const bool sender = g.rank() == a;
-  for (int i = 0; i <= kSmall + kBulk - 1; ++i) {
-    const bool bulk = i >= kSmall;
+  for (int i = 0; i < n.small + n.bulk_warmups + n.bulk; ++i) {
+    const bool bulk = i >= n.small;
     const int tag = kProbeTag + i;
     const auto t0 = Clock::now();
     if (sender) {
@@ -68,14 +81,15 @@ Result<LinkProfile> measure_pair(comm::Group& g, int a, int peer, comm::Millis t
       TESSERA_RETURN_IF_ERROR(g.isend(peer, tag, core::Tensor::zeros_f32({1})).wait(timeout));
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (i == 0) continue;  // warm-up
+    if (i == 0 || (bulk && i < n.small + n.bulk_warmups)) continue;  // warm-ups
     (bulk ? bulk_s : rtt).push_back(s);
   }
   LinkProfile l;
+  if (rtt.empty() || bulk_s.empty()) return l;
   const double small = core::median(rtt);
   l.latency_ms = 1e3 * small / 2;
-  l.bandwidth_mbps =
-      std::min(kMaxMbps, static_cast<double>(kBulkFloats * 4 * 8) / std::max(core::median(bulk_s) - small, 1e-6) / 1e6);
+  const double fastest = *std::min_element(bulk_s.begin(), bulk_s.end());
+  l.bandwidth_mbps = std::min(kMaxMbps, static_cast<double>(kBulkFloats * 4 * 8) / std::max(fastest - small, 1e-6) / 1e6);
   return l;
 }
 
@@ -201,12 +215,13 @@ Result<LinkProfiles> measure_links(comm::Group& g, comm::Millis timeout) {
   const int K = g.size(), rank = g.rank();
   std::vector<LinkProfile> row(static_cast<size_t>(K));
   // Every rank walks the same pair list and takes part in its own pairs.
-  for (int a = 0; a < K; ++a)
-    for (int b = 0; b < K; ++b) {
-      if (a == b || (rank != a && rank != b)) continue;
-      TESSERA_ASSIGN_OR_RETURN(const LinkProfile l, measure_pair(g, a, rank == a ? b : a, timeout));
-      if (rank == a) row[static_cast<size_t>(b)] = l;
-    }
+  for (const Probes& pass : {kWarmPass, kMeasurePass})
+    for (int a = 0; a < K; ++a)
+      for (int b = 0; b < K; ++b) {
+        if (a == b || (rank != a && rank != b)) continue;
+        TESSERA_ASSIGN_OR_RETURN(const LinkProfile l, measure_pair(g, a, rank == a ? b : a, timeout, pass));
+        if (rank == a) row[static_cast<size_t>(b)] = l;
+      }
   if (rank != 0) {
     core::Tensor t = core::Tensor::zeros_f32({2 * static_cast<int64_t>(K)});
     for (int b = 0; b < K; ++b) {

@@ -197,7 +197,16 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
     TESSERA_ASSIGN_OR_RETURN(planner::DeviceProfile d, device_profile(c, rows, opts_.threads_per_device, opts_.reprofile));
     d.memory_bytes /= K;  // local devices share this machine's memory
     p.devices.assign(static_cast<size_t>(K), d);
-    TESSERA_ASSIGN_OR_RETURN(p.links, measure_local_links(K, opts_.link, !opts_.insecure));
+    // Once: a prefill's and a decode step's plans are priced on the same links.
+    if (!local_links_) {
+      TESSERA_ASSIGN_OR_RETURN(local_links_, measure_local_links(K, opts_.link, !opts_.insecure));
+      for (int a = 0; a < K; ++a)
+        for (int b = 0; b < K; ++b)
+          if (a != b)
+            spdlog::debug("link {} -> {}: {:.3f} ms, {:.0f} Mbit/s", a, b, (*local_links_)[a][b].latency_ms,
+                          (*local_links_)[a][b].bandwidth_mbps);
+    }
+    p.links = *local_links_;
     // Local devices share this machine's cores with their transports, whose
     // encryption then takes time from an overlapped exchange's compute.
     // A refinement: failing to measure it leaves it unpriced.

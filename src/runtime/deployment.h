@@ -111,6 +111,7 @@ class Cluster {
   std::optional<planner::ClusterProfile> given_profile_;  // --profile
   std::map<int64_t, planner::ClusterProfile> profiles_;   // measured, by rows
   std::optional<double> crypto_gbps_;                      // local, encrypted devices: measured once
+  std::optional<std::vector<std::vector<planner::LinkProfile>>> local_links_;      // local devices: measured once, for every rows' profile
   std::map<std::string, std::shared_ptr<FidelityMeter>> meters_;  // by calibration file and rows
 };
 

@@ -87,5 +87,32 @@ TEST(LocalProfileTest, LossyTypesAddTheirOwnRatesOnEveryLocalDevice) {
     for (const planner::GemmSample& g : dev.gemm) EXPECT_EQ(g.type, kernels::WeightType::kF32);
 }
 
+// A generation's prefill and decode step are priced on profiles of
+// different row counts: local links are measured once for both, so the two
+// plans see one link (two measurements of an emulated link differ).
+TEST(LocalProfileTest, EveryRowCountsProfileHasTheSameLinks) {
+  ClusterOptions o;
+  o.model_dir = std::string(TESSERA_TEST_DATA) + "/gpt2-tiny";
+  o.devices = 3;
+  o.insecure = true;
+  o.link = "1gbit,0.2ms";
+  auto c = Cluster::open(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto cfg = model::load_config(o.model_dir);
+  ASSERT_TRUE(cfg.ok());
+  auto prefill = c->profile(*cfg, 8);
+  auto step = c->profile(*cfg, 1);
+  ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  ASSERT_EQ(prefill->links.size(), 3u);
+  for (size_t a = 0; a < 3; ++a)
+    for (size_t b = 0; b < 3; ++b) {
+      if (a == b) continue;
+      EXPECT_GE(prefill->links[a][b].latency_ms, 0.2 * 0.95) << a << "->" << b;
+      EXPECT_EQ(prefill->links[a][b].latency_ms, step->links[a][b].latency_ms) << a << "->" << b;
+      EXPECT_EQ(prefill->links[a][b].bandwidth_mbps, step->links[a][b].bandwidth_mbps) << a << "->" << b;
+    }
+}
+
 }  // namespace
 }  // namespace tessera::runtime
