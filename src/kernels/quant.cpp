@@ -336,6 +336,9 @@ void quantize_input_q8_k(const float* x, int64_t k, uint8_t* out) {
     std::memcpy(out, &d, 4);
     std::memcpy(out + 4, q, 256);
     std::memcpy(out + 260, bsums, 32);
+    int16_t sums32[8];
+    for (int j = 0; j < 8; ++j) sums32[j] = static_cast<int16_t>(bsums[2 * j] + bsums[2 * j + 1]);
+    std::memcpy(out + 292, sums32, 16);
   }
 }
 

@@ -38,7 +38,10 @@ enum class WeightType : uint8_t { kF32 = 0, kQ8_0 = 1, kQ4_0 = 2, kQ4_K = 3, kQ6
 
 inline constexpr int64_t kQuantBlock = 32;   // weights per Q8_0 / Q4_0 block
 inline constexpr int64_t kSuperBlock = 256;  // weights per Q4_K / Q6_K block (QK_K)
-inline constexpr size_t kQ8KBytes = 4 + 256 + 32;  // one Q8_K input block
+// One Q8_K input block: d (f32), 256 int8, the 16 sums of 16 (int16, as
+// llama.cpp's bsums), then the 8 sums of 32 (int16: Q4_K's sub-blocks, so
+// its kernels do not add the pairs for every weight row).
+inline constexpr size_t kQ8KBytes = 4 + 256 + 32 + 16;
 
 const char* weight_type_name(WeightType t);  // "f32", "q8_0", "q4_0", "q4_k", "q6_k"
 [[nodiscard]] core::Result<WeightType> parse_weight_type(const std::string& s);

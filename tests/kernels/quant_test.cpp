@@ -149,6 +149,13 @@ TEST(QuantFormat, Q8_KInputsAsLlamaCppRoundsThem) {
     std::memcpy(&got, q + 260 + 2 * g, 2);
     EXPECT_EQ(got, s) << g;
   }
+  for (int g = 0; g < 8; ++g) {  // and of 32, for Q4_K's sub-blocks
+    int s = 0;
+    for (int l = 0; l < 32; ++l) s += static_cast<int8_t>(q[4 + 32 * g + l]);
+    int16_t got;
+    std::memcpy(&got, q + 292 + 2 * g, 2);
+    EXPECT_EQ(got, s) << g;
+  }
 }
 
 TEST(QuantFormat, KQuantsErrorWithinAStep) {
