@@ -519,12 +519,12 @@ core::Status parse_common(const Json& root, const Json* config, TokenizerParts& 
 
 // ---- Decoders ----
 
-std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens) {
+std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens, bool raw) {
   std::vector<std::string> out;
   std::string bytes;
   auto flush = [&] {
     if (bytes.empty()) return;
-    if (utf8_to_u32(bytes).ok()) {
+    if (raw || utf8_to_u32(bytes).ok()) {
       out.push_back(bytes);
     } else {
       for (size_t i = 0; i < bytes.size(); ++i) out.emplace_back("\uFFFD");
@@ -551,18 +551,45 @@ std::u32string lossy_u32(std::string_view text) {
   return decoded.ok() ? std::move(decoded).value() : std::u32string();
 }
 
+// A text step on token t: f(chars, at_start, at_end) maps its characters.
+// Decoding raw keeps the bytes that are no UTF-8 (a token that holds part of
+// a character): f then maps each valid run between them (at_start/at_end:
+// the run begins/ends the token), and those bytes stay as they are.
+template <typename F>
+core::Result<std::string> map_text(const std::string& t, bool raw, F&& f) {
+  if (!raw) {
+    TESSERA_ASSIGN_OR_RETURN(const std::u32string out, f(lossy_u32(t), true, true));
+    return u32_to_utf8(out);
+  }
+  std::string out;
+  for (size_t pos = 0; pos < t.size();) {
+    std::u32string chars;
+    size_t end = pos;
+    for (Utf8Step c{}; end < t.size() && (c = next_utf8(t, end)).valid; end += c.len) chars.push_back(c.cp);
+    if (end == pos) {  // bytes that are no character
+      const size_t n = next_utf8(t, pos).len;
+      out.append(t, pos, n);
+      pos += n;
+      continue;
+    }
+    TESSERA_ASSIGN_OR_RETURN(const std::u32string mapped, f(chars, pos == 0, end == t.size()));
+    out += u32_to_utf8(mapped);
+    pos = end;
+  }
+  return out;
+}
+
 // HF Strip: up to `start` leading and `stop` trailing copies of one char, per token.
-std::string strip_token(const std::string& token, char32_t c, size_t start, size_t stop) {
-  const std::u32string chars = lossy_u32(token);
+std::u32string strip_chars(const std::u32string& chars, char32_t c, size_t start, size_t stop, bool at_start, bool at_end) {
   size_t b = 0, e = chars.size();
-  while (b < start && b < e && chars[b] == c) ++b;
-  for (size_t i = 0; i < stop && e > b && chars[e - 1] == c; ++i) --e;
-  return u32_to_utf8(std::u32string_view(chars).substr(b, e - b));
+  while (at_start && b < start && b < e && chars[b] == c) ++b;
+  for (size_t i = 0; at_end && i < stop && e > b && chars[e - 1] == c; ++i) --e;
+  return chars.substr(b, e - b);
 }
 
 }  // namespace
 
-core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder) {
+core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder, bool raw) {
   using Kind = DecoderStep::Kind;
   if (decoder.steps.empty()) {  // no decoder: HF joins tokens with spaces
     std::string out;
@@ -575,10 +602,10 @@ core::Result<std::string> run_decoders(std::vector<std::string> tokens, const De
         tokens = {decode_wordpiece(tokens, step.prefix, step.cleanup)};
         break;
       case Kind::kByteLevel:
-        tokens = {decode_byte_level(tokens)};
+        tokens = {decode_byte_level(tokens, raw)};
         break;
       case Kind::kByteFallback:
-        tokens = decode_byte_fallback(tokens);
+        tokens = decode_byte_fallback(tokens, raw);
         break;
       case Kind::kFuse: {
         std::string joined;
@@ -589,30 +616,38 @@ core::Result<std::string> run_decoders(std::vector<std::string> tokens, const De
       case Kind::kReplace: {
         const std::u32string content = lossy_u32(step.content);
         for (std::string& t : tokens) {
-          TESSERA_ASSIGN_OR_RETURN(std::u32string replaced, replace_all(lossy_u32(t), step.pattern, content));
-          t = u32_to_utf8(replaced);
+          TESSERA_ASSIGN_OR_RETURN(t, map_text(t, raw, [&](const std::u32string& chars, bool, bool) {
+                                     return replace_all(chars, step.pattern, content);
+                                   }));
         }
         break;
       }
       case Kind::kStrip: {
-        const std::u32string c = lossy_u32(step.content);
-        for (std::string& t : tokens) t = strip_token(t, c.empty() ? U' ' : c[0], step.start, step.stop);
+        const std::u32string s = lossy_u32(step.content);
+        const char32_t c = s.empty() ? U' ' : s[0];
+        for (std::string& t : tokens) {
+          TESSERA_ASSIGN_OR_RETURN(t, map_text(t, raw, [&](const std::u32string& chars, bool at_start, bool at_end) {
+                                     return core::Result<std::u32string>(strip_chars(chars, c, step.start, step.stop, at_start, at_end));
+                                   }));
+        }
         break;
       }
       case Kind::kMetaspace: {
         const std::u32string rep = lossy_u32(step.replacement);
         for (size_t i = 0; i < tokens.size(); ++i) {
-          const std::u32string chars = lossy_u32(tokens[i]);
-          std::u32string out;
-          for (size_t j = 0; j < chars.size(); ++j) {
-            if (!rep.empty() && chars[j] == rep[0]) {
-              if (i == 0 && j == 0 && step.prepend) continue;  // the space the pre-tokenizer prepended
-              out.push_back(U' ');
-            } else {
-              out.push_back(chars[j]);
-            }
-          }
-          tokens[i] = u32_to_utf8(out);
+          TESSERA_ASSIGN_OR_RETURN(tokens[i], map_text(tokens[i], raw, [&](const std::u32string& chars, bool at_start, bool) {
+                                     std::u32string out;
+                                     for (size_t j = 0; j < chars.size(); ++j) {
+                                       if (!rep.empty() && chars[j] == rep[0]) {
+                                         // the space the pre-tokenizer prepended
+                                         if (i == 0 && j == 0 && at_start && step.prepend) continue;
+                                         out.push_back(U' ');
+                                       } else {
+                                         out.push_back(chars[j]);
+                                       }
+                                     }
+                                     return core::Result<std::u32string>(std::move(out));
+                                   }));
         }
         break;
       }
@@ -738,13 +773,21 @@ core::Result<std::vector<std::string>> TokenizerBase::id_to_tokens(const std::ve
 }
 
 core::Result<std::string> TokenizerBase::decode(const std::vector<int64_t>& ids, bool skip_special) const {
+  return run_decoders(token_strings(ids, skip_special), parts_.decoder);
+}
+
+core::Result<std::string> TokenizerBase::decode_bytes(const std::vector<int64_t>& ids, bool skip_special) const {
+  return run_decoders(token_strings(ids, skip_special), parts_.decoder, true);
+}
+
+std::vector<std::string> TokenizerBase::token_strings(const std::vector<int64_t>& ids, bool skip_special) const {
   std::vector<std::string> tokens;
   for (int64_t id : ids) {
     const std::string* token = find_token(id);
     if (token == nullptr || (skip_special && special_ids_.contains(id))) continue;
     tokens.push_back(*token);
   }
-  return run_decoders(std::move(tokens), parts_.decoder);
+  return tokens;
 }
 
 int64_t TokenizerBase::vocab_size() const {

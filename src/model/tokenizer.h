@@ -28,6 +28,12 @@ class Tokenizer {
   // HF cleanup; BPE: byte-level decode back to UTF-8). skip_special drops
   // special tokens; unknown ids are skipped, as HF does.
   virtual core::Result<std::string> decode(const std::vector<int64_t>& ids, bool skip_special = true) const = 0;
+  // The same bytes, except that bytes which are no UTF-8 stay as they are
+  // where decode writes U+FFFD: the raw bytes of a token that holds part of a
+  // character (a log-probability's "bytes"). Not always valid UTF-8.
+  virtual core::Result<std::string> decode_bytes(const std::vector<int64_t>& ids, bool skip_special = true) const {
+    return decode(ids, skip_special);
+  }
   // Distinct tokens, added tokens included (HF get_vocab_size(true)).
   virtual int64_t vocab_size() const = 0;
   virtual std::optional<int64_t> token_to_id(std::string_view token) const = 0;
@@ -37,6 +43,9 @@ class Tokenizer {
   // An added token marked "special" (what decode's skip_special drops).
   virtual bool is_special(int64_t /*id*/) const { return false; }
 };
+
+// Whether bytes are valid UTF-8 (decode_bytes may give bytes that are not).
+bool valid_utf8(std::string_view bytes);
 
 // Streaming detokenisation: ids go in one at a time and only complete UTF-8
 // text comes out, so a character split over byte tokens (byte-level BPE or

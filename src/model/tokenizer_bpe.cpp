@@ -623,7 +623,7 @@ core::Result<MergeList> read_merges_txt(const std::string& path) {
 
 }  // namespace
 
-std::string decode_byte_level(const std::vector<std::string>& tokens) {
+std::string decode_byte_level(const std::vector<std::string>& tokens, bool raw) {
   std::string bytes;
   for (const std::string& token : tokens) {
     // A token with a char outside the map (an added token, say) is kept as is, as HF does.
@@ -638,7 +638,7 @@ std::string decode_byte_level(const std::vector<std::string>& tokens) {
     }
     bytes += all_mapped ? mapped : token;
   }
-  return utf8_lossy(bytes);
+  return raw ? bytes : utf8_lossy(bytes);
 }
 
 core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const Json* config,

@@ -128,8 +128,9 @@ struct DecoderStep {
 struct DecoderConfig {
   std::vector<DecoderStep> steps;  // none: tokens joined with spaces, as HF does without a decoder
 };
-// The decoder chain on token strings (HF decode_chain), concatenated.
-core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder);
+// The decoder chain on token strings (HF decode_chain), concatenated. raw:
+// bytes that are no UTF-8 stay as they are (Tokenizer::decode_bytes).
+core::Result<std::string> run_decoders(std::vector<std::string> tokens, const DecoderConfig& decoder, bool raw = false);
 
 // token <-> id. An open-addressing table over one array of entries: real
 // vocabularies (128k-262k tokens, 280k-515k merges to resolve) load several
@@ -199,6 +200,7 @@ class TokenizerBase : public Tokenizer {
   core::Result<std::vector<int64_t>> encode(std::string_view text, bool add_special_tokens) const override;
   core::Result<std::vector<std::string>> id_to_tokens(const std::vector<int64_t>& ids) const override;
   core::Result<std::string> decode(const std::vector<int64_t>& ids, bool skip_special) const override;
+  core::Result<std::string> decode_bytes(const std::vector<int64_t>& ids, bool skip_special) const override;
   int64_t vocab_size() const override;
   std::optional<int64_t> token_to_id(std::string_view token) const override;
   std::optional<int64_t> bos_id() const override { return bos_id_; }
@@ -219,6 +221,8 @@ class TokenizerBase : public Tokenizer {
   std::vector<Segment> split_added(std::u32string_view text, bool normalized) const;
   std::optional<size_t> longest_added_at(std::u32string_view text, size_t pos, bool normalized) const;
   const std::string* find_token(int64_t id) const;
+  // The vocabulary strings of ids for the decoders (unknown ids, and special ones when skipped, left out).
+  std::vector<std::string> token_strings(const std::vector<int64_t>& ids, bool skip_special) const;
 
   TokenizerParts parts_;
   std::vector<std::u32string> match_text_;                       // per added token, as matched
@@ -231,10 +235,10 @@ class TokenizerBase : public Tokenizer {
 
 // ---- Decoders ----
 std::string decode_wordpiece(const std::vector<std::string>& tokens, const std::string& prefix, bool cleanup);
-std::string decode_byte_level(const std::vector<std::string>& tokens);
+std::string decode_byte_level(const std::vector<std::string>& tokens, bool raw = false);
 // HF ByteFallback: runs of <0xNN> tokens become their bytes when those are
-// UTF-8, one U+FFFD per byte otherwise.
-std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens);
+// UTF-8, one U+FFFD per byte otherwise (raw: the bytes in every case).
+std::vector<std::string> decode_byte_fallback(const std::vector<std::string>& tokens, bool raw = false);
 
 // ---- Model factories (model/tokenizer_wordpiece.cpp, model/tokenizer_bpe.cpp) ----
 // `config`: tokenizer_config.json, when there is one.

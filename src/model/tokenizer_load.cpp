@@ -245,6 +245,8 @@ bool ends_with_replacement(const std::string& s) { return s.ends_with("\xEF\xBF\
 
 }  // namespace
 
+bool valid_utf8(std::string_view bytes) { return tok::utf8_to_u32(bytes).ok(); }
+
 core::Result<std::string> StreamDecoder::step(int64_t id) {
   ids_.push_back(id);
   TESSERA_ASSIGN_OR_RETURN(std::string text, tokenizer_.decode(ids_, skip_special_));

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/json.h"
+#include "model/tokenizer.h"
 
 namespace tessera::runtime::api {
 
@@ -350,6 +351,18 @@ std::string base64_encode(std::string_view bytes) {
 
 json error_body(const std::string& message, const std::string& type) {
   return {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}}}};
+}
+
+LogprobToken logprob_token(const model::Tokenizer* tok, int64_t id) {
+  if (tok != nullptr)
+    if (auto b = tok->decode_bytes({id}, false); b.ok()) {
+      if (model::valid_utf8(*b)) return {*b, *b};
+      std::string text = "bytes:";
+      for (const unsigned char c : *b) text += {'\\', 'x', "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]};
+      return {std::move(text), std::move(*b)};
+    }
+  const std::string text = "token_id:" + std::to_string(id);
+  return {text, text};
 }
 
 uint64_t choice_seed(uint64_t seed, int64_t i) {

@@ -13,6 +13,10 @@
 
 #include "core/status.h"
 
+namespace tessera::model {
+class Tokenizer;
+}
+
 namespace tessera::runtime::api {
 
 // What the parsers check sizes against (the model's, and the server's caps).
@@ -60,6 +64,15 @@ constexpr int64_t kMaxChoices = 16;
 // Choice i's sampling seed for a request seeded with `seed`: choice 0 takes
 // it as it is (n = 1 draws what it always did), the others their own.
 uint64_t choice_seed(uint64_t seed, int64_t i);
+// A token's text and bytes for its log-probability: the token decoded alone.
+// A token that holds part of a character has no text of its own: it reads
+// "bytes:" and its bytes as \xNN ("bytes:\xe2\x80", as OpenAI's API spells
+// such tokens), so two of them stay apart as keys of "top_logprobs", and
+// `bytes` are its own, not U+FFFD's. "token_id:N" without a tokenizer.
+struct LogprobToken {
+  std::string text, bytes;
+};
+LogprobToken logprob_token(const model::Tokenizer* tok, int64_t id);
 
 // /v1/chat/completions: the messages as the chat template takes them
 // ({role, content} with content a string, or null for an assistant turn

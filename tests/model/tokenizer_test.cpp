@@ -211,6 +211,26 @@ TEST_F(TokenizerFiles, BpeDecodeOfPartialCharacterIsLossy) {
   EXPECT_EQ(bpe->decode(ids).value(), "\u00E9");
 }
 
+// decode_bytes: a token that is part of a character keeps its own bytes,
+// where decode writes U+FFFD; whole text decodes as decode does.
+TEST_F(TokenizerFiles, BpeDecodeBytesKeepsAPartialCharactersBytes) {
+  auto bpe = must(load_tokenizer_json(kDir + "/bytelevel_bpe/tokenizer.json"));
+  ASSERT_NE(bpe, nullptr);
+  const auto ids = bpe->encode("\u00E9").value();  // C3 A9: two byte tokens
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(bpe->decode_bytes({ids[0]}).value(), "\xC3");
+  EXPECT_EQ(bpe->decode_bytes({ids[1]}).value(), "\xA9");
+  EXPECT_FALSE(valid_utf8("\xC3"));
+  for (const std::string text : {"\u00E9", "Hello world", " caf\u00E9 \U0001F642!"}) {
+    const auto all = bpe->encode(text).value();
+    EXPECT_EQ(bpe->decode_bytes(all).value(), bpe->decode(all).value()) << text;
+    std::string joined;  // byte-level tokens are their bytes, side by side
+    for (const int64_t id : all) joined += bpe->decode_bytes({id}).value();
+    EXPECT_EQ(joined, text);
+    EXPECT_TRUE(valid_utf8(joined));
+  }
+}
+
 TEST_F(TokenizerFiles, WordPieceDecodeJoinsContinuations) {
   auto tokenizer = must(load_tokenizer_json(kDir + "/wordpiece/tokenizer.json"));
   ASSERT_NE(tokenizer, nullptr);
@@ -443,6 +463,18 @@ TEST(TokenizerSentencePiece, PrependMergesByteFallbackAndTemplateBos) {
   }
 }
 
+TEST(TokenizerSentencePiece, DecodeBytesKeepsByteFallbackBytes) {
+  auto t = parse(sentencepiece_like());
+  const auto ids = t->encode("h\u00E9", false).value();  // ▁h <0xC3> <0xA9>
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(t->decode({ids[1]}).value(), "\uFFFD");
+  EXPECT_EQ(t->decode_bytes({ids[1]}).value(), "\xC3");
+  EXPECT_EQ(t->decode_bytes({ids[2]}).value(), "\xA9");
+  EXPECT_EQ(t->decode_bytes({ids[0]}).value(), "h");  // Strip takes the leading space, as decode does
+  EXPECT_EQ(t->decode_bytes(ids).value(), "h\u00E9");
+  EXPECT_EQ(t->decode_bytes({ids[0], ids[1]}).value(), "h\xC3");
+}
+
 TEST(TokenizerSentencePiece, MetaspacePrependSchemes) {
   auto with_scheme = [](const std::string& scheme) {
     json j = tiny_tokenizer("▁ab", {"▁a", "▁b"}, json::array({"▁ a", "▁ b"}));
@@ -498,6 +530,26 @@ TEST(TokenizerDecoders, EachDecoder) {
   EXPECT_EQ(run({"<s>", "</s>"}, json::object({{"type", "Sequence"}, {"decoders", json::array({{{"type", "Replace"}, {"pattern", {{"String", "s"}}}, {"content", "x"}}})}})), "<x></x>");
   EXPECT_EQ(run({"<s>"}, {{"type", "Strip"}, {"content", "<"}, {"start", 1}, {"stop", 0}}), "s>");
   EXPECT_EQ(run({"<s>"}, {{"type", "ByteLevel"}}), "<s>");
+}
+
+// The text steps after ByteFallback, on raw bytes: each applies to the
+// characters around the bytes that are none, and those bytes stay.
+TEST(TokenizerDecoders, RawBytesPassTheTextSteps) {
+  json j = tiny_tokenizer("\u2581ab", {"\u2581a", "b\u2581"}, json::array({"\u2581 a", "b \u2581"}));
+  j["model"]["byte_fallback"] = true;
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", json::array({{{"type", "ByteFallback"}},
+                                            {{"type", "Fuse"}},
+                                            {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}},
+                                            {{"type", "Replace"}, {"pattern", {{"String", "a"}}}, {"content", "A"}},
+                                            {{"type", "Strip"}, {"content", " "}, {"start", 0}, {"stop", 1}}})}};
+  auto t = parse(j);
+  auto id = [&](const std::string& s) { return *t->token_to_id(s); };
+  // Fused: "▁a" 0xC3 "b▁" -> Metaspace drops the first ▁ only at the very start, then "a" -> "A", one trailing space stripped.
+  EXPECT_EQ(t->decode_bytes({id("\u2581a"), id("<0xC3>"), id("b\u2581")}).value(), "A\xC3" "b");
+  EXPECT_EQ(t->decode({id("\u2581a"), id("<0xC3>"), id("b\u2581")}).value(), "A\uFFFDb");
+  // A run that starts after the raw byte is not the token's start: its ▁ is a space.
+  EXPECT_EQ(t->decode_bytes({id("<0xC3>"), id("\u2581a")}).value(), "\xC3 A");
 }
 
 TEST(TokenizerStream, NeverEmitsPartialUtf8) {
