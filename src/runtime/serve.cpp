@@ -112,6 +112,7 @@ thread_local Clock::time_point t_request_start;
 }  // namespace
 
 Clock::time_point request_start() { return t_request_start; }
+void set_request_start(Clock::time_point t) { t_request_start = t; }
 
 namespace {
 

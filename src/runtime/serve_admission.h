@@ -46,6 +46,15 @@ class Admission {
     cv_.notify_all();  // the next in line may go (or move up)
     return got;
   }
+  // Up to `k` more turns for a request that holds one, at once and only
+  // while nobody waits in line (a request's extra choices never pass a
+  // request admitted before them); how many it got. Each is release()d.
+  int try_acquire_more(int k) {
+    std::lock_guard<std::mutex> l(mu_);
+    int got = 0;
+    while (got < k && waiting_.empty() && running_ < concurrency_) ++running_, ++got;
+    return got;
+  }
   void release() {
     std::lock_guard<std::mutex> l(mu_);
     --running_;

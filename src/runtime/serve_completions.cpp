@@ -9,9 +9,12 @@
 #include <ctime>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "model/chat.h"
@@ -37,19 +40,11 @@ struct Server::Generation {
 
 namespace {
 
-// A token's text for its log-probability: the token decoded alone (a piece
-// of a character shows as U+FFFD), or "token_id:N" without a tokenizer.
-std::string token_text(const model::Tokenizer* tok, int64_t id) {
-  if (tok != nullptr)
-    if (auto t = tok->decode({id}, false); t.ok()) return *t;
-  return "token_id:" + std::to_string(id);
-}
-
 json token_entry(const model::Tokenizer* tok, int64_t id, float logprob) {
-  const std::string t = token_text(tok, id);
+  api::LogprobToken t = api::logprob_token(tok, id);
   json bytes = json::array();
-  for (const unsigned char c : t) bytes.push_back(static_cast<int>(c));
-  return {{"token", t}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+  for (const unsigned char c : t.bytes) bytes.push_back(static_cast<int>(c));
+  return {{"token", std::move(t.text)}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
 }
 
 int64_t characters(const std::string& utf8) {
@@ -194,11 +189,11 @@ struct Server::Shape {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     for (size_t i = from; i < to; ++i) {
       const model::TokenLogprobs& t = g.logprobs[i];
-      tokens.push_back(token_text(tok, t.token));
+      tokens.push_back(api::logprob_token(tok, t.token).text);
       const bool first_echoed = std::isnan(t.logprob);  // "echo": the prompt's first token
       lps.push_back(first_echoed ? json(nullptr) : json(t.logprob));
       json top = json::object();
-      for (const auto& [id, lp] : t.top) top[token_text(tok, id)] = lp;
+      for (const auto& [id, lp] : t.top) top[api::logprob_token(tok, id).text] = lp;
       tops.push_back(first_echoed ? json(nullptr) : std::move(top));
       offsets.push_back(i < g.text_offsets.size() ? g.text_offsets[i] : 0);
     }
@@ -264,6 +259,54 @@ api::CompletionRequest for_choice(const api::CompletionRequest& r, int64_t i) {
 
 }  // namespace
 
+Status Server::run_choices(const api::CompletionRequest& r, std::vector<Generation>& gs, Clock::time_point deadline,
+                           int conn, const ChoiceHooks& hooks) {
+  const int extra = gs.size() > 1 ? admission_.try_acquire_more(static_cast<int>(gs.size()) - 1) : 0;
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first = core::ok_status();
+  const Clock::time_point started = request_start();
+  const auto work = [&] {
+    set_request_start(started);
+    for (size_t i; (i = next++) < gs.size();) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!first.ok()) return;
+      }
+      if (client_closed(conn) || (hooks.start && !hooks.start(i))) return;
+      Status st = generate(for_choice(r, static_cast<int64_t>(i)), gs[i], deadline, conn,
+                           [&](const std::string& t, int64_t id) { return hooks.emit(i, t, id); });
+      if (st.ok() && hooks.done && !hooks.done(i)) return;
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        if (first.ok()) first = std::move(st);
+        return;
+      }
+    }
+  };
+  // A helper's exception is the request's error, not the process's end.
+  const auto helper = [&] {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> l(mu);
+      if (first.ok()) first = core::internal_error(std::string("a choice failed: ") + e.what());
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (int k = 0; k < extra; ++k) {
+    try {
+      helpers.emplace_back(helper);
+    } catch (const std::system_error&) {
+      break;  // no thread: fewer choices side by side
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+  for (int k = 0; k < extra; ++k) admission_.release();
+  return first;
+}
+
 Status Server::check_generates() const {
   const auto& c = engine_.config();
   if (!c.causal_lm()) return core::invalid_argument("this model does not generate text (completions need a causal LM head)");
@@ -323,21 +366,20 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
       }
       const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
       if (const Status echoed = echo_prompt(r, *g); !echoed.ok()) return fail(res, echoed);
-      // The choices one after another, each from the prompt (and its echo).
+      // Each choice from the prompt (and its echo).
       std::vector<Generation> gs(static_cast<size_t>(r.n), *g);
       std::vector<std::string> texts(gs.size());
-      for (size_t i = 0; i < gs.size(); ++i) {
-        const Status st = generate(for_choice(r, static_cast<int64_t>(i)), gs[i], deadline, conn,
-                                   [&](const std::string& t, int64_t) {
-                                     texts[i] += t;
-                                     return !client_closed(conn);
-                                   });
-        if (client_closed(conn)) {
-          metrics_.abandoned();
-          return send_error(res, 499, "the client closed the connection");
-        }
-        if (!st.ok()) return fail(res, st);
+      ChoiceHooks hooks;
+      hooks.emit = [&](size_t i, const std::string& t, int64_t) {
+        texts[i] += t;
+        return !client_closed(conn);
+      };
+      const Status st = run_choices(r, gs, deadline, conn, hooks);
+      if (client_closed(conn)) {
+        metrics_.abandoned();
+        return send_error(res, 499, "the client closed the connection");
       }
+      if (!st.ok()) return fail(res, st);
       res.set_content(shape.whole(texts, gs, engine_.tokenizer()).dump(), "application/json");
     });
   }
@@ -364,39 +406,55 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
           return sink.write(s.data(), s.size());
         };
         const model::Tokenizer* tok = engine_.tokenizer();
+        // Choices may run side by side (run_choices): their events go out
+        // one at a time, and `alive` is shared.
+        std::mutex events;
         bool alive = true;
         Status st = core::ok_status();
         std::vector<Generation> gs;
+        size_t finished = 0, last_choice = 0;
         if (!admission_.acquire(deadline)) {
           st = core::timeout_error("the request's deadline passed while it waited in the queue");
         } else {
           st = echo_prompt(*request, *g);
           if (st.ok()) gs.assign(static_cast<size_t>(request->n), *g);
-          // The choices one after another; each but the last ends with its
-          // finish event here, the last after the queue is left (below).
-          for (size_t i = 0; i < gs.size() && alive && st.ok(); ++i) {
+          // Each choice but the last to finish ends with its finish event
+          // here; the last one after the queue is left (below).
+          ChoiceHooks hooks;
+          hooks.start = [&](size_t i) {
+            std::lock_guard<std::mutex> l(events);
             Generation& c = gs[i];
             const auto index = static_cast<int64_t>(i);
-            if (const auto first = shape.opening(index)) alive = event(*first);
+            if (const auto first = shape.opening(index)) alive = alive && event(*first);
             if (alive && (!c.echo_text.empty() || c.logprobs_sent < c.logprobs.size()))
               alive = event(shape.chunk(index, c.echo_text, json::array(), nullptr, shape.unsent_logprobs(c, tok)));
-            if (!alive) break;
-            st = generate(for_choice(*request, index), c, deadline, conn, [&](const std::string& text, int64_t token) {
-              if (shape.chat && text.empty()) return alive;  // a chat delta carries text (its logprobs wait)
-              alive = alive && event(shape.chunk(index, text, token < 0 ? json::array() : json::array({token}), nullptr,
-                                                 shape.unsent_logprobs(c, tok)));
+            return alive;
+          };
+          hooks.emit = [&](size_t i, const std::string& text, int64_t token) {
+            std::lock_guard<std::mutex> l(events);
+            if (shape.chat && text.empty()) return alive;  // a chat delta carries text (its logprobs wait)
+            alive = alive && event(shape.chunk(static_cast<int64_t>(i), text, token < 0 ? json::array() : json::array({token}),
+                                               nullptr, shape.unsent_logprobs(gs[i], tok)));
+            return alive;
+          };
+          hooks.done = [&](size_t i) {
+            std::lock_guard<std::mutex> l(events);
+            if (++finished == gs.size()) {
+              last_choice = i;
               return alive;
-            });
-            if (st.ok() && alive && i + 1 < gs.size())
-              alive = event(shape.chunk(index, "", json::array(), c.finish, shape.unsent_logprobs(c, tok)));
-          }
+            }
+            alive = alive && event(shape.chunk(static_cast<int64_t>(i), "", json::array(), gs[i].finish,
+                                               shape.unsent_logprobs(gs[i], tok)));
+            return alive;
+          };
+          if (st.ok() && !gs.empty()) st = run_choices(*request, gs, deadline, conn, hooks);
           admission_.release();
         }
         leave();
         if (alive) {
-          if (st.ok() && !gs.empty()) {
-            Generation& c = gs.back();
-            json last = shape.chunk(static_cast<int64_t>(gs.size()) - 1, "", json::array(), c.finish, shape.unsent_logprobs(c, tok));
+          if (st.ok() && !gs.empty() && finished == gs.size()) {
+            Generation& c = gs[last_choice];
+            json last = shape.chunk(static_cast<int64_t>(last_choice), "", json::array(), c.finish, shape.unsent_logprobs(c, tok));
             if (request->include_usage) last["usage"] = usage(gs);
             event(last);
           } else {

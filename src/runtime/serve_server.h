@@ -27,8 +27,10 @@ namespace tessera::runtime::serve_detail {
 int http_status(const Status& st, std::string* message);
 const char* error_type(int status);
 void send_error(httplib::Response& res, int status, const std::string& message);
-// When the request this thread serves arrived (set before routing).
+// When the request this thread serves arrived (set before routing; a
+// request's helper threads set their own to it).
 Clock::time_point request_start();
+void set_request_start(Clock::time_point t);
 // The socket of a request's connection, found by its two addresses
 // (cpp-httplib 0.11 hands a handler no socket); -1 when it is not found.
 int connection_socket(const httplib::Request& req);
@@ -75,6 +77,19 @@ class Server {
   // chunks of a long prompt's prefill, before any token.
   Status generate(const api::CompletionRequest& r, Generation& g, Clock::time_point deadline, int conn,
                   const std::function<bool(const std::string&, int64_t)>& emit);
+  // What a request's choices report as they run (each hook gets the
+  // choice's index; false: the client is gone, stop).
+  struct ChoiceHooks {
+    std::function<bool(size_t)> start;                                // before the choice's first token (may be empty)
+    std::function<bool(size_t, const std::string&, int64_t)> emit;    // as generate's
+    std::function<bool(size_t)> done;                                 // after it ended well (may be empty)
+  };
+  // Generates choice i of `r` into gs[i], each with its own seed. Choices
+  // run side by side, each a sequence of the batched steps, as far as the
+  // batch has turns that no request in line waits for; the rest after them.
+  // The first error, if any.
+  Status run_choices(const api::CompletionRequest& r, std::vector<Generation>& gs, Clock::time_point deadline, int conn,
+                     const ChoiceHooks& hooks);
   // "echo": the prompt's text in `g`, and with "logprobs" each prompt
   // token's (one forward pass over the prompt for its logits).
   Status echo_prompt(const api::CompletionRequest& r, Generation& g);

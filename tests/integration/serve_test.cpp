@@ -234,8 +234,12 @@ TEST(ServeTest, LogprobsAreThoseOfTheSingleDevice) {
 // "n": several choices of one prompt, each the generation its own seed
 // gives (api::choice_seed: choice 0 keeps the request's), whole and
 // streamed; greedy choices are all the single device's.
-TEST(ServeTest, SeveralChoicesEachAreTheirSeedsGeneration) {
-  Server s({"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"});
+// With --max-batch the choices run side by side, each a sequence of the
+// batched steps: the same tokens.
+void several_choices(const std::vector<std::string>& extra_args) {
+  std::vector<std::string> args = {"--model", kData + "/gpt2-tiny", "--devices", "2", "--strategy", "tp"};
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
+  Server s(args);
   ASSERT_TRUE(s.up()) << s.proc().log();
   const auto tokens_of = [&](const json& body) {
     auto r = s.post("/v1/completions", body);
@@ -283,6 +287,11 @@ TEST(ServeTest, SeveralChoicesEachAreTheirSeedsGeneration) {
   const json greedy = tokens_of({{"prompt", kPrompt}, {"max_tokens", 6}, {"temperature", 0}, {"n", 2}});
   ASSERT_EQ(greedy["choices"].size(), 2u);
   for (const json& c : greedy["choices"]) EXPECT_EQ(c["token_ids"].get<std::vector<int64_t>>(), reference_tokens(kPrompt, 6));
+}
+
+TEST(ServeTest, SeveralChoicesEachAreTheirSeedsGeneration) {
+  several_choices({});
+  several_choices({"--max-batch", "4"});
 }
 
 TEST(ServeTest, ChatCompletionsRenderTheTemplate) {

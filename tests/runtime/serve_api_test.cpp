@@ -2,15 +2,18 @@
 // shapes accepted, unknown fields ignored, wrong types and sizes refused
 // with a message, never an exception.
 #include "runtime/serve_api.h"
+#include "runtime/serve_admission.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <random>
 #include <set>
 
 #include "model/generate.h"
+#include "model/tokenizer.h"
 
 namespace tessera::runtime::api {
 namespace {
@@ -338,6 +341,50 @@ TEST(ServeApiTest, LogitBias) {
 
 // /tokenize takes llama.cpp's or vLLM's field names; /detokenize a list of
 // the model's ids.
+// A log-probability's token: its text, or "bytes:\xNN..." for part of a
+// character (two such tokens stay apart), and its own bytes either way.
+TEST(ServeApiTest, LogprobTokensOfPartialCharacters) {
+  auto tok = model::load_tokenizer_json(std::string(TESSERA_TEST_DATA) + "/tokenizers/bytelevel_bpe/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const auto ids = (*tok)->encode("\u00E9").value();  // C3 A9
+  ASSERT_EQ(ids.size(), 2u);
+  const LogprobToken first = logprob_token(tok->get(), ids[0]), second = logprob_token(tok->get(), ids[1]);
+  EXPECT_EQ(first.text, "bytes:\\xc3");
+  EXPECT_EQ(first.bytes, "\xC3");
+  EXPECT_EQ(second.text, "bytes:\\xa9");
+  EXPECT_EQ(second.bytes, "\xA9");
+  const auto hello = (*tok)->encode("Hello").value();
+  ASSERT_FALSE(hello.empty());
+  const LogprobToken whole = logprob_token(tok->get(), hello[0]);
+  EXPECT_EQ(whole.text, (*tok)->decode({hello[0]}).value());
+  EXPECT_EQ(whole.bytes, whole.text);
+  const LogprobToken none = logprob_token(nullptr, 7);
+  EXPECT_EQ(none.text, "token_id:7");
+}
+
+// A request's extra choices take turns at the model up to --max-batch, at
+// once or not at all, and give them back.
+TEST(ServeAdmissionTest, ExtraTurnsUpToTheConcurrency) {
+  serve_detail::Admission a(8, 3);
+  const auto later = serve_detail::Clock::now() + std::chrono::hours(1);
+  ASSERT_TRUE(a.try_admit());
+  ASSERT_TRUE(a.acquire(later));
+  EXPECT_EQ(a.try_acquire_more(5), 2);  // 3 run at once
+  EXPECT_EQ(a.try_acquire_more(1), 0);
+  a.release();
+  a.release();
+  EXPECT_EQ(a.try_acquire_more(1), 1);
+  EXPECT_EQ(a.try_acquire_more(0), 0);
+  EXPECT_EQ(a.try_acquire_more(4), 1);
+  ASSERT_TRUE(a.try_admit());
+  EXPECT_FALSE(a.acquire(serve_detail::Clock::now()));  // all 3 turns taken: no turn by a deadline already past
+  a.release();
+  EXPECT_TRUE(a.acquire(later));
+  serve_detail::Admission one(8, 1);  // no --max-batch: choices one after another
+  ASSERT_TRUE(one.acquire(later));
+  EXPECT_EQ(one.try_acquire_more(3), 0);
+}
+
 TEST(ServeApiTest, TokenizeAndDetokenizeBodies) {
   auto t = parse_tokenize(R"({"content":"hi there"})");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
