@@ -452,15 +452,15 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         }
         leave();
         if (alive) {
-          if (st.ok() && !gs.empty() && finished == gs.size()) {
+          if (!st.ok()) {
+            std::string message;
+            const int status = http_status(st, &message);
+            event(api::error_body(message, error_type(status)));
+          } else if (!gs.empty() && finished == gs.size()) {  // (a client that closed its side stops the choices early)
             Generation& c = gs[last_choice];
             json last = shape.chunk(static_cast<int64_t>(last_choice), "", json::array(), c.finish, shape.unsent_logprobs(c, tok));
             if (request->include_usage) last["usage"] = usage(gs);
             event(last);
-          } else {
-            std::string message;
-            const int status = http_status(st, &message);
-            event(api::error_body(message, error_type(status)));
           }
           const std::string done = "data: [DONE]\n\n";
           sink.write(done.data(), done.size());
