@@ -88,8 +88,13 @@ Result<LinkProfile> measure_pair(comm::Group& g, int a, int peer, comm::Millis t
   if (rtt.empty() || bulk_s.empty()) return l;
   const double small = core::median(rtt);
   l.latency_ms = 1e3 * small / 2;
+  // The fastest bulk transfer less the fastest small round trip: both
+  // minima, so the difference is never below the paced time of 1 MiB (a
+  // median round trip inflated by noise would make the link read faster
+  // than it is).
   const double fastest = *std::min_element(bulk_s.begin(), bulk_s.end());
-  l.bandwidth_mbps = std::min(kMaxMbps, static_cast<double>(kBulkFloats * 4 * 8) / std::max(fastest - small, 1e-6) / 1e6);
+  const double quickest = *std::min_element(rtt.begin(), rtt.end());
+  l.bandwidth_mbps = std::min(kMaxMbps, static_cast<double>(kBulkFloats * 4 * 8) / std::max(fastest - quickest, 1e-6) / 1e6);
   return l;
 }
 
