@@ -339,8 +339,6 @@ TEST(ServeApiTest, LogitBias) {
   }
 }
 
-// /tokenize takes llama.cpp's or vLLM's field names; /detokenize a list of
-// the model's ids.
 // A log-probability's token: its text, or "bytes:\xNN..." for part of a
 // character (two such tokens stay apart), and its own bytes either way.
 TEST(ServeApiTest, LogprobTokensOfPartialCharacters) {
@@ -385,6 +383,8 @@ TEST(ServeAdmissionTest, ExtraTurnsUpToTheConcurrency) {
   EXPECT_EQ(one.try_acquire_more(3), 0);
 }
 
+// /tokenize takes llama.cpp's or vLLM's field names; /detokenize a list of
+// the model's ids.
 TEST(ServeApiTest, TokenizeAndDetokenizeBodies) {
   auto t = parse_tokenize(R"({"content":"hi there"})");
   ASSERT_TRUE(t.ok()) << t.status().to_string();
