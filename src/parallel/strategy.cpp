@@ -227,28 +227,40 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c) {
   return floats * static_cast<int64_t>(sizeof(float)) + bytes;
 }
 
-int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions, core::DType dtype) {
+std::vector<int64_t> kv_cache_layer_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions,
+                                          core::DType dtype) {
+  std::vector<int64_t> bytes(static_cast<size_t>(std::max<int64_t>(c.layers, 0)), 0);
   // A pair's caches are its decode layout's; a rank outside it keeps none.
-  if (plan.decode) return rank < plan.decode->world ? kv_cache_bytes(*plan.decode, c, rank, positions, dtype) : 0;
+  if (plan.decode) return rank < plan.decode->world ? kv_cache_layer_bytes(*plan.decode, c, rank, positions, dtype) : bytes;
   const Strategy* s = find_strategy(plan.strategy);
-  if (s == nullptr || !s->decodes() || positions <= 0) return 0;
+  if (s == nullptr || !s->decodes() || positions <= 0) return bytes;
   const model::LoadOptions o = load_options(plan, c, rank);
   const int64_t kv_width = c.head_shard(o.head_begin, o.head_end < 0 ? c.heads : o.head_end).kv_width();
   // A decoupled layer caches its N sub-blocks' whole K and V (Transformer::make_cache).
-  auto width = [&](int64_t l) { return c.decoupled(l) ? c.bp_div * c.hidden : kv_width; };
-  int64_t values = 0;
+  auto add = [&](int64_t l) {
+    if (l < 0 || l >= c.layers) return;
+    const int64_t width = c.decoupled(l) ? c.bp_div * c.hidden : kv_width;
+    bytes[static_cast<size_t>(l)] += 2 * width * positions * static_cast<int64_t>(core::dtype_size(dtype));
+  };
   if (!o.only_layers.empty()) {
     for (size_t i = 0; i < o.only_layers.size(); ++i)
-      if (o.only_parts.empty() || (o.only_parts[i] & 1)) values += width(o.only_layers[i]);  // the attention block's device
+      if (o.only_parts.empty() || (o.only_parts[i] & 1)) add(o.only_layers[i]);  // the attention block's device
   } else {
-    for (int64_t l = o.layer_begin; l < (o.layer_end < 0 ? c.layers : o.layer_end); ++l) values += width(l);
+    for (int64_t l = o.layer_begin; l < (o.layer_end < 0 ? c.layers : o.layer_end); ++l) add(l);
   }
-  return 2 * values * positions * static_cast<int64_t>(core::dtype_size(dtype));
+  return bytes;
+}
+
+int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions, core::DType dtype) {
+  const auto layers = kv_cache_layer_bytes(plan, c, rank, positions, dtype);
+  return std::accumulate(layers.begin(), layers.end(), int64_t{0});
 }
 
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions, core::DType dtype) {
-  for (size_t d = 0; d < s.devices.size(); ++d)
-    s.devices[d].kv_bytes = kv_cache_bytes(plan, c, static_cast<int>(d), positions, dtype);
+  for (size_t d = 0; d < s.devices.size(); ++d) {
+    s.devices[d].kv_layer_bytes = kv_cache_layer_bytes(plan, c, static_cast<int>(d), positions, dtype);
+    s.devices[d].kv_bytes = std::accumulate(s.devices[d].kv_layer_bytes.begin(), s.devices[d].kv_layer_bytes.end(), int64_t{0});
+  }
 }
 
 void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype, int64_t rows) {

@@ -301,7 +301,10 @@ int64_t terminal_weight_bytes(const model::ModelConfig& c);
 // for a strategy that does not decode.
 int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions,
                        core::DType dtype = core::DType::kF32);
-// Every device's kv_bytes in `s` (positions <= 0: none).
+// The same, layer by layer (c.layers entries; 0 where the rank holds none).
+std::vector<int64_t> kv_cache_layer_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions,
+                                          core::DType dtype = core::DType::kF32);
+// Every device's kv_bytes and kv_layer_bytes in `s` (positions <= 0: none).
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions,
                   core::DType dtype = core::DType::kF32);
 // A decode step of `rows` sequences (a batched step: each row its own

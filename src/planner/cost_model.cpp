@@ -130,17 +130,39 @@ void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const Clus
 }
 
 void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p, double touched) {
-  double slowest = 0;
-  for (size_t d = 0; d < s.devices.size() && d < pred.devices.size() && d < p.devices.size(); ++d) {
-    if (s.devices[d].kv_bytes <= 0 || p.devices[d].zero_gbps <= 0) continue;
-    // Memory, not a kernel: --device-speed does not slow it.
-    const double ms = 1e3 * touched * static_cast<double>(s.devices[d].kv_bytes) / (p.devices[d].zero_gbps * 1e9);
-    pred.devices[d].compute_ms += ms;
-    pred.devices[d].end_ms += ms;
-    slowest = std::max(slowest, ms);
+  const size_t K = std::min({s.devices.size(), pred.devices.size(), p.devices.size()});
+  auto priced = [&](size_t d) { return p.devices[d].zero_gbps > 0; };
+  auto ms_of = [&](size_t d, int64_t bytes) { return 1e3 * touched * static_cast<double>(bytes) / (p.devices[d].zero_gbps * 1e9); };
+  // Memory, not a kernel: --device-speed does not slow it.
+  for (size_t d = 0; d < K; ++d) {
+    if (s.devices[d].kv_bytes <= 0 || !priced(d)) continue;
+    pred.devices[d].compute_ms += ms_of(d, s.devices[d].kv_bytes);
+    pred.devices[d].end_ms += ms_of(d, s.devices[d].kv_bytes);
   }
-  pred.latency_ms += slowest;
-  pred.compute_ms += slowest;
+  // Each layer's pages are faulted in as the prefill writes that layer, and
+  // the devices go through the layers together (in lockstep, or one stage
+  // after another): layer by layer the slowest holder waits for the rest. A
+  // pipeline decode after a Voltage prefill thus costs the whole model's
+  // caches, not the larger half.
+  size_t layers = 0;
+  for (size_t d = 0; d < K; ++d) layers = std::max(layers, s.devices[d].kv_layer_bytes.size());
+  bool by_layer = layers > 0;
+  for (size_t d = 0; d < K; ++d)
+    if (s.devices[d].kv_bytes > 0 && s.devices[d].kv_layer_bytes.size() != layers) by_layer = false;
+  double path = 0;
+  if (by_layer) {
+    for (size_t l = 0; l < layers; ++l) {
+      double slowest = 0;
+      for (size_t d = 0; d < K; ++d)
+        if (s.devices[d].kv_bytes > 0 && priced(d)) slowest = std::max(slowest, ms_of(d, s.devices[d].kv_layer_bytes[l]));
+      path += slowest;
+    }
+  } else {  // no layers known: the devices fault in at once
+    for (size_t d = 0; d < K; ++d)
+      if (s.devices[d].kv_bytes > 0 && priced(d)) path = std::max(path, ms_of(d, s.devices[d].kv_bytes));
+  }
+  pred.latency_ms += path;
+  pred.compute_ms += path;
 }
 
 core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfile& p) {

@@ -942,6 +942,56 @@ TEST(Planner, AGenerationsFirstTokenPaysForZeroingItsCaches) {
   }
 }
 
+// The prefill writes the caches layer by layer with the devices in step:
+// layers split between devices (a pipeline decode) cost the sum of both
+// devices' faults, heads split (tp) only each layer's slower share. So a
+// Voltage prefill before a pipeline decode saves no faulting over one
+// before a single device's decode.
+TEST(Planner, CacheFaultsAddUpLayerByLayer) {
+  const model::ModelConfig c = model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
+      "vocab_size": 1000, "n_positions": 1024, "n_layer": 12})")
+                                   .value();
+  ClusterProfile p = cluster({device(10), device(10)}, 0.1, 10000);
+  p.devices[0].zero_gbps = 2;
+  p.devices[1].zero_gbps = 1;
+  const int64_t n = 128;
+  auto fault_ms = [&](const std::string& prefill, const std::string& decode, int decode_world) {
+    parallel::Plan plan;
+    plan.strategy = prefill;
+    plan.world = 2;
+    parallel::Plan d;
+    d.strategy = decode;
+    d.world = decode_world;
+    plan.decode = std::make_shared<const parallel::Plan>(d);
+    EXPECT_TRUE(parallel::complete_plan(plan, c).ok()) << prefill << "+" << decode;
+    auto s = parallel::estimate(plan, c, n);
+    EXPECT_TRUE(s.ok());
+    parallel::add_kv_cache(s.value(), plan, c, n);
+    auto base = predict(s.value(), p);
+    EXPECT_TRUE(base.ok());
+    Prediction with = base.value();
+    add_cache_allocation(with, s.value(), p);
+    return std::pair(with.latency_ms - base.value().latency_ms, s.value());
+  };
+  const double layer_ms = 1e3 * static_cast<double>(2 * n * c.kv_width() * 4) / 1e9;  // one layer's K and V at 1 GB/s
+  {
+    auto [ms, s] = fault_ms("voltage", "single", 1);
+    EXPECT_NEAR(ms, 12 * layer_ms / 2, 1e-9) << "the terminal (2 GB/s) holds every layer";
+  }
+  {
+    auto [ms, s] = fault_ms("voltage", "pipeline", 2);
+    ASSERT_GT(s.devices[0].kv_bytes, 0);
+    ASSERT_GT(s.devices[1].kv_bytes, 0);
+    const double l0 = static_cast<double>(s.devices[0].kv_bytes) / static_cast<double>(2 * n * c.kv_width() * 4);
+    EXPECT_NEAR(ms, l0 * layer_ms / 2 + (12 - l0) * layer_ms, 1e-9) << "each device's layers in turn";
+  }
+  {
+    auto [ms, s] = fault_ms("voltage", "tp", 2);
+    EXPECT_EQ(s.devices[0].kv_bytes, s.devices[1].kv_bytes);
+    EXPECT_NEAR(ms, 12 * layer_ms / 2, 1e-9) << "each layer's half on the slower device (1 GB/s)";
+  }
+}
+
 // A 12-layer GPT-2 of width 256: a pair's prefill and steps both matter.
 model::ModelConfig twelve_layer_gpt2() {
   return model::parse_config(R"({"model_type": "gpt2", "n_embd": 256, "n_head": 4,
