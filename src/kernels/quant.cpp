@@ -263,10 +263,10 @@ float dot_row_ref(WeightType t, const uint8_t* w, int64_t nb, const uint8_t* xq)
     // the sums of X over 16 from the input block's bsums (as llama.cpp).
     for (int64_t b = 0; b < nb; ++b, w += block_bytes(t), xq += kQ8KBytes) {
       float dx;
-      std::memcpy(&dx, xq, 4);
-      const int8_t* xs = reinterpret_cast<const int8_t*>(xq + 4);
+      std::memcpy(&dx, xq + kQ8KD, 4);
+      const int8_t* xs = reinterpret_cast<const int8_t*>(xq + kQ8KQs);
       int16_t bsums[16];
-      std::memcpy(bsums, xq + 260, 32);
+      std::memcpy(bsums, xq + kQ8KSums16, 32);
       int32_t main = 0, mins = 0;
       if (t == WeightType::kQ4_K) {
         for (int j = 0; j < 8; ++j) {
@@ -333,12 +333,12 @@ void quantize_input_q8_k(const float* x, int64_t k, uint8_t* out) {
       for (int l = 0; l < 16; ++l) s += q[16 * j + l];
       bsums[j] = static_cast<int16_t>(s);
     }
-    std::memcpy(out, &d, 4);
-    std::memcpy(out + 4, q, 256);
-    std::memcpy(out + 260, bsums, 32);
+    std::memcpy(out + kQ8KQs, q, 256);
+    std::memcpy(out + kQ8KD, &d, 4);
+    std::memcpy(out + kQ8KSums16, bsums, 32);
     int16_t sums32[8];
     for (int j = 0; j < 8; ++j) sums32[j] = static_cast<int16_t>(bsums[2 * j] + bsums[2 * j + 1]);
-    std::memcpy(out + 292, sums32, 16);
+    std::memcpy(out + kQ8KSums32, sums32, 16);
   }
 }
 
@@ -347,8 +347,8 @@ void round_input_q8_k(const float* x, int64_t k, float* out) {
   for (int64_t b = 0; b < k / kSuperBlock; ++b) {
     quantize_input_q8_k(x + b * kSuperBlock, kSuperBlock, block);
     float d;
-    std::memcpy(&d, block, 4);
-    for (int j = 0; j < 256; ++j) out[b * kSuperBlock + j] = d * static_cast<float>(static_cast<int8_t>(block[4 + j]));
+    std::memcpy(&d, block + kQ8KD, 4);
+    for (int j = 0; j < 256; ++j) out[b * kSuperBlock + j] = d * static_cast<float>(static_cast<int8_t>(block[kQ8KQs + j]));
   }
 }
 

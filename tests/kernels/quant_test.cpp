@@ -137,23 +137,23 @@ TEST(QuantFormat, Q8_KInputsAsLlamaCppRoundsThem) {
   uint8_t q[kQ8KBytes];
   quantize_input_q8_k(x.data(), 256, q);
   float d;
-  std::memcpy(&d, q, 4);
+  std::memcpy(&d, q + kQ8KD, 4);
   EXPECT_EQ(d, 1.0f / (-127.0f / -10.0f));
-  EXPECT_EQ(static_cast<int8_t>(q[4 + 77]), -127);
+  EXPECT_EQ(static_cast<int8_t>(q[kQ8KQs + 77]), -127);
   for (int j = 0; j < 256; ++j)
-    EXPECT_EQ(static_cast<int8_t>(q[4 + j]), static_cast<int>(std::nearbyint(x[static_cast<size_t>(j)] * (-127.0f / -10.0f)))) << j;
+    EXPECT_EQ(static_cast<int8_t>(q[kQ8KQs + j]), static_cast<int>(std::nearbyint(x[static_cast<size_t>(j)] * (-127.0f / -10.0f)))) << j;
   for (int g = 0; g < 16; ++g) {
     int s = 0;
-    for (int l = 0; l < 16; ++l) s += static_cast<int8_t>(q[4 + 16 * g + l]);
+    for (int l = 0; l < 16; ++l) s += static_cast<int8_t>(q[kQ8KQs + 16 * g + l]);
     int16_t got;
-    std::memcpy(&got, q + 260 + 2 * g, 2);
+    std::memcpy(&got, q + kQ8KSums16 + 2 * g, 2);
     EXPECT_EQ(got, s) << g;
   }
   for (int g = 0; g < 8; ++g) {  // and of 32, for Q4_K's sub-blocks
     int s = 0;
-    for (int l = 0; l < 32; ++l) s += static_cast<int8_t>(q[4 + 32 * g + l]);
+    for (int l = 0; l < 32; ++l) s += static_cast<int8_t>(q[kQ8KQs + 32 * g + l]);
     int16_t got;
-    std::memcpy(&got, q + 292 + 2 * g, 2);
+    std::memcpy(&got, q + kQ8KSums32 + 2 * g, 2);
     EXPECT_EQ(got, s) << g;
   }
 }
