@@ -1,10 +1,10 @@
 #include "core/tensor.h"
 
-#include <sys/mman.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+
+#include "core/memory.h"
 
 namespace tessera::core {
 
@@ -65,14 +65,13 @@ Result<Tensor> Tensor::try_zeros_lazy(DType dtype, Shape shape) {
   TESSERA_ASSIGN_OR_RETURN(const uint64_t bytes, checked_bytes(dtype, shape));
   // Below a few pages the heap is as good (and reuses memory).
   if (bytes < (uint64_t{1} << 20)) return try_zeros(dtype, std::move(shape));
-  const size_t len = static_cast<size_t>(bytes);
-  void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return resource_exhausted("out of memory mapping " + std::to_string(len) + " bytes");
+  std::shared_ptr<void> p = alloc_lazy_zeroed(static_cast<size_t>(bytes));
+  if (p == nullptr) return resource_exhausted("out of memory mapping " + std::to_string(bytes) + " bytes");
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  t.owner_ = std::shared_ptr<void>(p, [len](void* q) { ::munmap(q, len); });
-  t.data_ = p;
+  t.data_ = p.get();
+  t.owner_ = std::move(p);
   return t;
 }
 

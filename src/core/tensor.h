@@ -31,7 +31,8 @@ class Tensor {
   // Same, for a large buffer written from its front over a long time (a KV
   // cache): its pages come zeroed from the kernel when first touched, so
   // allocating costs nothing and a short generation in a long context pays
-  // only for the positions it writes (memset faulted in all of them first).
+  // only for the positions it writes (memset faulted in all of them first);
+  // huge pages where whole ones fit (core::alloc_lazy_zeroed).
   static Result<Tensor> try_zeros_lazy(DType dtype, Shape shape);
   // Borrowed: `data` must stay valid while `owner` lives.
   static Tensor borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> owner);

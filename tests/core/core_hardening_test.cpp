@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -151,6 +152,10 @@ TEST(TensorTest, LazyZerosAreZeroAndTakeOnlyThePagesWritten) {
       ASSERT_EQ(::mincore(t->raw(), t->nbytes(), in.data()), 0);
       EXPECT_TRUE(in.front() & 1);
       EXPECT_FALSE(in.back() & 1);  // 8 MB, one page of it written
+      // A huge page at most (core::alloc_lazy_zeroed): 2 MiB of the 8.
+      const auto resident = std::count_if(in.begin(), in.end(), [](unsigned char c) { return (c & 1) != 0; });
+      EXPECT_LE(resident * page, 2 << 20);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(t->raw()) % (2 << 20), 0u) << "2 MiB aligned, so a whole huge page fits";
     }
     int64_t nonzero = 0;
     for (int64_t i = 1; i < t->numel(); ++i) nonzero += p[i] != 0.0f;
