@@ -1,4 +1,4 @@
-// Large long-lived buffers (packed weights) on transparent huge pages.
+// Large long-lived buffers (packed weights, KV caches) on transparent huge pages.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +18,8 @@ std::shared_ptr<uint8_t[]> alloc_large(size_t bytes);
 
 // `bytes` (>= 1) of zeroed memory mapped lazily (its pages come from the
 // kernel when first touched), 2 MiB aligned and advised MADV_HUGEPAGE: a KV
-// cache. Faulting in 4 KiB pages ran at 0.3 GB/s on a VM here, a sixth of a
-// GPT-2 prefill of 512 tokens; a whole 2 MiB page is one fault. Only whole
+// cache. Faulting in 4 KiB pages ran at 0.3 GB/s on a VM here, about a fifth
+// of a GPT-2 prefill of 512 tokens; a whole 2 MiB page is one fault. Only whole
 // 2 MiB pages within the buffer can be huge, so what is resident never
 // exceeds the pages touched rounded up to 2 MiB, nor the buffer. nullptr when
 // out of memory.
