@@ -1,5 +1,7 @@
 #include "parallel/schedule.h"
 
+#include <numeric>
+
 namespace tessera::parallel {
 
 const char* work_kind_name(WorkKind k) {
@@ -10,6 +12,8 @@ const char* work_kind_name(WorkKind k) {
   }
   return "?";
 }
+
+int64_t DeviceSchedule::kv_bytes() const { return std::accumulate(kv_layer_bytes.begin(), kv_layer_bytes.end(), int64_t{0}); }
 
 double DeviceSchedule::flops() const {
   double f = 0;

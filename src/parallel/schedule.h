@@ -58,8 +58,8 @@ struct DeviceSchedule {
   std::vector<Phase> phases;
   int64_t weight_bytes = 0;      // what the device loads
   int64_t activation_bytes = 0;  // peak of its activation buffers
-  int64_t kv_bytes = 0;          // its KV caches at the context (generation plans; add_kv_cache)
-  std::vector<int64_t> kv_layer_bytes;  // the same per layer (empty: not known)
+  std::vector<int64_t> kv_layer_bytes;  // its KV caches at the context, per layer (generation plans; add_kv_cache)
+  int64_t kv_bytes() const;             // their sum
   double flops() const;
   int64_t bytes_sent() const;
   int64_t bytes_sent(CollectiveKind kind) const;

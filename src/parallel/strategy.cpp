@@ -257,10 +257,8 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
 }
 
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions, core::DType dtype) {
-  for (size_t d = 0; d < s.devices.size(); ++d) {
+  for (size_t d = 0; d < s.devices.size(); ++d)
     s.devices[d].kv_layer_bytes = kv_cache_layer_bytes(plan, c, static_cast<int>(d), positions, dtype);
-    s.devices[d].kv_bytes = std::accumulate(s.devices[d].kv_layer_bytes.begin(), s.devices[d].kv_layer_bytes.end(), int64_t{0});
-  }
 }
 
 void add_cache_reads(Schedule& s, const model::ModelConfig& c, int64_t keys, core::DType dtype, int64_t rows) {

@@ -304,7 +304,7 @@ int64_t kv_cache_bytes(const Plan& plan, const model::ModelConfig& c, int rank, 
 // The same, layer by layer (c.layers entries; 0 where the rank holds none).
 std::vector<int64_t> kv_cache_layer_bytes(const Plan& plan, const model::ModelConfig& c, int rank, int64_t positions,
                                           core::DType dtype = core::DType::kF32);
-// Every device's kv_bytes and kv_layer_bytes in `s` (positions <= 0: none).
+// Every device's kv_layer_bytes in `s` (positions <= 0: none).
 void add_kv_cache(Schedule& s, const Plan& plan, const model::ModelConfig& c, int64_t positions,
                   core::DType dtype = core::DType::kF32);
 // A decode step of `rows` sequences (a batched step: each row its own

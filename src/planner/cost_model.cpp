@@ -67,7 +67,7 @@ core::Status check_memory_budgets(const parallel::Schedule& s, const std::vector
     return core::invalid_argument("--memory-limit needs " + std::to_string(s.devices.size()) + " values, got " +
                                   std::to_string(budgets.size()));
   for (size_t d = 0; d < budgets.size(); ++d) {
-    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes + s.devices[d].kv_bytes;
+    const int64_t need = s.devices[d].weight_bytes + s.devices[d].activation_bytes + s.devices[d].kv_bytes();
     if (budgets[d] > 0 && need > budgets[d])
       return core::resource_exhausted("device " + std::to_string(d) + " needs " + format_bytes(need) +
                                       " for this plan, its budget is " + format_bytes(budgets[d]));
@@ -131,35 +131,28 @@ void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const Clus
 
 void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p, double touched) {
   const size_t K = std::min({s.devices.size(), pred.devices.size(), p.devices.size()});
-  auto priced = [&](size_t d) { return p.devices[d].zero_gbps > 0; };
-  auto ms_of = [&](size_t d, int64_t bytes) { return 1e3 * touched * static_cast<double>(bytes) / (p.devices[d].zero_gbps * 1e9); };
   // Memory, not a kernel: --device-speed does not slow it.
+  auto ms_of = [&](size_t d, int64_t bytes) {
+    return p.devices[d].zero_gbps > 0 ? 1e3 * touched * static_cast<double>(bytes) / (p.devices[d].zero_gbps * 1e9) : 0.0;
+  };
+  size_t layers = 0;
   for (size_t d = 0; d < K; ++d) {
-    if (s.devices[d].kv_bytes <= 0 || !priced(d)) continue;
-    pred.devices[d].compute_ms += ms_of(d, s.devices[d].kv_bytes);
-    pred.devices[d].end_ms += ms_of(d, s.devices[d].kv_bytes);
+    const double ms = ms_of(d, s.devices[d].kv_bytes());
+    pred.devices[d].compute_ms += ms;
+    pred.devices[d].end_ms += ms;
+    layers = std::max(layers, s.devices[d].kv_layer_bytes.size());
   }
   // Each layer's pages are faulted in as the prefill writes that layer, and
   // the devices go through the layers together (in lockstep, or one stage
   // after another): layer by layer the slowest holder waits for the rest. A
   // pipeline decode after a Voltage prefill thus costs the whole model's
   // caches, not the larger half.
-  size_t layers = 0;
-  for (size_t d = 0; d < K; ++d) layers = std::max(layers, s.devices[d].kv_layer_bytes.size());
-  bool by_layer = layers > 0;
-  for (size_t d = 0; d < K; ++d)
-    if (s.devices[d].kv_bytes > 0 && s.devices[d].kv_layer_bytes.size() != layers) by_layer = false;
   double path = 0;
-  if (by_layer) {
-    for (size_t l = 0; l < layers; ++l) {
-      double slowest = 0;
-      for (size_t d = 0; d < K; ++d)
-        if (s.devices[d].kv_bytes > 0 && priced(d)) slowest = std::max(slowest, ms_of(d, s.devices[d].kv_layer_bytes[l]));
-      path += slowest;
-    }
-  } else {  // no layers known: the devices fault in at once
+  for (size_t l = 0; l < layers; ++l) {
+    double slowest = 0;
     for (size_t d = 0; d < K; ++d)
-      if (s.devices[d].kv_bytes > 0 && priced(d)) path = std::max(path, ms_of(d, s.devices[d].kv_bytes));
+      if (l < s.devices[d].kv_layer_bytes.size()) slowest = std::max(slowest, ms_of(d, s.devices[d].kv_layer_bytes[l]));
+    path += slowest;
   }
   pred.latency_ms += path;
   pred.compute_ms += path;
@@ -231,7 +224,7 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
     DevicePrediction& dp = out.devices[u];
     dp.end_ms = t[u];
     dp.memory_bytes =
-        s.devices[u].weight_bytes + s.devices[u].activation_bytes + s.devices[u].kv_bytes + p.devices[u].runtime_bytes;
+        s.devices[u].weight_bytes + s.devices[u].activation_bytes + s.devices[u].kv_bytes() + p.devices[u].runtime_bytes;
     dp.budget_bytes = p.devices[u].memory_bytes;
     if (dp.budget_bytes > 0 && dp.memory_bytes > dp.budget_bytes && out.fits) {
       out.fits = false;

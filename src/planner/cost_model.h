@@ -63,7 +63,7 @@ void add_terminal_work(Prediction& pred, const model::ModelConfig& c, const Clus
 // whole context) are mapped lazily, and the prompt's writes fault in
 // `touched` of them (its positions over the context's). The prefill writes
 // them layer by layer: each layer's slowest holder lengthens the time to the
-// first token (kv_layer_bytes; without them, the slowest device's whole).
+// first token (kv_layer_bytes).
 void add_cache_allocation(Prediction& pred, const parallel::Schedule& s, const ClusterProfile& p, double touched = 1.0);
 
 // The critical path through every synchronisation point of the schedule.

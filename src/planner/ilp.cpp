@@ -105,7 +105,7 @@ Result<IlpProblem> build_unit_chain(const parallel::Strategy& s, const model::Mo
     if (u == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, sent(su.devices[0]));
     act_other = std::max(act_other, static_cast<double>(d1.activation_bytes));
     const std::string name = blocks ? (u % 2 == 0 ? "attention " : "mlp ") + std::to_string(u / 2) : "layer " + std::to_string(u);
-    add_unit(name, -1, u, work_of(d1), d1.weight_bytes, sent(d1), d1.kv_bytes);
+    add_unit(name, -1, u, work_of(d1), d1.weight_bytes, sent(d1), d1.kv_bytes());
   }
   if (U == 0) add_unit("embedding", 0, -1, embed_work(c, rows), term.weight_bytes, rows * c.hidden * 4);
   add_unit("head", 0, -1, head_work(c, rows), 0, logits_bytes(c, rows));

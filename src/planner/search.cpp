@@ -88,7 +88,7 @@ std::vector<double> capacities(const Strategy& s, const model::ModelConfig& c, c
 
 double mem_of(const parallel::Schedule& s, int d) {
   const auto& x = s.devices[static_cast<size_t>(d)];
-  return static_cast<double>(x.weight_bytes + x.activation_bytes + x.kv_bytes);
+  return static_cast<double>(x.weight_bytes + x.activation_bytes + x.kv_bytes());
 }
 
 // What a plan's weights and activations may use: the budget less what the

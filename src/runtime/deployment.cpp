@@ -239,7 +239,7 @@ Result<std::vector<int64_t>> predicted_memory(const parallel::Plan& plan, const 
   TESSERA_ASSIGN_OR_RETURN(parallel::Schedule s, parallel::estimate(plan, c, rows));
   parallel::add_kv_cache(s, plan, c, ctx, kv_dtype);
   std::vector<int64_t> out;
-  for (const auto& d : s.devices) out.push_back(d.weight_bytes + d.activation_bytes + d.kv_bytes);
+  for (const auto& d : s.devices) out.push_back(d.weight_bytes + d.activation_bytes + d.kv_bytes());
   return out;
 }
 

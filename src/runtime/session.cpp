@@ -153,10 +153,8 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
     // A prefix cache keeps a whole set of caches per slot (one of them the
     // running generation's).
     const int64_t sets = slot_count();
-    for (auto& dev : sched.devices) {
-      dev.kv_bytes *= sets;
+    for (auto& dev : sched.devices)
       for (int64_t& b : dev.kv_layer_bytes) b *= sets;
-    }
     TESSERA_RETURN_IF_ERROR(planner::check_memory_budgets(sched, opts_.memory_limits));
   }
   JobSpec& job = job_;

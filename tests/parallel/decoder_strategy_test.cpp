@@ -195,7 +195,7 @@ TEST(ContextTest, KvCacheBytesFollowTheShards) {
   auto s = estimate(single, c, 16).value();
   const int64_t without = s.devices[0].weight_bytes + s.devices[0].activation_bytes;
   add_kv_cache(s, single, c, ctx);
-  EXPECT_EQ(s.devices[0].kv_bytes, c.layers * per_layer);
+  EXPECT_EQ(s.devices[0].kv_bytes(), c.layers * per_layer);
   const std::vector<int64_t> budget{without + c.layers * per_layer / 2};
   EXPECT_TRUE(planner::check_memory_budgets(estimate(single, c, 16).value(), budget).ok());
   EXPECT_EQ(planner::check_memory_budgets(s, budget).code(), core::ErrorCode::kResourceExhausted);

@@ -980,14 +980,14 @@ TEST(Planner, CacheFaultsAddUpLayerByLayer) {
   }
   {
     auto [ms, s] = fault_ms("voltage", "pipeline", 2);
-    ASSERT_GT(s.devices[0].kv_bytes, 0);
-    ASSERT_GT(s.devices[1].kv_bytes, 0);
-    const double l0 = static_cast<double>(s.devices[0].kv_bytes) / static_cast<double>(2 * n * c.kv_width() * 4);
+    ASSERT_GT(s.devices[0].kv_bytes(), 0);
+    ASSERT_GT(s.devices[1].kv_bytes(), 0);
+    const double l0 = static_cast<double>(s.devices[0].kv_bytes()) / static_cast<double>(2 * n * c.kv_width() * 4);
     EXPECT_NEAR(ms, l0 * layer_ms / 2 + (12 - l0) * layer_ms, 1e-9) << "each device's layers in turn";
   }
   {
     auto [ms, s] = fault_ms("voltage", "tp", 2);
-    EXPECT_EQ(s.devices[0].kv_bytes, s.devices[1].kv_bytes);
+    EXPECT_EQ(s.devices[0].kv_bytes(), s.devices[1].kv_bytes());
     EXPECT_NEAR(ms, 12 * layer_ms / 2, 1e-9) << "each layer's half on the slower device (1 GB/s)";
   }
 }
