@@ -25,14 +25,17 @@ void add_worker(CLI::App& app) {
 void add_worker_job(CLI::App& app) {
   auto job = std::make_shared<std::string>();
   auto key_fd = std::make_shared<int>(-1);
+  auto listen_fd = std::make_shared<int>(-1);
   CLI::App* cmd = app.add_subcommand("worker-job", "a local worker process (started by `tessera run --devices K`)");
   cmd->group("");  // hidden
   cmd->add_option("--job", *job, "job JSON")->required();
   cmd->add_option("--key-fd", *key_fd, "inherited descriptor holding the cluster key");
-  cmd->callback([job, key_fd] {
+  cmd->add_option("--listen-fd", *listen_fd, "inherited socket bound to this rank's endpoint");
+  cmd->callback([job, key_fd, listen_fd] {
     auto spec = runtime::JobSpec::from_json(*job);
     if (!spec.ok()) throw CLI::RuntimeError(fail(spec.status().to_string()));
     runtime::WorkerEnv env;
+    env.bind_fd = *listen_fd;
     if (*key_fd >= 0) {
       auto key = runtime::read_key_from_fd(*key_fd);
       if (!key.ok()) throw CLI::RuntimeError(fail(key.status().to_string()));

@@ -103,7 +103,10 @@ core::Status GroupCore::start() {
       router_->set(zmq::sockopt::curve_secretkey, options_.key->secret_z85);
       router_->set(zmq::sockopt::zap_domain, "tessera");
     }
+    // A socket the launcher bound for us: ZeroMQ listens on it (and closes it).
+    if (options_.bind_fd >= 0) router_->set(zmq::sockopt::use_fd, options_.bind_fd);
     router_->bind(bind_ep);
+    took_bind_fd_ = options_.bind_fd >= 0;
 
     for (int j = 0; j < world_; ++j) {
       if (j == rank_) continue;

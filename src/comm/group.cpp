@@ -2,9 +2,17 @@
 // receives, mailboxes, statistics). The I/O thread lives in engine.cpp.
 #include "comm/group.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <random>
+#include <utility>
 
 #include "comm/group_core.h"
 #include "core/duration.h"
@@ -280,6 +288,13 @@ Group::Group(GroupOptions options, std::shared_ptr<detail::GroupCore> core)
       world_(static_cast<int>(options_.endpoints.size())), core_(std::move(core)) {}
 
 core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
+  // options.bind_fd is ours: closed here unless the transport took it over.
+  struct FdOwner {
+    int fd;
+    ~FdOwner() {
+      if (fd >= 0) ::close(fd);
+    }
+  } owner{options.bind_fd};
   const int world = static_cast<int>(options.endpoints.size());
   if (world < 1) return core::invalid_argument("group needs at least one endpoint");
   if (options.rank < 0 || options.rank >= world) {
@@ -299,7 +314,9 @@ core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
     TESSERA_RETURN_IF_ERROR(core::check_duration(d, what));
   const auto deadline = detail::Clock::now() + options.connect_timeout;
   auto core = std::make_shared<detail::GroupCore>(options);
-  TESSERA_RETURN_IF_ERROR(core->start());
+  const core::Status started = core->start();
+  if (core->took_bind_fd()) owner.fd = -1;
+  TESSERA_RETURN_IF_ERROR(started);
   core::Status st = core->wait_formed(deadline);
   if (!st.ok()) {
     core->shutdown();
@@ -378,6 +395,52 @@ core::Result<std::vector<std::string>> pick_local_endpoints(int n) {
     ctx.close();
   } catch (const zmq::error_t& e) {
     return core::network_error(std::string("picking local ports: ") + e.what());
+  }
+  return out;
+}
+
+LocalListeners& LocalListeners::operator=(LocalListeners&& o) noexcept {
+  if (this != &o) {
+    close_all();
+    endpoints_ = std::move(o.endpoints_);
+    fds_ = std::exchange(o.fds_, {});
+  }
+  return *this;
+}
+
+int LocalListeners::release(int rank) { return std::exchange(fds_.at(static_cast<size_t>(rank)), -1); }
+
+void LocalListeners::close(int rank) {
+  const int fd = release(rank);
+  if (fd >= 0) ::close(fd);
+}
+
+void LocalListeners::close_all() {
+  for (int& fd : fds_)
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+}
+
+core::Result<LocalListeners> bind_local_listeners(int n) {
+  LocalListeners out;
+  for (int i = 0; i < n; ++i) {
+    // Non-blocking as ZeroMQ's own listeners are, so its I/O thread never
+    // waits in accept(); close-on-exec, so only the child meant to have it
+    // inherits it. Port 0: the kernel picks, and no one else gets it while
+    // the socket is held.
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return core::network_error(std::string("a local listening socket: ") + std::strerror(errno));
+    out.fds_.push_back(fd);
+    const int one = 1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 100) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return core::network_error(std::string("binding a local listening socket: ") + std::strerror(errno));
+    }
+    out.endpoints_.push_back("tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)));
   }
   return out;
 }

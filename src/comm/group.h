@@ -46,6 +46,11 @@ struct GroupOptions {
   // Bind here instead of endpoints[rank] (e.g. "tcp://*:5555" when the
   // endpoint list uses a host name).
   std::string bind_endpoint;
+  // A TCP socket already bound to this rank's endpoint and listening, passed
+  // on by whoever picked the port (LocalListeners): the group takes it over
+  // instead of binding, so nothing can take the port in between. The group
+  // owns it from create() on, whether or not create() succeeds. -1: bind.
+  int bind_fd = -1;
   // Every frame carries a hash of this; frames of another group are rejected.
   std::string group_id = "tessera";
 
@@ -177,7 +182,38 @@ class Group {
 };
 
 // Free loopback endpoints ("tcp://127.0.0.1:PORT"): random ports below the
-// ephemeral range that bind now; for tests and local launches.
+// ephemeral range that bind now. Only the numbers come back, so another
+// process can take a port before it is used; launches use LocalListeners.
 core::Result<std::vector<std::string>> pick_local_endpoints(int n);
+
+// Loopback endpoints whose sockets are bound and listening from the pick on,
+// for a launch of local ranks: each rank's group takes its socket over
+// (GroupOptions::bind_fd), in this process or in a child that inherits it.
+// A port whose number alone was passed on could be taken by another launch's
+// pick or an outgoing connection before the rank bound it ("Address already
+// in use", or a connection to someone else's rank). Descriptors not released
+// close with the object.
+class LocalListeners {
+ public:
+  LocalListeners() = default;
+  LocalListeners(const LocalListeners&) = delete;
+  LocalListeners& operator=(const LocalListeners&) = delete;
+  LocalListeners(LocalListeners&& o) noexcept { *this = std::move(o); }
+  LocalListeners& operator=(LocalListeners&& o) noexcept;
+  ~LocalListeners() { close_all(); }
+
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  int fd(int rank) const { return fds_.at(static_cast<size_t>(rank)); }  // -1 once released or closed
+  int release(int rank);  // the caller (a group) owns it from now on
+  void close(int rank);   // a child has its copy
+  void close_all();
+
+ private:
+  friend core::Result<LocalListeners> bind_local_listeners(int n);
+  std::vector<std::string> endpoints_;
+  std::vector<int> fds_;
+};
+
+core::Result<LocalListeners> bind_local_listeners(int n);
 
 }  // namespace tessera::comm

@@ -105,6 +105,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
 
   // Sockets, ZAP handler, hellos, I/O thread.
   core::Status start();
+  bool took_bind_fd() const { return took_bind_fd_; }  // ZeroMQ owns options.bind_fd
   // Until every peer said hello, or an error / the deadline.
   core::Status wait_formed(Clock::time_point deadline);
   // Flush, goodbye, stop the thread, close sockets (idempotent).
@@ -162,6 +163,7 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
 
   std::shared_ptr<zmq::context_t> ctx_;
   bool owns_ctx_ = false;
+  bool took_bind_fd_ = false;
   std::unique_ptr<zmq::socket_t> router_;
   std::unique_ptr<zmq::socket_t> zap_;
   std::vector<PeerLink> links_;

@@ -123,7 +123,7 @@ double process_cpu_s() {
 template <typename T>
 Result<T> on_local_group(int K, bool secure, const std::string& group_id, const comm::LinkMatrix& links,
                          const std::function<Result<T>(comm::Group&)>& body) {
-  TESSERA_ASSIGN_OR_RETURN(const std::vector<std::string> endpoints, comm::pick_local_endpoints(K));
+  TESSERA_ASSIGN_OR_RETURN(comm::LocalListeners listeners, comm::bind_local_listeners(K));
   std::optional<comm::ClusterKey> key;
   if (secure) {
     TESSERA_ASSIGN_OR_RETURN(key, comm::generate_cluster_key());
@@ -132,7 +132,8 @@ Result<T> on_local_group(int K, bool secure, const std::string& group_id, const 
   auto rank_main = [&](int rank) -> Result<T> {
     comm::GroupOptions o;
     o.rank = rank;
-    o.endpoints = endpoints;
+    o.endpoints = listeners.endpoints();
+    o.bind_fd = listeners.release(rank);  // distinct elements: safe across the ranks' threads
     o.group_id = group_id;
     o.insecure = !secure;
     o.key = key;

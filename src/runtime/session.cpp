@@ -175,7 +175,8 @@ Status Session::plan_job(const model::ModelConfig& cfg) {
     }
     TESSERA_ASSIGN_OR_RETURN(bind_, bind_form(opts_.cluster->terminal));
   } else {
-    TESSERA_ASSIGN_OR_RETURN(job.endpoints, comm::pick_local_endpoints(plan_.world));
+    TESSERA_ASSIGN_OR_RETURN(listeners_, comm::bind_local_listeners(plan_.world));
+    job.endpoints = listeners_.endpoints();
   }
   return core::ok_status();
 }
@@ -226,6 +227,8 @@ Status Session::fork_local_workers() {
       }
     }
     const std::string key_fd = std::to_string(fds[0]);
+    const int listen_fd = listeners_.fd(r);
+    const std::string listen_arg = std::to_string(listen_fd);
     const std::string threads = std::to_string(w.threads);
     const auto [pid, err] = fork_on_lasting_thread([&] {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the terminal
@@ -233,10 +236,13 @@ Status Session::fork_local_workers() {
         const cpu_set_t set = device_cpus(cpus, r, opts_.cpus_per_device);
         (void)::sched_setaffinity(0, sizeof(set), &set);
       }
-      if (fds[0] >= 0) (void)::fcntl(fds[0], F_SETFD, 0);  // this one descriptor survives exec
+      // These two descriptors survive exec: the key's pipe and the rank's socket.
+      if (fds[0] >= 0) (void)::fcntl(fds[0], F_SETFD, 0);
+      (void)::fcntl(listen_fd, F_SETFD, 0);
       // BLAS threads are fixed when OpenBLAS loads (see kernels/gemm.h).
       ::setenv("OPENBLAS_NUM_THREADS", threads.c_str(), 1);
-      const char* argv[] = {"tessera", "worker-job", "--job", arg.c_str(), "--key-fd", key_fd.c_str(), nullptr};
+      const char* argv[] = {"tessera",        "worker-job",        "--job", arg.c_str(), "--key-fd", key_fd.c_str(),
+                            "--listen-fd", listen_arg.c_str(), nullptr};
       ::execv("/proc/self/exe", const_cast<char* const*>(argv));
     });
     if (pid < 0) {
@@ -244,6 +250,7 @@ Status Session::fork_local_workers() {
       return core::internal_error("fork failed: " + std::string(std::strerror(err)));
     }
     if (fds[0] >= 0) ::close(fds[0]);
+    listeners_.close(r);  // the child has its copy
     children_.push_back(pid);
   }
   if (!cpus.empty()) {  // the terminal is device 0 until the session ends
@@ -258,6 +265,7 @@ Status Session::fork_local_workers() {
 Status Session::connect_and_load(const model::ModelConfig& cfg) {
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job_, key_));
   go.bind_endpoint = bind_;
+  if (!opts_.cluster) go.bind_fd = listeners_.release(0);
   // With a short run timeout (serve's failover), a silent peer must not hold
   // the goodbye that frees the others for the next plan.
   if (opts_.run_timeout_ms > 0) go.close_timeout = std::min(go.close_timeout, comm::Millis(opts_.run_timeout_ms));

@@ -149,6 +149,7 @@ class Session {
   SessionOptions opts_;
   std::optional<comm::ClusterKey> key_;
   std::string bind_;
+  comm::LocalListeners listeners_;  // local launches: every rank's socket, held until it is taken
   JobSpec job_;
   parallel::Plan plan_;
   std::unique_ptr<model::Transformer> model_;

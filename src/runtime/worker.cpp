@@ -195,6 +195,7 @@ Status run_worker(const JobSpec& job, const WorkerEnv& env) {
   }
   TESSERA_ASSIGN_OR_RETURN(comm::GroupOptions go, group_options(job, env.key));
   go.bind_endpoint = env.bind_endpoint;
+  go.bind_fd = env.bind_fd;
   if (env.max_connect.count() > 0) go.connect_timeout = std::min(go.connect_timeout, env.max_connect);
   // As on the terminal: with a short run timeout (serve's failover), a silent
   // peer must not hold the goodbye that frees this device for the next plan.

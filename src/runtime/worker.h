@@ -25,12 +25,13 @@ struct WorkerEnv {
   const std::vector<std::string>* model_roots = nullptr;
   // A daemon's cap on waiting for the group to form, whatever the job asks.
   comm::Millis max_connect{0};
+  int bind_fd = -1;  // a socket the local launcher bound for this rank (GroupOptions::bind_fd)
 };
 
 // A worker's whole life in one job.
 core::Status run_worker(const JobSpec& job, const WorkerEnv& env = {});
 
-// A local worker process: `tessera worker-job --job JSON --key-fd N`, the key
+// A local worker process: `tessera worker-job --job JSON --key-fd N --listen-fd M`, the key
 // read from the inherited descriptor N (then closed).
 [[nodiscard]] core::Result<comm::ClusterKey> read_key_from_fd(int fd);
 

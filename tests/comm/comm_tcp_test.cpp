@@ -1,6 +1,7 @@
 // Real processes over tcp (forked ranks, CURVE on): collectives against the
 // reference, accounting, link pacing, and a rank killed or stopped
 // mid-allgather.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 
@@ -197,3 +198,48 @@ static void lose_rank_mid_allgather(int sig) {
 TEST(Tcp, KilledRankMakesOthersFailFast) { lose_rank_mid_allgather(SIGKILL); }
 
 TEST(Tcp, StoppedRankIsDetectedByHeartbeats) { lose_rank_mid_allgather(SIGSTOP); }
+
+// A launch's ports are held from the pick until each rank's group takes its
+// socket over: nobody else can bind one meanwhile (the race that made a
+// worker fail with "Address already in use", or connect to another launch's
+// rank), and the ranks still form a group and talk over them.
+TEST(Tcp, LocalListenersHoldTheirPortsUntilTheRanksTakeThem) {
+  auto l = bind_local_listeners(3);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  ASSERT_EQ(l->endpoints().size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_GE(l->fd(r), 0);
+    zmq::context_t ctx(1);
+    zmq::socket_t s(ctx, zmq::socket_type::router);
+    s.set(zmq::sockopt::linger, 0);
+    EXPECT_THROW(s.bind(l->endpoints()[static_cast<size_t>(r)]), zmq::error_t) << "rank " << r << "'s port was free";
+  }
+  const TcpSetup setup = make_setup(3);
+  Children c = fork_ranks(3, [&](int r) {
+    GroupOptions o = tcp_options(setup, r);
+    o.endpoints = l->endpoints();
+    o.bind_fd = l->release(r);
+    auto g = Group::create(o);
+    if (!g.ok()) return report(r, g.status());
+    return report(r, check_all_collectives(**g, 3));
+  });
+  l->close_all();  // the children have theirs
+  const auto codes = wait_children(c, 90s);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// The group owns the socket it is given, also when create() fails.
+TEST(Tcp, AGroupThatFailsToFormClosesTheSocketItWasGiven) {
+  auto l = bind_local_listeners(1);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  GroupOptions o;
+  o.endpoints = l->endpoints();
+  o.rank = 5;  // outside the group
+  o.insecure = true;
+  const int fd = l->release(0);
+  o.bind_fd = fd;
+  EXPECT_FALSE(Group::create(o).ok());
+  errno = 0;
+  EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
+  EXPECT_EQ(errno, EBADF);
+}
