@@ -183,7 +183,8 @@ core::Status GroupCore::wait_formed(Clock::time_point deadline) {
       if (missing.empty()) return core::ok_status();
       if (!bad_handshake.empty()) {
         return core::unauthenticated("CURVE handshake with rank(s) " + list(bad_handshake) +
-                                     " failed: they and this rank do not hold the same cluster key");
+                                     " failed: they and this rank do not hold the same cluster key, or what answers at " +
+                                     "their endpoint is not their rank");
       }
       return core::timeout_error("rank(s) " + list(missing) + " did not join group '" + options_.group_id + "' within " +
                                  std::to_string(options_.connect_timeout.count()) + " ms");
