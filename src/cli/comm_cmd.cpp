@@ -51,6 +51,7 @@ struct RankArgs {
   int rank = 0;
   std::string endpoints;
   std::string group_id;
+  int listen_fd = -1;  // the socket comm-bench bound for this rank
 };
 
 [[noreturn]] void fail_with(const std::string& what, int code = 1) {
@@ -112,6 +113,7 @@ void run_rank(const RankArgs& ra) {
   comm::GroupOptions o;
   o.rank = ra.rank;
   o.endpoints = split_csv(ra.endpoints);
+  o.bind_fd = ra.listen_fd;
   o.group_id = ra.group_id;
   o.insecure = a.insecure;
   o.connect_timeout = Millis(30000);
@@ -175,15 +177,18 @@ void check_bench_args(const BenchArgs& a) {
 }
 
 // One process per rank (this binary's hidden comm-bench-rank command), its
-// stdout on a pipe.
-std::vector<Child> spawn_ranks(const BenchArgs& a, const std::string& endpoints, const std::string& group_id) {
+// stdout on a pipe and its listening socket inherited.
+std::vector<Child> spawn_ranks(const BenchArgs& a, comm::LocalListeners& listeners, const std::string& group_id) {
+  std::string endpoints;
+  for (const auto& e : listeners.endpoints()) endpoints += (endpoints.empty() ? "" : ",") + e;
   std::vector<Child> children(static_cast<size_t>(a.ranks));
   for (int r = 0; r < a.ranks; ++r) {
     std::vector<std::string> args = {"tessera", "comm-bench-rank", "--rank", std::to_string(r),
                                      "--endpoints", endpoints, "--group-id", group_id,
                                      "--op", a.op, "--bytes", std::to_string(a.bytes),
                                      "--iters", std::to_string(a.iters), "--warmup", std::to_string(a.warmup),
-                                     "--timeout-ms", std::to_string(a.timeout_ms)};
+                                     "--timeout-ms", std::to_string(a.timeout_ms),
+                                     "--listen-fd", std::to_string(listeners.fd(r))};
     if (!a.link.empty()) args.insert(args.end(), {"--link", a.link});
     if (a.insecure) args.push_back("--insecure");
     else args.insert(args.end(), {"--key", a.key_file});
@@ -194,11 +199,16 @@ std::vector<Child> spawn_ranks(const BenchArgs& a, const std::string& endpoints,
     if (::pipe2(fds, O_CLOEXEC) != 0) fail_with("pipe failed");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+    // The listening socket onto itself: the child keeps it across exec (glibc
+    // clears FD_CLOEXEC then).
+    if (posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO) != 0 ||
+        posix_spawn_file_actions_adddup2(&fa, listeners.fd(r), listeners.fd(r)) != 0)
+      fail_with("cannot set up a rank's descriptors");
     pid_t pid;
     const int rc = ::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     ::close(fds[1]);
+    listeners.close(r);  // the child has its copy
     if (rc != 0) {
       ::close(fds[0]);
       for (auto& c : children) {
@@ -300,8 +310,8 @@ void report_bench(const BenchArgs& a, const std::vector<Child>& children) {
 
 void run_bench(BenchArgs a) {
   check_bench_args(a);
-  auto eps = comm::pick_local_endpoints(a.ranks);
-  if (!eps.ok()) fail_with(eps.status().to_string());
+  auto listeners = comm::bind_local_listeners(a.ranks);
+  if (!listeners.ok()) fail_with(listeners.status().to_string());
 
   TempKey temp;
   if (!a.insecure && a.key_file.empty()) {
@@ -316,12 +326,7 @@ void run_bench(BenchArgs a) {
     if (!st.ok()) fail_with(st.to_string());
     a.key_file = temp.path;
   }
-  std::string endpoints;
-  for (const auto& e : *eps) {
-    if (!endpoints.empty()) endpoints += ',';
-    endpoints += e;
-  }
-  std::vector<Child> children = spawn_ranks(a, endpoints, "bench-" + std::to_string(::getpid()));
+  std::vector<Child> children = spawn_ranks(a, *listeners, "bench-" + std::to_string(::getpid()));
   if (!collect_ranks(a, children)) fail_with("a rank failed (see its message above)");
   report_bench(a, children);
 }
@@ -368,6 +373,7 @@ void add_comm_commands(CLI::App& app) {
   child->add_option("--rank", rank->rank)->required();
   child->add_option("--endpoints", rank->endpoints)->required();
   child->add_option("--group-id", rank->group_id)->required();
+  child->add_option("--listen-fd", rank->listen_fd, "inherited socket bound to this rank's endpoint");
   add_bench_options(child, &rank->bench);
   child->callback([rank] { run_rank(*rank); });
 }

@@ -54,7 +54,11 @@ GroupCore::GroupCore(const GroupOptions& options)
   reset_stats();
 }
 
-GroupCore::~GroupCore() { shutdown(); }
+GroupCore::~GroupCore() {
+  shutdown();
+  // A socket given to us that ZeroMQ never took (it closes those it took).
+  if (options_.bind_fd >= 0 && !took_bind_fd_) ::close(options_.bind_fd);
+}
 
 core::Status GroupCore::start() {
   const bool any_inproc = std::any_of(options_.endpoints.begin(), options_.endpoints.end(),

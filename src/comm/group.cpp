@@ -3,6 +3,7 @@
 #include "comm/group.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -287,8 +288,34 @@ Group::Group(GroupOptions options, std::shared_ptr<detail::GroupCore> core)
     : options_(std::move(options)), rank_(options_.rank),
       world_(static_cast<int>(options_.endpoints.size())), core_(std::move(core)) {}
 
+namespace {
+
+// A descriptor handed to a group must be a socket listening at the rank's
+// endpoint: ZeroMQ would take anything (and abort on a non-socket), and a
+// socket on another port would only show as peers that never arrive. It is
+// made close-on-exec again, so a process the rank starts does not hold it.
+core::Status check_bind_fd(const GroupOptions& o) {
+  const std::string& ep = o.bind_endpoint.empty() ? o.endpoints[static_cast<size_t>(o.rank)] : o.bind_endpoint;
+  int listening = 0;
+  socklen_t n = sizeof listening;
+  sockaddr_in addr{};
+  socklen_t len = sizeof addr;
+  const bool ok = ::getsockopt(o.bind_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &n) == 0 && listening == 1 &&
+                  ::getsockname(o.bind_fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 && addr.sin_family == AF_INET &&
+                  ep.size() > 6 && ep.rfind("tcp://", 0) == 0 &&
+                  ep.substr(ep.rfind(':') + 1) == std::to_string(ntohs(addr.sin_port));
+  if (!ok) {
+    return core::invalid_argument("descriptor " + std::to_string(o.bind_fd) + " is not a TCP socket listening at " + ep);
+  }
+  if (::fcntl(o.bind_fd, F_SETFD, FD_CLOEXEC) != 0)
+    return core::internal_error(std::string("fcntl on the listening socket: ") + std::strerror(errno));
+  return core::ok_status();
+}
+
+}  // namespace
+
 core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
-  // options.bind_fd is ours: closed here unless the transport took it over.
+  // options.bind_fd is ours: closed here until the core holds it.
   struct FdOwner {
     int fd;
     ~FdOwner() {
@@ -312,11 +339,12 @@ core::Result<std::unique_ptr<Group>> Group::create(GroupOptions options) {
                                 {options.heartbeat_timeout, "heartbeat timeout"}, {options.loss_grace, "loss grace"},
                                 {options.close_timeout, "close timeout"}})
     TESSERA_RETURN_IF_ERROR(core::check_duration(d, what));
+  if (options.bind_fd >= 0) TESSERA_RETURN_IF_ERROR(check_bind_fd(options));
   const auto deadline = detail::Clock::now() + options.connect_timeout;
   auto core = std::make_shared<detail::GroupCore>(options);
-  const core::Status started = core->start();
-  if (core->took_bind_fd()) owner.fd = -1;
-  TESSERA_RETURN_IF_ERROR(started);
+  owner.fd = -1;  // the core's now: ZeroMQ's once bound, else closed with the core
+  options.bind_fd = -1;  // options() must not hand out a descriptor the group owns
+  TESSERA_RETURN_IF_ERROR(core->start());
   core::Status st = core->wait_formed(deadline);
   if (!st.ok()) {
     core->shutdown();

@@ -105,7 +105,6 @@ class GroupCore : public std::enable_shared_from_this<GroupCore> {
 
   // Sockets, ZAP handler, hellos, I/O thread.
   core::Status start();
-  bool took_bind_fd() const { return took_bind_fd_; }  // ZeroMQ owns options.bind_fd
   // Until every peer said hello, or an error / the deadline.
   core::Status wait_formed(Clock::time_point deadline);
   // Flush, goodbye, stop the thread, close sockets (idempotent).

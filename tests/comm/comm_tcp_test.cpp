@@ -219,6 +219,7 @@ TEST(Tcp, LocalListenersHoldTheirPortsUntilTheRanksTakeThem) {
     GroupOptions o = tcp_options(setup, r);
     o.endpoints = l->endpoints();
     o.bind_fd = l->release(r);
+    l->close_all();  // the other ranks' copies (a fork, no exec)
     auto g = Group::create(o);
     if (!g.ok()) return report(r, g.status());
     return report(r, check_all_collectives(**g, 3));
@@ -228,18 +229,38 @@ TEST(Tcp, LocalListenersHoldTheirPortsUntilTheRanksTakeThem) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-// The group owns the socket it is given, also when create() fails.
+// The group owns the socket it is given, also when create() fails: before
+// ZeroMQ took it (a bad option), after (a peer that never comes), and when it
+// is not a socket listening at the rank's endpoint.
 TEST(Tcp, AGroupThatFailsToFormClosesTheSocketItWasGiven) {
-  auto l = bind_local_listeners(1);
+  auto closed = [](int fd) {
+    errno = 0;
+    const int rc = ::fcntl(fd, F_GETFD);
+    const int err = errno;
+    return rc == -1 && err == EBADF;
+  };
+  auto l = bind_local_listeners(4);
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   GroupOptions o;
-  o.endpoints = l->endpoints();
-  o.rank = 5;  // outside the group
   o.insecure = true;
-  const int fd = l->release(0);
-  o.bind_fd = fd;
+  o.endpoints = {l->endpoints()[0]};
+  o.rank = 5;  // outside the group
+  o.bind_fd = l->release(0);
   EXPECT_FALSE(Group::create(o).ok());
-  errno = 0;
-  EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
-  EXPECT_EQ(errno, EBADF);
+  EXPECT_TRUE(closed(o.bind_fd));
+
+  o.endpoints = {l->endpoints()[1], l->endpoints()[2]};  // rank 1 never comes
+  o.rank = 0;
+  o.connect_timeout = 300ms;
+  o.close_timeout = 300ms;  // no flushing the hello nobody takes
+  o.bind_fd = l->release(1);
+  const auto lonely = Group::create(o);
+  EXPECT_EQ(lonely.status().code(), core::ErrorCode::kTimeout) << lonely.status().to_string();
+  EXPECT_TRUE(closed(o.bind_fd));
+
+  o.endpoints = {l->endpoints()[2], l->endpoints()[1]};
+  o.bind_fd = l->release(3);  // listening, but at another port
+  const auto wrong = Group::create(o);
+  EXPECT_EQ(wrong.status().code(), core::ErrorCode::kInvalidArgument) << wrong.status().to_string();
+  EXPECT_TRUE(closed(o.bind_fd));
 }
