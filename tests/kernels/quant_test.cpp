@@ -282,6 +282,20 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           dot_fn(ops, t)(seven.data(), q.size(), 7, nb, xq.data(), m, ldq, many.data(), 7);
           for (int64_t i = 0; i < m; ++i)
             for (int r = 0; r < 7; ++r) EXPECT_EQ(many[static_cast<size_t>(i * 7 + r)], out[static_cast<size_t>(i)]) << r;
+          // Seven different rows: each row of the tiles keeps its own scales
+          // (the same bits as that row alone).
+          std::vector<uint8_t> distinct(7 * q.size());
+          for (int r = 0; r < 7; ++r)
+            quantize_row_ref(t, random_vec(static_cast<size_t>(k), 60 + static_cast<uint32_t>(r)).data(), k,
+                             distinct.data() + r * q.size());
+          std::vector<float> tiled(static_cast<size_t>(m * 7), -1.0f), own(static_cast<size_t>(m), -1.0f);
+          dot_fn(ops, t)(distinct.data(), q.size(), 7, nb, xq.data(), m, ldq, tiled.data(), 7);
+          for (int r = 0; r < 7; ++r) {
+            dot_fn(ops, t)(distinct.data() + r * q.size(), 0, 1, nb, xq.data(), m, ldq, own.data(), 1);
+            for (int64_t i = 0; i < m; ++i)
+              EXPECT_EQ(tiled[static_cast<size_t>(i * 7 + r)], own[static_cast<size_t>(i)])
+                  << isa_name(isa) << " " << weight_type_name(t) << " m=" << m << " row " << r;
+          }
           // Each input row alone gives the same bits as with the others (a
           // batched decode step equals each sequence's own step).
           for (int64_t i = 0; i < m; ++i) {
