@@ -383,6 +383,7 @@ TEST(QuantPackedLinear, MatchesTheDequantizedProductOnEveryPath) {
       for (core::ThreadPool* tp : {static_cast<core::ThreadPool*>(nullptr), &pool}) {
         if (block_elems(t) == kSuperBlock) {  // rows of whole super-blocks
           check({1, 70, 512, 0, 512, false, Activation::kNone}, t, path, tp);
+          check({1, 70, 768, 256, 768, true, Activation::kNone}, t, path, tp);  // one row on a column range
           check({5, 100, 768, 256, 768, true, Activation::kGeluErf}, t, path, tp);
           check({8, 40, 256, 0, 256, false, Activation::kGeluErf}, t, path, tp);
           check({9, 70, 512, 0, 512, false, Activation::kNone}, t, path, tp);
