@@ -263,6 +263,11 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           for (size_t c = 0; c < got.size(); ++c)
             ASSERT_NEAR(got[c], ref[c], 1e-6f * (1.0f + std::fabs(ref[c]))) << isa_name(isa) << " " << weight_type_name(t) << " " << c;
         }
+        // Seven different rows, for the row tiles below.
+        std::vector<uint8_t> distinct(7 * q.size());
+        for (int r = 0; r < 7; ++r)
+          quantize_row_ref(t, random_vec(static_cast<size_t>(k), 60 + static_cast<uint32_t>(r)).data(), k,
+                           distinct.data() + r * q.size());
         for (int64_t m = 1; m <= kQuantDotRows; ++m) {
           // Input rows in t's input blocks, 2 bytes apart beyond their length.
           const size_t ldq = input_row_bytes(t, k) + 2;
@@ -284,10 +289,6 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
             for (int r = 0; r < 7; ++r) EXPECT_EQ(many[static_cast<size_t>(i * 7 + r)], out[static_cast<size_t>(i)]) << r;
           // Seven different rows: each row of the tiles keeps its own scales
           // (the same bits as that row alone).
-          std::vector<uint8_t> distinct(7 * q.size());
-          for (int r = 0; r < 7; ++r)
-            quantize_row_ref(t, random_vec(static_cast<size_t>(k), 60 + static_cast<uint32_t>(r)).data(), k,
-                             distinct.data() + r * q.size());
           std::vector<float> tiled(static_cast<size_t>(m * 7), -1.0f), own(static_cast<size_t>(m), -1.0f);
           dot_fn(ops, t)(distinct.data(), q.size(), 7, nb, xq.data(), m, ldq, tiled.data(), 7);
           for (int r = 0; r < 7; ++r) {
