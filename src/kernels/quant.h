@@ -98,6 +98,10 @@ struct QuantOps {
   // rows [32, k] row-major with row stride ld (k a multiple of 8) into
   // panel[c * 32 + r]: the panel form of PackedLinear (packed_linear.h).
   void (*rows_to_panel)(const float* rows, int64_t ld, int64_t k, float* panel);
+  // 32 rows of nb Q8_0 blocks (row stride ldw bytes) widened straight into
+  // the panel form, the same bits as dequant_q8_0 then rows_to_panel; null
+  // where the instruction set has no such kernel (the caller does those two).
+  void (*panel_q8_0)(const uint8_t* w, size_t ldw, int64_t nb, float* panel);
   // An input row of k (a multiple of 32) as Q8_0 blocks (quantize_input_ref),
   // and the same rounding widened back to F32 (the prefill path's inputs).
   void (*quantize_input)(const float* x, int64_t k, uint8_t* out);
