@@ -495,15 +495,14 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   // [32, k] buffer of them made 128 x 8192 x 2048 in Q8_0 6% slower;
   // docs/quantization.md).
   constexpr int64_t kWiden = 256;  // a multiple of every block's width
-  const auto panel_q8_0 = w.type() == WeightType::kQ8_0 ? quant_ops().panel_q8_0 : nullptr;
+  const QuantPanelFn to_panel = panel_fn(quant_ops(), w.type());
   const size_t ldw = n > 1 ? static_cast<size_t>(w.row_blocks(1) - w.row_blocks(0)) : 0;
   auto widen_panel = [&](int64_t p, std::vector<float>& rows, std::vector<float>& panel) {
     const int64_t r0 = p * P, cnt = std::min(P, n - r0);
     static_assert(P == 32, "rows_to_panel transposes 32-row panels");
     panel.resize(static_cast<size_t>(P * k));
-    if (panel_q8_0 != nullptr && cnt == P) {  // widened and transposed in one pass
-      panel_q8_0(w.row_blocks(r0) + static_cast<size_t>(k0 / kQuantBlock) * block_bytes(WeightType::kQ8_0), ldw, k / kQuantBlock,
-                 panel.data());
+    if (to_panel != nullptr && cnt == P) {  // widened and transposed in one pass
+      to_panel(w.row_blocks(r0) + static_cast<size_t>(k0 / be) * block_bytes(w.type()), ldw, k / be, panel.data());
       return cnt;
     }
     rows.resize(static_cast<size_t>(P * kWiden));

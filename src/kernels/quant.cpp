@@ -381,6 +381,17 @@ QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t) {
   return nullptr;
 }
 
+QuantPanelFn panel_fn(const QuantOps& ops, WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return ops.panel_q8_0;
+    case WeightType::kQ4_K: return ops.panel_q4_K;
+    case WeightType::kQ6_K: return ops.panel_q6_K;
+    case WeightType::kQ4_0:
+    case WeightType::kF32: break;
+  }
+  return nullptr;
+}
+
 void round_input_for(const QuantOps& ops, WeightType t, const float* x, int64_t k, float* out) {
   if (t == WeightType::kQ4_K || t == WeightType::kQ6_K) return round_input_q8_k(x, k, out);
   ops.round_input(x, k, out);

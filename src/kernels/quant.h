@@ -83,6 +83,7 @@ void quantize_input_for(WeightType t, const float* x, int64_t k, uint8_t* out);
 using QuantDotFn = void (*)(const uint8_t* w, size_t ldw, int64_t rows, int64_t nb, const uint8_t* xq, int64_t m,
                             size_t ldxq, float* out, int64_t ldo);
 using QuantDequantFn = void (*)(const uint8_t* w, int64_t nb, float* out);
+using QuantPanelFn = void (*)(const uint8_t* w, size_t ldw, int64_t nb, float* panel);
 
 struct QuantOps {
   // out[i * ldo + r] = sum over nb blocks of X_i . W_r for r < rows and
@@ -98,10 +99,10 @@ struct QuantOps {
   // rows [32, k] row-major with row stride ld (k a multiple of 8) into
   // panel[c * 32 + r]: the panel form of PackedLinear (packed_linear.h).
   void (*rows_to_panel)(const float* rows, int64_t ld, int64_t k, float* panel);
-  // 32 rows of nb Q8_0 blocks (row stride ldw bytes) widened straight into
-  // the panel form, the same bits as dequant_q8_0 then rows_to_panel; null
-  // where the instruction set has no such kernel (the caller does those two).
-  void (*panel_q8_0)(const uint8_t* w, size_t ldw, int64_t nb, float* panel);
+  // 32 rows of nb blocks (row stride ldw bytes) widened straight into the
+  // panel form, the same bits as dequant then rows_to_panel; null where the
+  // instruction set has none (the caller does those two).
+  QuantPanelFn panel_q8_0, panel_q4_K, panel_q6_K;
   // An input row of k (a multiple of 32) as Q8_0 blocks (quantize_input_ref),
   // and the same rounding widened back to F32 (the prefill path's inputs).
   void (*quantize_input)(const float* x, int64_t k, uint8_t* out);
@@ -113,6 +114,7 @@ inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }
 // The kernels of one weight type.
 QuantDotFn dot_fn(const QuantOps& ops, WeightType t);
 QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t);
+QuantPanelFn panel_fn(const QuantOps& ops, WeightType t);  // null for Q4_0 and where QuantOps has none
 // An input row rounded as t's dot kernels see it, widened to F32.
 void round_input_for(const QuantOps& ops, WeightType t, const float* x, int64_t k, float* out);
 

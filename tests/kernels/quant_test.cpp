@@ -240,30 +240,38 @@ TEST(QuantKernels, EveryInstructionSetMatchesTheScalarReference) {
           ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], rows[static_cast<size_t>(r * ld + c)]) << isa_name(isa) << " " << r << "," << c;
       for (size_t i = static_cast<size_t>(32 * k); i < panel.size(); ++i) ASSERT_EQ(panel[i], -1.0f) << "written past the panel";
     }
-    if (isa != Isa::kGeneric) {
-      EXPECT_NE(ops.panel_q8_0, nullptr) << "AVX2 and AVX-512 widen Q8_0 panels in one pass";
-    }
-    if (ops.panel_q8_0 != nullptr)
-      for (int64_t nb : {1, 3, 12}) {  // 32 Q8_0 rows (a padded stride) straight into the panel form
-        const int64_t k = nb * 32;
-        const size_t ldw = row_bytes(WeightType::kQ8_0, k) + 34 * 2 + 5;
+    for (WeightType t : kTypes) {  // 32 rows (a padded stride) straight into the panel form
+      const QuantPanelFn to_panel = panel_fn(ops, t);
+      if (isa != Isa::kGeneric && t != WeightType::kQ4_0) {
+        EXPECT_NE(to_panel, nullptr) << isa_name(isa) << " widens " << weight_type_name(t) << " panels in one pass";
+      }
+      if (to_panel == nullptr) continue;
+      for (int64_t nb : {1, 3, 12}) {
+        const int64_t k = nb * block_elems(t);
+        const size_t ldw = row_bytes(t, k) + 2 * block_bytes(t) + 5;
         std::vector<uint8_t> q(32 * ldw, 0x5a);
-        std::vector<float> ref(static_cast<size_t>(32 * k));
+        std::vector<float> ref(static_cast<size_t>(32 * k)), rows(static_cast<size_t>(32 * k)), want(ref.size());
         for (int64_t r = 0; r < 32; ++r) {
           auto x = random_vec(static_cast<size_t>(k), 200 + static_cast<uint32_t>(r), 1.0f + static_cast<float>(r));
           if (r == 7) std::fill(x.begin(), x.end(), 1e-4f);  // scales that are f16 subnormals
           if (r == 9) std::fill(x.begin(), x.begin() + 32, 0.0f);  // an all-zero block
-          quantize_row_ref(WeightType::kQ8_0, x.data(), k, q.data() + r * ldw);
-          dequantize_row_ref(WeightType::kQ8_0, q.data() + r * ldw, k, ref.data() + r * k);
+          quantize_row_ref(t, x.data(), k, q.data() + r * ldw);
+          dequantize_row_ref(t, q.data() + r * ldw, k, ref.data() + r * k);
+          dequant_fn(ops, t)(q.data() + r * ldw, nb, rows.data() + r * k);
         }
+        ops.rows_to_panel(rows.data(), k, k, want.data());  // the two-step path, bit for bit
         std::vector<float> panel(static_cast<size_t>(32 * k) + 32, -1.0f);
-        ops.panel_q8_0(q.data(), ldw, nb, panel.data());
+        to_panel(q.data(), ldw, nb, panel.data());
         for (int64_t r = 0; r < 32; ++r)
-          for (int64_t c = 0; c < k; ++c)
-            ASSERT_EQ(panel[static_cast<size_t>(c * 32 + r)], ref[static_cast<size_t>(r * k + c)])
-                << isa_name(isa) << " nb=" << nb << " " << r << "," << c;
+          for (int64_t c = 0; c < k; ++c) {
+            const size_t at = static_cast<size_t>(c * 32 + r);
+            ASSERT_EQ(panel[at], want[at]) << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb << " " << r << "," << c;
+            ASSERT_NEAR(panel[at], ref[static_cast<size_t>(r * k + c)], 1e-6f * (1.0f + std::fabs(ref[static_cast<size_t>(r * k + c)])))
+                << isa_name(isa) << " " << weight_type_name(t) << " nb=" << nb << " " << r << "," << c;
+          }
         for (size_t i = static_cast<size_t>(32 * k); i < panel.size(); ++i) ASSERT_EQ(panel[i], -1.0f) << "written past the panel";
       }
+    }
     for (int64_t k : {256, 512}) {  // Q8_K rounding: the same widened, by every set
       const auto x = random_vec(static_cast<size_t>(k), 50 + static_cast<uint32_t>(k));
       std::vector<float> a(static_cast<size_t>(k)), b(static_cast<size_t>(k));
