@@ -384,9 +384,9 @@ QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t) {
 QuantPanelFn panel_fn(const QuantOps& ops, WeightType t) {
   switch (t) {
     case WeightType::kQ8_0: return ops.panel_q8_0;
+    case WeightType::kQ4_0: return ops.panel_q4_0;
     case WeightType::kQ4_K: return ops.panel_q4_K;
     case WeightType::kQ6_K: return ops.panel_q6_K;
-    case WeightType::kQ4_0:
     case WeightType::kF32: break;
   }
   return nullptr;

@@ -102,7 +102,7 @@ struct QuantOps {
   // 32 rows of nb blocks (row stride ldw bytes) widened straight into the
   // panel form, the same bits as dequant then rows_to_panel; null where the
   // instruction set has none (the caller does those two).
-  QuantPanelFn panel_q8_0, panel_q4_K, panel_q6_K;
+  QuantPanelFn panel_q8_0, panel_q4_0, panel_q4_K, panel_q6_K;
   // An input row of k (a multiple of 32) as Q8_0 blocks (quantize_input_ref),
   // and the same rounding widened back to F32 (the prefill path's inputs).
   void (*quantize_input)(const float* x, int64_t k, uint8_t* out);
@@ -114,7 +114,7 @@ inline const QuantOps& quant_ops() { return quant_ops(best_isa()); }
 // The kernels of one weight type.
 QuantDotFn dot_fn(const QuantOps& ops, WeightType t);
 QuantDequantFn dequant_fn(const QuantOps& ops, WeightType t);
-QuantPanelFn panel_fn(const QuantOps& ops, WeightType t);  // null for Q4_0 and where QuantOps has none
+QuantPanelFn panel_fn(const QuantOps& ops, WeightType t);  // null where QuantOps has none
 // An input row rounded as t's dot kernels see it, widened to F32.
 void round_input_for(const QuantOps& ops, WeightType t, const float* x, int64_t k, float* out);
 
