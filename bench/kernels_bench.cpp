@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -227,6 +228,30 @@ void BM_QuantPrefill(benchmark::State& st) {
 BENCHMARK(BM_QuantPrefill)->ArgsProduct({{0, 1}, {768}, {2304, 3072}})->Args({0, 3072, 768})->Args({1, 3072, 768})
     ->ArgsProduct({{0, 1, 3, 4}, {2048}, {8192}})->ArgsProduct({{0, 1, 3, 4}, {8192}, {2048}})  // the 1B shape's MLP
     ->Unit(benchmark::kMillisecond);
+
+// The same product on a pool of THREADS (range 3), as a multi-threaded
+// prefill runs it: the quantized panels are widened by the thread that
+// multiplies them.
+void BM_QuantPrefillThreads(benchmark::State& st) {
+  const auto t = static_cast<WeightType>(st.range(0));
+  const int64_t k = st.range(1), n = st.range(2), rows = 128;
+  core::ThreadPool pool(static_cast<int>(st.range(3)));
+  const auto w = random_vec(static_cast<size_t>(n * k));
+  const WeightSource src{w.data(), n, k, 1};
+  const PackedLinear mat = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, gemm_path(), {}, t);
+  const auto x = random_vec(static_cast<size_t>(rows * k));
+  std::vector<float> y(static_cast<size_t>(rows * n));
+  for (auto _ : st) {
+    PackedLinearArgs a;
+    a.x = x.data(), a.m = rows, a.ldx = k, a.w = &mat, a.y = y.data(), a.ldy = n;
+    packed_linear_f32(&pool, a);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * n * k), benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_QuantPrefillThreads)->ArgsProduct({{0, 1, 3, 4}, {2048}, {8192}, {2}})->ArgsProduct({{0, 1, 3, 4}, {8192}, {2048}, {2}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The row kernels on each instruction set (range 1: 0 generic, 1 AVX2, 2 AVX-512).
 void BM_GeluErfIsa(benchmark::State& st) {
