@@ -205,10 +205,11 @@ void BM_QuantDecodeRows(benchmark::State& st) {
 BENCHMARK(BM_QuantDecodeRows)->ArgsProduct({{1, 3, 4}, {2048}, {2048}, {1, 2, 3, 4, 8}});
 
 // A prefill's product: 128 input rows against a [n, k] matrix (range 1-2) in
-// block type range 0 (0 f32, 1 q8_0, 3 q4_k, 4 q6_k), one thread. Quantized weights are
-// widened to F32 a panel at a time, then multiplied as F32's are: the ratio
-// of the two types' times is that widening's cost.
-void BM_QuantPrefill(benchmark::State& st) {
+// block type range 0 (0 f32, 1 q8_0, 3 q4_k, 4 q6_k), on `pool` (null: one
+// thread). Quantized weights are widened to F32 a panel at a time, then
+// multiplied as F32's are: the ratio of the two types' times is that
+// widening's cost.
+void quant_prefill(benchmark::State& st, core::ThreadPool* pool) {
   const auto t = static_cast<WeightType>(st.range(0));
   const int64_t k = st.range(1), n = st.range(2), rows = 128;
   const auto w = random_vec(static_cast<size_t>(n * k));
@@ -219,12 +220,14 @@ void BM_QuantPrefill(benchmark::State& st) {
   for (auto _ : st) {
     PackedLinearArgs a;
     a.x = x.data(), a.m = rows, a.ldx = k, a.w = &mat, a.y = y.data(), a.ldy = n;
-    packed_linear_f32(nullptr, a);
+    packed_linear_f32(pool, a);
     benchmark::DoNotOptimize(y.data());
   }
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * n * k), benchmark::Counter::kIsIterationInvariantRate,
                                               benchmark::Counter::kIs1000);
 }
+
+void BM_QuantPrefill(benchmark::State& st) { quant_prefill(st, nullptr); }
 BENCHMARK(BM_QuantPrefill)->ArgsProduct({{0, 1}, {768}, {2304, 3072}})->Args({0, 3072, 768})->Args({1, 3072, 768})
     ->ArgsProduct({{0, 1, 3, 4}, {2048}, {8192}})->ArgsProduct({{0, 1, 3, 4}, {8192}, {2048}})  // the 1B shape's MLP
     ->Unit(benchmark::kMillisecond);
@@ -233,22 +236,8 @@ BENCHMARK(BM_QuantPrefill)->ArgsProduct({{0, 1}, {768}, {2304, 3072}})->Args({0,
 // prefill runs it: the quantized panels are widened by the thread that
 // multiplies them.
 void BM_QuantPrefillThreads(benchmark::State& st) {
-  const auto t = static_cast<WeightType>(st.range(0));
-  const int64_t k = st.range(1), n = st.range(2), rows = 128;
   core::ThreadPool pool(static_cast<int>(st.range(3)));
-  const auto w = random_vec(static_cast<size_t>(n * k));
-  const WeightSource src{w.data(), n, k, 1};
-  const PackedLinear mat = PackedLinear::pack(std::span<const WeightSource>(&src, 1), k, gemm_path(), {}, t);
-  const auto x = random_vec(static_cast<size_t>(rows * k));
-  std::vector<float> y(static_cast<size_t>(rows * n));
-  for (auto _ : st) {
-    PackedLinearArgs a;
-    a.x = x.data(), a.m = rows, a.ldx = k, a.w = &mat, a.y = y.data(), a.ldy = n;
-    packed_linear_f32(&pool, a);
-    benchmark::DoNotOptimize(y.data());
-  }
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(rows * n * k), benchmark::Counter::kIsIterationInvariantRate,
-                                              benchmark::Counter::kIs1000);
+  quant_prefill(st, &pool);
 }
 BENCHMARK(BM_QuantPrefillThreads)->ArgsProduct({{0, 1, 3, 4}, {2048}, {8192}, {2}})->ArgsProduct({{0, 1, 3, 4}, {8192}, {2048}, {2}})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
