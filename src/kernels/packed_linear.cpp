@@ -490,10 +490,11 @@ void quantized_linear(core::ThreadPool* pool, const PackedLinearArgs& a, int64_t
   };
   if (serial) round_rows(0, m);
   else pool->parallel_for(m, round_rows);
-  // Panel p widened into `panel` (column-major, leading dimension P), kWiden
-  // columns at a time, so the widened rows are transposed from L1 (a whole
-  // [32, k] buffer of them made 128 x 8192 x 2048 in Q8_0 6% slower;
-  // docs/quantization.md).
+  // Panel p widened into `panel` (column-major, leading dimension P): in one
+  // pass by the instruction set's panel kernel, else (a short last panel, the
+  // generic set) row by row kWiden columns at a time, so that the widened
+  // rows are transposed from L1 (a whole [32, k] buffer of them made 128 x
+  // 8192 x 2048 in Q8_0 6% slower; docs/quantization.md).
   constexpr int64_t kWiden = 256;  // a multiple of every block's width
   const QuantPanelFn to_panel = panel_fn(quant_ops(), w.type());
   const size_t ldw = n > 1 ? static_cast<size_t>(w.row_blocks(1) - w.row_blocks(0)) : 0;
