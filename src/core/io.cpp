@@ -1,5 +1,6 @@
 #include "core/io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <cstdlib>
@@ -101,6 +102,24 @@ uint64_t available_memory_bytes() {
     if (key == "MemAvailable:") return kib * 1024;
   }
   return 0;
+}
+
+int64_t last_level_cache_bytes() {
+  // The larger of what glibc (cpuid on x86) and the kernel's cache
+  // description (sysfs, e.g. "2048K"; ARM has only this) report.
+  int64_t best = 0;
+  for (const int name : {_SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL4_CACHE_SIZE})
+    best = std::max<int64_t>(best, ::sysconf(name));
+  for (int i = 0; i < 16; ++i) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    int64_t v = 0;
+    std::string unit;
+    if (!(in >> v)) continue;
+    in >> unit;
+    const int64_t scale = unit.starts_with("K") ? 1024 : unit.starts_with("M") ? 1024 * 1024 : 1;
+    best = std::max(best, v * scale);
+  }
+  return best;
 }
 
 namespace {

@@ -14,12 +14,14 @@
 #include "core/io.h"
 #include "core/json.h"
 #include "core/limits.h"
+#include "core/memory.h"
 #include "core/stats.h"
 #include "core/tensor.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/packed_linear.h"
+#include "kernels/quant.h"
 
 namespace tessera::planner {
 
@@ -216,9 +218,45 @@ std::vector<int64_t> profile_row_counts(int64_t n, int max_devices) {
 
 namespace {
 // Weight copies the GEMM profile cycles through: beyond the last-level caches
-// of the machines Tessera runs on (32 MB here).
+// of most machines Tessera runs on (32 MB on the AMD EPYC here).
 constexpr int64_t kColdWeightBytes = 96ll << 20;
+
+// Bytes a second the pool's threads read `floats` at: vector loads, four
+// sums apart, as the kernels read their weights. (A single chain of scalar
+// adds was bound by its adds: 6.8-9 GB/s on the Intel Xeon, whose decode
+// read GPT-2's F32 weights at 14.6.)
+double stream_read_gbps(core::ThreadPool* pool, const float* buf, int64_t floats) {
+  typedef float v16 __attribute__((vector_size(64)));
+  constexpr int64_t kChunk = 64;  // floats a step of the loop reads
+  const int64_t chunks = floats / kChunk;
+  auto read = [buf](int64_t b, int64_t e) {
+    v16 acc[4] = {};
+    for (int64_t i = b; i < e; ++i)
+      for (int j = 0; j < 4; ++j) {
+        v16 x;
+        std::memcpy(&x, buf + i * kChunk + 16 * j, sizeof x);
+        acc[j] += x;
+      }
+    volatile float sink = (acc[0] + acc[1] + acc[2] + acc[3])[0];
+    (void)sink;
+  };
+  const double s = time_best(3, [&] {
+    if (pool != nullptr) pool->parallel_for(chunks, read);
+    else read(0, chunks);
+  });
+  return static_cast<double>(chunks * kChunk * 4) / s / 1e9;
+}
 }  // namespace
+
+// A step's few rows are bound by reading their weights, and on an Intel Xeon
+// with a 260 MB L3 the 96 MB of copies stayed there: its one-row samples ran
+// from cache (GPT-2 F32 decode predicted +44-80% with the scalar stream floor).
+int64_t profile_cold_bytes() {
+  int64_t bytes = std::max<int64_t>(kColdWeightBytes, 2 * core::last_level_cache_bytes());
+  const auto avail = static_cast<int64_t>(core::available_memory_bytes());
+  if (avail > 0) bytes = std::min(bytes, std::max<int64_t>(kColdWeightBytes, avail / 8));
+  return bytes;
+}
 
 Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int max_devices, core::ThreadPool* pool) {
   if (c.hidden < 1 || c.heads < 1 || c.intermediate < 1) return core::invalid_argument("profile: the model config has no shape");
@@ -240,6 +278,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   // from run to run (10-20 MB here), and they are not the libraries'.
   ::malloc_trim(0);
   const int64_t resident_before = core::resident_bytes();
+  const int64_t cold = profile_cold_bytes();
   for (auto [k, cols] : shapes) {
     core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
     for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.01f * static_cast<float>(i % 13);
@@ -261,22 +300,29 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       // again, so the timed products cycle through copies that together
       // exceed the caches (warm weights had the profile predict BERT-base
       // 11% fast).
-      const int64_t copies = std::clamp<int64_t>(
-          kColdWeightBytes / std::max<int64_t>(static_cast<int64_t>(kernels::row_bytes(type, k)) * cols, 1) + 1, 2, 64);
+      // A step's rows (up to kQuantDotRows) are bound by that reading and
+      // cycle through profile_cold_bytes(); a prompt's many rows are bound by their
+      // arithmetic, and more copies would only lengthen the profile.
+      const int64_t bytes = std::max<int64_t>(static_cast<int64_t>(kernels::row_bytes(type, k)) * cols, 1);
+      const auto copies_for = [&](int64_t total) { return std::clamp<int64_t>(total / bytes + 1, 2, 64); };
+      const bool step_rows = rows.front() <= kernels::kQuantDotRows;
+      const int64_t copies = copies_for(step_rows ? cold : kColdWeightBytes);
       const kernels::WeightSource src{w.f32(), cols, k, 1};
       std::vector<kernels::PackedLinear> packed;
       for (int64_t i = 0; i < copies; ++i)
-        packed.push_back(type == kernels::WeightType::kF32
-                             ? kernels::PackedLinear::pack(w)
-                             : kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), k,
-                                                           kernels::gemm_path(), {}, type));
+        packed.push_back(type == kernels::WeightType::kF32 ? kernels::PackedLinear::pack(w)
+                         : i == 0 ? kernels::PackedLinear::pack(std::span<const kernels::WeightSource>(&src, 1), k,
+                                                                kernels::gemm_path(), {}, type)
+                                  : kernels::PackedLinear::from_blocks(type, packed[0].row_blocks(0), cols, k));
       for (int64_t m : rows) {
         core::Tensor x = core::Tensor::zeros_f32({m, k}), y = core::Tensor::zeros_f32({m, cols});
         core::Tensor r = residual ? core::Tensor::zeros_f32({m, cols}) : core::Tensor();
+        const int64_t use = m <= kernels::kQuantDotRows ? copies : std::min(copies, copies_for(kColdWeightBytes));
         const double s = time_best(3, [&] {
-          for (const auto& p : packed)
-            kernels::linear_rows_f32(pool, x.f32(), m, p, b, act, residual ? r.f32() : nullptr, y.f32());
-        }) / static_cast<double>(copies);
+          for (int64_t i = 0; i < use; ++i)
+            kernels::linear_rows_f32(pool, x.f32(), m, packed[static_cast<size_t>(i)], b, act, residual ? r.f32() : nullptr,
+                                     y.f32());
+        }) / static_cast<double>(use);
         d.gemm.push_back({m, k, cols, 2.0 * static_cast<double>(m * k * cols) / s / 1e9, type});
       }
     }
@@ -306,16 +352,14 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     d.elementwise_gbps = 2.0 * static_cast<double>(n * F * 4) / s / 1e9;
   }
   {
-    const int64_t floats = 16 << 20;  // 64 MB: larger than the caches
-    std::vector<float> buf(static_cast<size_t>(floats), 1.0f);
-    volatile float sink = 0;
-    const double s = time_best(3, [&] {
-      float acc = 0;
-      for (int64_t i = 0; i < floats; i += 4) acc += buf[static_cast<size_t>(i)] + buf[static_cast<size_t>(i + 1)] +
-                                                     buf[static_cast<size_t>(i + 2)] + buf[static_cast<size_t>(i + 3)];
-      sink = sink + acc;
-    });
-    d.stream_gbps = static_cast<double>(floats * 4) / s / 1e9;
+    // Weights read once each, from beyond the caches, on huge pages as the
+    // packed weights lie.
+    const int64_t floats = profile_cold_bytes() / 4 / 64 * 64;
+    const auto buf = core::alloc_large(static_cast<size_t>(floats) * 4);
+    if (buf == nullptr) return core::resource_exhausted("profile: no memory for the streaming read");
+    float* const f = reinterpret_cast<float*>(buf.get());
+    std::fill(f, f + floats, 1.0f);
+    d.stream_gbps = stream_read_gbps(pool, f, floats);
   }
   {
     // A generation's KV caches as its prompt first writes them: a K and a V
@@ -351,7 +395,8 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  return base + "/tessera/profile8-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  // (9: cold samples and the stream read sized by the last-level cache.)
+  return base + "/tessera/profile9-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
          (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) +
          (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) + ".json";

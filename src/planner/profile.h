@@ -95,6 +95,12 @@ std::vector<int64_t> profile_row_counts(int64_t n, int max_devices);
 [[nodiscard]] core::Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int max_devices,
                                                          core::ThreadPool* pool);
 
+// Bytes a profile's one-row samples and its streaming read go through, so
+// that no cache still holds them when read again: twice the last-level
+// cache, at least 96 MB, at most an eighth of the memory available (but
+// never under 96 MB).
+int64_t profile_cold_bytes();
+
 // The cache file of a device profile: per host, model (its config's shape),
 // rows and thread count, under $XDG_CACHE_HOME/tessera (or ~/.cache/tessera).
 std::string device_cache_path(const model::ModelConfig& c, int64_t n, int threads);

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include "core/device_speed.h"
 #include "core/dtype.h"
+#include "core/io.h"
 #include "core/thread_pool.h"
 #include "core/stats.h"
 #include "core/status.h"
@@ -209,6 +212,20 @@ TEST(ThreadPoolTest, EveryLoopCoversItsRangeOnceSpinningOrAsleep) {
   }
   ThreadPool quick(2);
   quick.parallel_for(2, [](int64_t, int64_t) {});
+}
+
+// The last level is the largest cache: at least as large as each level the
+// kernel lists (sysfs), where it lists any.
+TEST(SystemTest, TheLastLevelCacheIsTheLargest) {
+  const int64_t llc = last_level_cache_bytes();
+  EXPECT_GE(llc, 0);
+  for (int i = 0; i < 16; ++i) {
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    int64_t kib = 0;
+    std::string unit;
+    if (!(in >> kib >> unit) || unit != "K") continue;
+    EXPECT_GE(llc, kib * 1024) << "index" << i;
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/io.h"
 #include "parallel/strategy.h"
 #include "planner/cost_model.h"
 #include "planner/planner.h"
@@ -700,6 +701,20 @@ TEST(Profile, MeasuresAQuantizedModelsOwnKernels) {
   model::ModelConfig f = c;
   f.weights = kernels::WeightType::kF32;
   EXPECT_NE(device_cache_path(c, 2, 1), device_cache_path(f, 2, 1));
+}
+
+// One-row samples and the streaming read go through more bytes than the
+// last-level cache holds (twice it), unless the memory available is short.
+TEST(Profile, ColdSamplesOutgrowTheLastLevelCache) {
+  const int64_t cold = profile_cold_bytes(), llc = core::last_level_cache_bytes();
+  EXPECT_GE(cold, int64_t{96} << 20);
+  const auto avail = static_cast<int64_t>(core::available_memory_bytes());
+  if (avail == 0 || 2 * llc <= avail / 8) {
+    EXPECT_GE(cold, 2 * llc);
+  }
+  if (avail > 0) {
+    EXPECT_LE(cold, std::max<int64_t>(int64_t{96} << 20, avail / 8));
+  }
 }
 
 TEST(Profile, ParsesSizes) {
