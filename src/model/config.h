@@ -116,7 +116,14 @@ struct ModelConfig {
   kernels::WeightType mix_weights = kernels::WeightType::kF32;
   double mix_layer_scale = 1.0;
   kernels::WeightType mix_head = kernels::WeightType::kF32;
+  // The layers' weights a mixed file holds in another type (Q4_K_M's Q6_K
+  // ffn_down and attn_v in half the layers): that type and its share of the
+  // layers' weights, by which a GEMM's time is weighed (cost model).
+  kernels::WeightType mix_other = kernels::WeightType::kF32;
+  double mix_other_share = 0;
   bool mixed() const { return weights != kernels::WeightType::kF32 && weights == mix_weights; }
+  // The type a mixed file's other layer weights are in (`weights` where none).
+  kernels::WeightType other_type() const { return mixed() && mix_other_share > 0 ? mix_other : weights; }
   // The type the LM head's matrix is held in.
   kernels::WeightType head_type() const { return mixed() && mix_head != kernels::WeightType::kF32 ? mix_head : weights; }
   std::vector<int64_t> bp_original;  // sorted, distinct

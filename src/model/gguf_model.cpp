@@ -210,14 +210,21 @@ Status gguf_adjust_config(const GgufFile& f, ModelConfig& c) {
   if (c.weights != kernels::WeightType::kF32) {
     // What the layers' matrices take in their own types against the main
     // type alone, and the head's type: the estimates of a mixed file.
-    double own = 0, main = 0;
+    double own = 0, main = 0, all = 0;
+    std::map<kernels::WeightType, double> by_type;  // the layers' weights in each type
     for (const GgufTensor& t : f.tensors()) {
-      if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2 || !kernel_type(t.type)) continue;
+      const auto type = kernel_type(t.type);
+      if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2 || !type) continue;
       own += static_cast<double>(t.nbytes);
       main += static_cast<double>(t.rows()) * static_cast<double>(kernels::row_bytes(c.weights, t.row_length()));
+      const double n = static_cast<double>(t.rows()) * static_cast<double>(t.row_length());
+      all += n;
+      by_type[*type] += n;
     }
     c.mix_weights = c.weights;
     c.mix_layer_scale = main > 0 ? own / main : 1.0;
+    for (const auto& [type, n] : by_type)
+      if (type != c.weights && n / all > c.mix_other_share) c.mix_other = type, c.mix_other_share = n / all;
     const GgufTensor* head = f.tensor("output.weight") != nullptr ? f.tensor("output.weight") : f.tensor("token_embd.weight");
     if (head != nullptr)
       if (const auto t = kernel_type(head->type)) c.mix_head = *t;

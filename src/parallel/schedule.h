@@ -32,6 +32,10 @@ struct Work {
   // kGemm: the type its weights are held in (estimate() stamps the plan's),
   // since a quantized matrix runs on other kernels than an F32 one.
   kernels::WeightType weights = kernels::WeightType::kF32;
+  // A mixed file's layers: the share of their weights held in `mix` instead
+  // (ModelConfig::mix_other), priced at that type's rate.
+  kernels::WeightType mix = kernels::WeightType::kF32;
+  double mix_share = 0;
 };
 
 // One collective (or point-to-point message) as this device takes part in it.

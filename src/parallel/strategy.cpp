@@ -593,11 +593,14 @@ Result<Schedule> estimate(const Plan& plan, const model::ModelConfig& config, in
         decode->devices[static_cast<size_t>(r)].weight_bytes -
         (whole.embeddings || whole.head ? terminal_weight_bytes(with_weights(config, plan)) : 0);
   }
-  const kernels::WeightType type = with_weights(config, plan).weights;
+  const model::ModelConfig held = with_weights(config, plan);
   for (auto& d : sched.devices)
     for (auto& ph : d.phases)
       for (auto& w : ph.work)
-        if (w.kind == WorkKind::kGemm) w.weights = type;
+        if (w.kind == WorkKind::kGemm) {
+          w.weights = held.weights;
+          if (held.other_type() != held.weights) w.mix = held.other_type(), w.mix_share = held.mix_other_share;
+        }
   // A transfer's floats as one run of rows: exact when every message's rows
   // are whole 32-value blocks (hidden sizes and their K-way parts are).
   if (plan.wire != core::WireType::kF32)

@@ -13,15 +13,22 @@ using parallel::CollectiveKind;
 double work_ms(const parallel::Work& w, const DeviceProfile& d) {
   double s = 0;
   switch (w.kind) {
-    case parallel::WorkKind::kGemm:
-      s = w.flops / (d.gemm_gflops(w.m, w.k, w.n, w.weights) * 1e9);
-      // Nor faster than its weights stream in: in a model they are cold
-      // when read. The profile's few rows cycle through copies that may
-      // still sit in a large cache (a 1B model's decode ran at the stream
-      // rate, 1.5x slower than its one-row samples said).
-      if (d.stream_gbps > 0 && w.k > 0 && w.n > 0)
-        s = std::max(s, static_cast<double>(w.n) * static_cast<double>(kernels::row_bytes(w.weights, w.k)) / (d.stream_gbps * 1e9));
+    case parallel::WorkKind::kGemm: {
+      const auto held_as = [&](kernels::WeightType t) {
+        double t_s = w.flops / (d.gemm_gflops(w.m, w.k, w.n, t) * 1e9);
+        // Nor faster than its weights stream in: in a model they are cold
+        // when read. The profile's few rows cycle through copies that may
+        // still sit in a large cache (a 1B model's decode ran at the stream
+        // rate, 1.5x slower than its one-row samples said).
+        if (d.stream_gbps > 0 && w.k > 0 && w.n > 0)
+          t_s = std::max(t_s, static_cast<double>(w.n) * static_cast<double>(kernels::row_bytes(t, w.k)) / (d.stream_gbps * 1e9));
+        return t_s;
+      };
+      // A mixed file's share in its other type at that type's rate (Q6_K's
+      // one-row rate was 0.69x Q4_K's on the Intel Xeon).
+      s = w.mix_share > 0 ? (1 - w.mix_share) * held_as(w.weights) + w.mix_share * held_as(w.mix) : held_as(w.weights);
       break;
+    }
     case parallel::WorkKind::kAttention:
       // A step's one row over its caches reads them at the streaming rate,
       // two FLOPs per float read. (The one-row profile's attention rate is of

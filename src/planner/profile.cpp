@@ -292,7 +292,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     // F32's; a mixed file's head type (Q4_K_M's Q6_K) as well. (A decode
     // step of a 1B Q8_0 model priced at F32's rates was 2.3x slow.)
     std::vector<kernels::WeightType> types = {kernels::WeightType::kF32};
-    for (const kernels::WeightType t : {c.weights, c.head_type()})
+    for (const kernels::WeightType t : {c.weights, c.head_type(), c.other_type()})
       if (kernels::holds(t, k) && std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
     for (const kernels::WeightType type : types) {
       // Packed once, as the model's layers are at load. In the model a
@@ -399,7 +399,10 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   return base + "/tessera/profile9-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
          (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) +
-         (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) + ".json";
+         (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) +
+         (c.other_type() != c.weights && c.other_type() != c.head_type() ? std::string("-mix-") + kernels::weight_type_name(c.other_type())
+                                                                          : std::string()) +
+         ".json";
 }
 
 Result<int64_t> parse_bytes(const std::string& text) {

@@ -268,6 +268,22 @@ TEST(Gguf, KQuantFilesKeepTheirBlocks) {
     const auto loaded = static_cast<double>(l.qkv_w.nbytes() + l.attn_out_w.nbytes() + l.ffn_in_w.nbytes() + l.ffn_out_w.nbytes());
     EXPECT_NEAR(static_cast<double>(predicted), loaded, 1e-6 * loaded) << type;
     EXPECT_EQ(c.head_bytes(300, 512), static_cast<int64_t>(m->weights().lm_head_w.nbytes())) << type;
+    // The cost model weighs a mixed file's layers by the share of their
+    // weights in the other type: here V's rows and any matrix held whole in Q6_K.
+    double all = 0, other = 0;
+    for (const kernels::PackedLinear* p : {&l.qkv_w, &l.attn_out_w, &l.ffn_in_w, &l.ffn_out_w})
+      for (const kernels::PackedLinear& r : p->parts().empty() ? std::vector<kernels::PackedLinear>{*p} : p->parts()) {
+        const auto n = static_cast<double>(r.rows() * r.cols());
+        all += n;
+        if (r.type() == kernels::WeightType::kQ6_K) other += n;
+      }
+    if (mix) {
+      EXPECT_EQ(c.other_type(), kernels::WeightType::kQ6_K);
+      EXPECT_GT(other, 0);
+      EXPECT_NEAR(c.mix_other_share, other / all, 1e-12);
+    } else {
+      EXPECT_EQ(c.other_type(), c.weights);
+    }
     // (kernels' QuantPackedLinear.StackedBlockTypes checks the stacked product.)
     ModelInput in;
     in.ids = {5, 90, 3, 200, 17, 44};

@@ -92,6 +92,26 @@ parallel::Schedule two_device_phase(bool overlapped) {
   return s;
 }
 
+// A mixed file's GEMM: its share in the other type at that type's rate,
+// the rest at the main type's, each no faster than its bytes stream in.
+TEST(CostModel, AMixedFilesGemmWeighsEachTypeByItsShare) {
+  DeviceProfile d = device(10);
+  d.gemm = {{1, 256, 256, 10, kernels::WeightType::kQ4_K}, {1, 256, 256, 5, kernels::WeightType::kQ6_K}};
+  d.stream_gbps = 1e6;  // no floor
+  parallel::Work w = parallel::gemm("ffn_out", 1, 256, 256);
+  w.weights = kernels::WeightType::kQ4_K;
+  const double q4 = work_ms(w, d);
+  EXPECT_NEAR(q4, 1e3 * w.flops / 10e9, 1e-12);
+  w.mix = kernels::WeightType::kQ6_K;
+  w.mix_share = 0.25;
+  EXPECT_NEAR(work_ms(w, d), 0.75 * q4 + 0.25 * 2 * q4, 1e-12);
+  // With a floor: each part is its own type's bytes at the stream rate.
+  d.stream_gbps = 1e-3;
+  const double floor_q4 = 1e3 * 256.0 * static_cast<double>(kernels::row_bytes(kernels::WeightType::kQ4_K, 256)) / 1e6;
+  const double floor_q6 = 1e3 * 256.0 * static_cast<double>(kernels::row_bytes(kernels::WeightType::kQ6_K, 256)) / 1e6;
+  EXPECT_NEAR(work_ms(w, d), 0.75 * floor_q4 + 0.25 * floor_q6, 1e-9 * floor_q6);
+}
+
 TEST(CostModel, SequentialPhaseIsWorkThenTransfer) {
   const auto p = predict(two_device_phase(false), cluster({device(10), device(10)}, 5, 10));
   ASSERT_TRUE(p.ok());
