@@ -5,7 +5,9 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -105,21 +107,40 @@ uint64_t available_memory_bytes() {
 }
 
 int64_t last_level_cache_bytes() {
-  // The larger of what glibc (cpuid on x86) and the kernel's cache
-  // description (sysfs, e.g. "2048K"; ARM has only this) report.
-  int64_t best = 0;
+  // What glibc says (cpuid on x86: one cache), or the kernel's cache
+  // description (sysfs; ARM has only this), whichever is larger. From sysfs,
+  // the highest level's caches of the CPUs this process may run on, each
+  // shared group once: an AMD EPYC's L3 is one slice per core complex, and a
+  // GEMM's threads fill them all.
+  int64_t sysconf_bytes = 0;
   for (const int name : {_SC_LEVEL2_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL4_CACHE_SIZE})
-    best = std::max<int64_t>(best, ::sysconf(name));
-  for (int i = 0; i < 16; ++i) {
-    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
-    int64_t v = 0;
-    std::string unit;
-    if (!(in >> v)) continue;
-    in >> unit;
-    const int64_t scale = unit.starts_with("K") ? 1024 : unit.starts_with("M") ? 1024 * 1024 : 1;
-    best = std::max(best, v * scale);
+    sysconf_bytes = std::max<int64_t>(sysconf_bytes, ::sysconf(name));
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) CPU_SET(0, &allowed);
+  int top = 0;
+  std::map<std::string, int64_t> groups;  // shared_cpu_list -> bytes, at level `top`
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/cache/index";
+    for (int i = 0; i < 16; ++i) {
+      std::ifstream size_in(dir + std::to_string(i) + "/size"), level_in(dir + std::to_string(i) + "/level"),
+          shared_in(dir + std::to_string(i) + "/shared_cpu_list");
+      int64_t v = 0;
+      int level = 0;
+      std::string unit, shared;
+      if (!(size_in >> v) || !(level_in >> level)) continue;
+      size_in >> unit;
+      shared_in >> shared;
+      const int64_t bytes = v * (unit.starts_with("K") ? 1024 : unit.starts_with("M") ? 1024 * 1024 : 1);
+      if (level < top) continue;
+      if (level > top) top = level, groups.clear();
+      groups[shared.empty() ? "cpu" + std::to_string(cpu) : shared] = bytes;
+    }
   }
-  return best;
+  int64_t sysfs_bytes = 0;
+  for (const auto& [cpus, bytes] : groups) sysfs_bytes += bytes;
+  return std::max(sysconf_bytes, sysfs_bytes);
 }
 
 namespace {

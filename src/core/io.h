@@ -38,8 +38,9 @@ void drop_pages(const void* p, size_t bytes);
 bool file_exists(const std::string& path);
 // MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
 uint64_t available_memory_bytes();
-// The size of the largest CPU cache (the last level, as sysconf or sysfs
-// report it) in bytes; 0 when neither says.
+// The bytes of the last-level cache this process's CPUs have: the highest
+// level's caches (sysfs), each shared group once, or sysconf's figure when
+// that is larger; 0 when neither says.
 int64_t last_level_cache_bytes();
 // This process's resident memory now (VmRSS) and its peak (VmHWM), bytes;
 // 0 where /proc does not say.

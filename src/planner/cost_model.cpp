@@ -25,8 +25,10 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d) {
         return t_s;
       };
       // A mixed file's share in its other type at that type's rate (Q6_K's
-      // one-row rate was 0.69x Q4_K's on the Intel Xeon).
-      s = w.mix_share > 0 ? (1 - w.mix_share) * held_as(w.weights) + w.mix_share * held_as(w.mix) : held_as(w.weights);
+      // one-row rate was 0.69x Q4_K's on the Intel Xeon); at the main type's
+      // where the profile has no samples of it (F32's would be far too slow).
+      s = w.mix_share > 0 && d.measured(w.mix) ? (1 - w.mix_share) * held_as(w.weights) + w.mix_share * held_as(w.mix)
+                                              : held_as(w.weights);
       break;
     }
     case parallel::WorkKind::kAttention:

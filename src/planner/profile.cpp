@@ -56,9 +56,12 @@ Result<double> positive(const json& j, const char* key) {
 
 }  // namespace
 
+bool DeviceProfile::measured(kernels::WeightType type) const {
+  return std::any_of(gemm.begin(), gemm.end(), [&](const GemmSample& s) { return s.type == type; });
+}
+
 double DeviceProfile::gemm_gflops(int64_t m, int64_t k, int64_t n, kernels::WeightType type) const {
-  const bool have = std::any_of(gemm.begin(), gemm.end(), [&](const GemmSample& s) { return s.type == type; });
-  if (!have) type = kernels::WeightType::kF32;
+  if (!measured(type)) type = kernels::WeightType::kF32;
   const GemmSample* best = nullptr;
   double best_d = 1e300;
   for (const GemmSample& s : gemm) {
@@ -237,7 +240,10 @@ double stream_read_gbps(core::ThreadPool* pool, const float* buf, int64_t floats
         std::memcpy(&x, buf + i * kChunk + 16 * j, sizeof x);
         acc[j] += x;
       }
-    volatile float sink = (acc[0] + acc[1] + acc[2] + acc[3])[0];
+    const v16 all = acc[0] + acc[1] + acc[2] + acc[3];
+    float sum = 0;
+    for (int j = 0; j < 16; ++j) sum += all[j];
+    volatile float sink = sum;  // every lane used: no load may be dropped
     (void)sink;
   };
   const double s = time_best(3, [&] {
@@ -251,11 +257,14 @@ double stream_read_gbps(core::ThreadPool* pool, const float* buf, int64_t floats
 // A step's few rows are bound by reading their weights, and on an Intel Xeon
 // with a 260 MB L3 the 96 MB of copies stayed there: its one-row samples ran
 // from cache (GPT-2 F32 decode predicted +44-80% with the scalar stream floor).
-int64_t profile_cold_bytes() {
-  int64_t bytes = std::max<int64_t>(kColdWeightBytes, 2 * core::last_level_cache_bytes());
-  const auto avail = static_cast<int64_t>(core::available_memory_bytes());
-  if (avail > 0) bytes = std::min(bytes, std::max<int64_t>(kColdWeightBytes, avail / 8));
+int64_t profile_cold_bytes(int64_t llc, int64_t available) {
+  int64_t bytes = std::max<int64_t>(kColdWeightBytes, 2 * llc);
+  if (available > 0) bytes = std::min(bytes, std::max<int64_t>(kColdWeightBytes, available / 8));
   return bytes;
+}
+
+int64_t profile_cold_bytes() {
+  return profile_cold_bytes(core::last_level_cache_bytes(), static_cast<int64_t>(core::available_memory_bytes()));
 }
 
 Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int max_devices, core::ThreadPool* pool) {
@@ -303,12 +312,12 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       // A step's rows (up to kQuantDotRows) are bound by that reading and
       // cycle through profile_cold_bytes(); a prompt's many rows are bound by their
       // arithmetic, and more copies would only lengthen the profile.
-      // (Up to 1024 copies then: GPT-2's 2.4 MB matrices took 64 copies,
-      // 151 MB, which a 260 MB L3 still held.)
+      // (Up to 4096 copies then: GPT-2's 2.4 MB matrices took 64 copies,
+      // 151 MB, which a 260 MB L3 still held; its 768 x 768 in Q4_K is 331 KB.)
       const int64_t bytes = std::max<int64_t>(static_cast<int64_t>(kernels::row_bytes(type, k)) * cols, 1);
       const auto copies_for = [&](int64_t total, int64_t most) { return std::clamp<int64_t>(total / bytes + 1, 2, most); };
       const bool step_rows = rows.front() <= kernels::kQuantDotRows;
-      const int64_t copies = step_rows ? copies_for(cold, 1024) : copies_for(kColdWeightBytes, 64);
+      const int64_t copies = step_rows ? copies_for(cold, 4096) : copies_for(kColdWeightBytes, 64);
       const kernels::WeightSource src{w.f32(), cols, k, 1};
       std::vector<kernels::PackedLinear> packed;
       for (int64_t i = 0; i < copies; ++i)

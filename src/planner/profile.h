@@ -50,6 +50,7 @@ struct DeviceProfile {
   // GFLOP/s of the measured sample nearest to the shape (log distance).
   // The nearest sample of weights in `type`; F32's where none was measured.
   double gemm_gflops(int64_t m, int64_t k, int64_t n, kernels::WeightType type = kernels::WeightType::kF32) const;
+  bool measured(kernels::WeightType type) const;  // any GEMM sample of weights in `type`
   nlohmann::json to_json() const;
   [[nodiscard]] static core::Result<DeviceProfile> from_json(const nlohmann::json& j);
 };
@@ -100,6 +101,9 @@ std::vector<int64_t> profile_row_counts(int64_t n, int max_devices);
 // cache, at least 96 MB, at most an eighth of the memory available (but
 // never under 96 MB).
 int64_t profile_cold_bytes();
+// The same for a last-level cache of `llc` bytes and `available` bytes of
+// memory (0: unknown).
+int64_t profile_cold_bytes(int64_t llc, int64_t available);
 
 // The cache file of a device profile: per host, model (its config's shape),
 // rows and thread count, under $XDG_CACHE_HOME/tessera (or ~/.cache/tessera).

@@ -110,6 +110,11 @@ TEST(CostModel, AMixedFilesGemmWeighsEachTypeByItsShare) {
   const double floor_q4 = 1e3 * 256.0 * static_cast<double>(kernels::row_bytes(kernels::WeightType::kQ4_K, 256)) / 1e6;
   const double floor_q6 = 1e3 * 256.0 * static_cast<double>(kernels::row_bytes(kernels::WeightType::kQ6_K, 256)) / 1e6;
   EXPECT_NEAR(work_ms(w, d), 0.75 * floor_q4 + 0.25 * floor_q6, 1e-9 * floor_q6);
+  // A profile without samples of the other type prices the share at the
+  // main type's (F32's samples, the fallback, would be far too slow).
+  d.stream_gbps = 1e6;
+  d.gemm = {{1, 256, 256, 10, kernels::WeightType::kQ4_K}, {1, 256, 256, 0.1}};
+  EXPECT_NEAR(work_ms(w, d), q4, 1e-12);
 }
 
 TEST(CostModel, SequentialPhaseIsWorkThenTransfer) {
@@ -518,6 +523,43 @@ model::ModelConfig llama_like(int64_t layers) {
       .value();
 }
 
+// estimate() stamps a mixed file's share on every layer GEMM; the LM head
+// (head_work) is its own type, with no share.
+TEST(CostModel, AMixedFilesShareIsStampedOnItsLayersGemms) {
+  model::ModelConfig c = llama_like(2);
+  c.weights = c.mix_weights = kernels::WeightType::kQ4_K;
+  c.mix_other = c.mix_head = kernels::WeightType::kQ6_K;
+  c.mix_other_share = 0.15;
+  ASSERT_EQ(c.other_type(), kernels::WeightType::kQ6_K);
+  for (const char* strategy : {"single", "tp", "voltage"}) {
+    parallel::Plan plan;
+    plan.strategy = strategy;
+    plan.world = std::string(strategy) == "single" ? 1 : 2;
+    ASSERT_TRUE(parallel::complete_plan(plan, c).ok()) << strategy;
+    const auto s = parallel::estimate(plan, c, 64);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    int gemms = 0;
+    for (const auto& dev : s->devices)
+      for (const auto& ph : dev.phases)
+        for (const auto& w : ph.work)
+          if (w.kind == parallel::WorkKind::kGemm) {
+            EXPECT_EQ(w.weights, kernels::WeightType::kQ4_K) << strategy << " " << w.what;
+            EXPECT_EQ(w.mix, kernels::WeightType::kQ6_K) << strategy << " " << w.what;
+            EXPECT_DOUBLE_EQ(w.mix_share, 0.15) << strategy << " " << w.what;
+            ++gemms;
+          }
+    EXPECT_GT(gemms, 0) << strategy;
+  }
+  int heads = 0;
+  for (const auto& w : head_work(c, 1))
+    if (w.kind == parallel::WorkKind::kGemm) {
+      EXPECT_EQ(w.weights, kernels::WeightType::kQ6_K) << w.what;
+      EXPECT_EQ(w.mix_share, 0) << w.what;
+      ++heads;
+    }
+  EXPECT_EQ(heads, 1);
+}
+
 // Grouped K/V heads: Algorithm 1 moves whole K/V groups (the counts planned
 // are the counts run, no K/V head held twice), and a generation plan counts
 // every device's KV caches at the context in its memory.
@@ -726,15 +768,13 @@ TEST(Profile, MeasuresAQuantizedModelsOwnKernels) {
 // One-row samples and the streaming read go through more bytes than the
 // last-level cache holds (twice it), unless the memory available is short.
 TEST(Profile, ColdSamplesOutgrowTheLastLevelCache) {
-  const int64_t cold = profile_cold_bytes(), llc = core::last_level_cache_bytes();
-  EXPECT_GE(cold, int64_t{96} << 20);
-  const auto avail = static_cast<int64_t>(core::available_memory_bytes());
-  if (avail == 0 || 2 * llc <= avail / 8) {
-    EXPECT_GE(cold, 2 * llc);
-  }
-  if (avail > 0) {
-    EXPECT_LE(cold, std::max<int64_t>(int64_t{96} << 20, avail / 8));
-  }
+  constexpr int64_t MB = int64_t{1} << 20, GB = int64_t{1} << 30;
+  EXPECT_EQ(profile_cold_bytes(260 * MB, 23 * GB), 520 * MB);  // the Intel Xeon's 260 MB L3
+  EXPECT_EQ(profile_cold_bytes(32 * MB, 23 * GB), 96 * MB);    // at least 96 MB
+  EXPECT_EQ(profile_cold_bytes(260 * MB, 0), 520 * MB);        // memory unknown
+  EXPECT_EQ(profile_cold_bytes(260 * MB, 2 * GB), 256 * MB);   // an eighth of the memory
+  EXPECT_EQ(profile_cold_bytes(260 * MB, 512 * MB), 96 * MB);  // but never under 96 MB
+  EXPECT_GE(profile_cold_bytes(), 96 * MB);
 }
 
 TEST(Profile, ParsesSizes) {
