@@ -22,6 +22,7 @@
 #include "kernels/gemm.h"
 #include "kernels/packed_linear.h"
 #include "kernels/quant.h"
+#include "parallel/strategy.h"
 
 namespace tessera::planner {
 
@@ -287,7 +288,12 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   // from run to run (10-20 MB here), and they are not the libraries'.
   ::malloc_trim(0);
   const int64_t resident_before = core::resident_bytes();
-  const int64_t cold = profile_cold_bytes();
+  // No more than the model's weights, beyond 96 MB: a model that a large
+  // cache holds is read from there (GPT-2 in Q4_K_M, 88 MB, in a 260 MB L3),
+  // and a test's tiny model need not fault in 520 MB for each profile.
+  int64_t model_bytes = parallel::terminal_weight_bytes(c);
+  for (int64_t l = 0; l < c.layers; ++l) model_bytes += parallel::model_layer_weight_bytes(c, l);
+  const int64_t cold = std::min(profile_cold_bytes(), std::max(kColdWeightBytes, model_bytes));
   for (auto [k, cols] : shapes) {
     core::Tensor w = core::Tensor::zeros_f32({cols, k}), b = core::Tensor::zeros_f32({cols});
     for (int64_t i = 0; i < w.numel(); ++i) w.f32()[i] = 0.01f * static_cast<float>(i % 13);
@@ -365,7 +371,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
   {
     // Weights read once each, from beyond the caches, on huge pages as the
     // packed weights lie.
-    const int64_t floats = profile_cold_bytes() / 4 / 64 * 64;
+    const int64_t floats = cold / 4 / 64 * 64;
     const auto buf = core::alloc_large(static_cast<size_t>(floats) * 4);
     if (buf == nullptr) return core::resource_exhausted("profile: no memory for the streaming read");
     float* const f = reinterpret_cast<float*>(buf.get());
