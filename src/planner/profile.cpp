@@ -316,7 +316,7 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
       // exceed the caches (warm weights had the profile predict BERT-base
       // 11% fast).
       // A step's rows (up to kQuantDotRows) are bound by that reading and
-      // cycle through profile_cold_bytes(); a prompt's many rows are bound by their
+      // cycle through `cold` bytes; a prompt's many rows are bound by their
       // arithmetic, and more copies would only lengthen the profile.
       // (Up to 4096 copies then: GPT-2's 2.4 MB matrices took 64 copies,
       // 151 MB, which a 260 MB L3 still held; its 768 x 768 in Q4_K is 331 KB.)
