@@ -10,7 +10,6 @@
 #include <cmath>
 #include <set>
 
-#include "core/io.h"
 #include "parallel/strategy.h"
 #include "planner/cost_model.h"
 #include "planner/planner.h"
