@@ -133,21 +133,13 @@ BENCHMARK(BM_LibxsmmPeak);
 // 29-31 (AMD EPYC VM), so every floor before then was too slow. The buffer is
 // allocated as packed weights are (core::alloc_large).
 void BM_StreamRead(benchmark::State& st) {
-  typedef float v16 __attribute__((vector_size(64)));
   const size_t n = static_cast<size_t>(st.range(0)) << 18;  // floats
   const int threads = static_cast<int>(st.range(1));
   const auto large = core::alloc_large(n * sizeof(float));
   float* const buf = reinterpret_cast<float*>(large.get());
   std::fill(buf, buf + n, 1.0f);
   auto read = [&](size_t b, size_t e) {
-    v16 acc[4] = {};
-    for (size_t i = b; i < e; i += 64)
-      for (int j = 0; j < 4; ++j) {
-        v16 x;
-        std::memcpy(&x, buf + i + 16 * j, sizeof x);
-        acc[j] += x;
-      }
-    benchmark::DoNotOptimize(acc);
+    benchmark::DoNotOptimize(kernels::stream_sum_f32(buf + b, static_cast<int64_t>(e - b)));
   };
   const size_t part = n / static_cast<size_t>(threads) / 64 * 64;
   for (auto _ : st) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/device_speed.h"
 #include "core/check.h"
@@ -9,6 +10,21 @@
 #include "kernels/simd.h"
 
 namespace tessera::kernels {
+
+float stream_sum_f32(const float* x, int64_t n) {
+  typedef float v16 __attribute__((vector_size(64)));
+  v16 acc[4] = {};
+  for (int64_t i = 0; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) {
+      v16 v;
+      std::memcpy(&v, x + i + 16 * j, sizeof v);
+      acc[j] += v;
+    }
+  const v16 all = acc[0] + acc[1] + acc[2] + acc[3];
+  float sum = 0;
+  for (int j = 0; j < 16; ++j) sum += all[j];
+  return sum;
+}
 
 void activation_f32(float* x, int64_t n, Activation act) {
   core::KernelClock clock;  // --device-speed (core/device_speed.h)

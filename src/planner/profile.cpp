@@ -225,26 +225,13 @@ namespace {
 // of most machines Tessera runs on (32 MB on the AMD EPYC here).
 constexpr int64_t kColdWeightBytes = 96ll << 20;
 
-// Bytes a second the pool's threads read `floats` at: vector loads, four
-// sums apart, as the kernels read their weights. (A single chain of scalar
-// adds was bound by its adds: 6.8-9 GB/s on the Intel Xeon, whose decode
-// read GPT-2's F32 weights at 14.6.)
+// Bytes a second the pool's threads read `floats` at (kernels::stream_sum_f32
+// on each thread's part).
 double stream_read_gbps(core::ThreadPool* pool, const float* buf, int64_t floats) {
-  typedef float v16 __attribute__((vector_size(64)));
   constexpr int64_t kChunk = 64;  // floats a step of the loop reads
   const int64_t chunks = floats / kChunk;
   auto read = [buf](int64_t b, int64_t e) {
-    v16 acc[4] = {};
-    for (int64_t i = b; i < e; ++i)
-      for (int j = 0; j < 4; ++j) {
-        v16 x;
-        std::memcpy(&x, buf + i * kChunk + 16 * j, sizeof x);
-        acc[j] += x;
-      }
-    const v16 all = acc[0] + acc[1] + acc[2] + acc[3];
-    float sum = 0;
-    for (int j = 0; j < 16; ++j) sum += all[j];
-    volatile float sink = sum;  // every lane used: no load may be dropped
+    volatile float sink = kernels::stream_sum_f32(buf + b * kChunk, (e - b) * kChunk);  // every load used
     (void)sink;
   };
   const double s = time_best(3, [&] {

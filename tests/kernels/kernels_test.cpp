@@ -41,6 +41,17 @@ double gelu_erf_ref(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2
 double gelu_tanh_ref(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 double tanh_ref(double x) { return std::tanh(x); }
 
+// Every element counted once, whatever the length (whole chunks of 64):
+// small integers, so any order of the adds gives the scalar sum exactly.
+TEST(StreamSumTest, MatchesScalarReference) {
+  for (const int64_t n : {0, 64, 128, 64 * 37}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    double ref = 0;
+    for (int64_t i = 0; i < n; ++i) ref += x[static_cast<size_t>(i)] = static_cast<float>(i % 13 - 6);
+    EXPECT_EQ(stream_sum_f32(x.data(), n), static_cast<float>(ref)) << n;
+  }
+}
+
 TEST(ActivationTest, MatchesScalarReference) {
   const ActCase cases[] = {{Activation::kGeluErf, gelu_erf_ref}, {Activation::kGeluTanh, gelu_tanh_ref}, {Activation::kTanh, tanh_ref}};
   for (const auto& c : cases) {
