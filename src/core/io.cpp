@@ -143,6 +143,12 @@ int64_t last_level_cache_bytes() {
   return std::max(sysconf_bytes, sysfs_bytes);
 }
 
+int usable_cpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  return ::sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? std::max(CPU_COUNT(&allowed), 1) : 1;
+}
+
 namespace {
 int64_t status_kib(const char* key) {
   std::ifstream in("/proc/self/status");

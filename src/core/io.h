@@ -42,6 +42,8 @@ uint64_t available_memory_bytes();
 // level's caches (sysfs), each shared group once, or sysconf's figure when
 // that is larger; 0 when neither says.
 int64_t last_level_cache_bytes();
+// The CPUs this process may run on (its affinity mask); at least 1.
+int usable_cpus();
 // This process's resident memory now (VmRSS) and its peak (VmHWM), bytes;
 // 0 where /proc does not say.
 int64_t resident_bytes();

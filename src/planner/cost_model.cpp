@@ -10,7 +10,26 @@ namespace tessera::planner {
 
 using parallel::CollectiveKind;
 
-double work_ms(const parallel::Work& w, const DeviceProfile& d) {
+double work_ms(const parallel::Work& w, const DeviceProfile& d) { return work_ms(w, d, d.stream_gbps); }
+
+double shared_stream_gbps(const ClusterProfile& p, int d, const std::vector<int>& busy) {
+  const DeviceProfile& me = p.devices[static_cast<size_t>(d)];
+  if (me.host < 0 || me.host_stream_gbps <= 0) return me.stream_gbps;
+  // Shares by threads; another device's weighted by its speed, since an
+  // emulated slower device idles that part of the time (core/device_speed.h).
+  double demand = me.threads;
+  bool shared = false;
+  for (int b : busy) {
+    const DeviceProfile& o = p.devices[static_cast<size_t>(b)];
+    if (b == d || o.host != me.host) continue;
+    demand += o.threads * std::clamp(o.speed, 1e-3, 1.0);
+    shared = true;
+  }
+  if (!shared) return me.stream_gbps;
+  return std::min(me.stream_gbps, me.host_stream_gbps * me.threads / demand);
+}
+
+double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gbps) {
   double s = 0;
   switch (w.kind) {
     case parallel::WorkKind::kGemm: {
@@ -20,8 +39,8 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d) {
         // when read. The profile's few rows cycle through copies that may
         // still sit in a large cache (a 1B model's decode ran at the stream
         // rate, 1.5x slower than its one-row samples said).
-        if (d.stream_gbps > 0 && w.k > 0 && w.n > 0)
-          t_s = std::max(t_s, static_cast<double>(w.n) * static_cast<double>(kernels::row_bytes(t, w.k)) / (d.stream_gbps * 1e9));
+        if (stream_gbps > 0 && w.k > 0 && w.n > 0)
+          t_s = std::max(t_s, static_cast<double>(w.n) * static_cast<double>(kernels::row_bytes(t, w.k)) / (stream_gbps * 1e9));
         return t_s;
       };
       // A mixed file's share in its other type at that type's rate (Q6_K's
@@ -35,7 +54,7 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d) {
       // A step's one row over its caches reads them at the streaming rate,
       // two FLOPs per float read. (The one-row profile's attention rate is of
       // one row over one key: its overheads, not this arithmetic.)
-      if (w.bytes > 0 && d.stream_gbps > 0) s = static_cast<double>(w.bytes) / (d.stream_gbps * 1e9);
+      if (w.bytes > 0 && stream_gbps > 0) s = static_cast<double>(w.bytes) / (stream_gbps * 1e9);
       else s = w.flops / (std::max(d.attention_gflops, 1e-6) * 1e9);
       break;
     case parallel::WorkKind::kElementwise:
@@ -177,14 +196,21 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
   Prediction out;
   out.devices.resize(static_cast<size_t>(K));
   std::vector<double> t(static_cast<size_t>(K), 0.0), w(static_cast<size_t>(K)), c(static_cast<size_t>(K));
+  std::vector<int> busy;
   for (size_t i = 0; i < phases; ++i) {
     std::vector<int> part;
     bool overlapped = false;
+    // The devices computing in this phase: those of one host share its
+    // memory bandwidth (all of tp's devices at a step, one pipeline stage).
+    busy.clear();
+    for (int d = 0; d < K; ++d)
+      if (!s.devices[static_cast<size_t>(d)].phases[i].work.empty()) busy.push_back(d);
     for (int d = 0; d < K; ++d) {
       const auto& ph = s.devices[static_cast<size_t>(d)].phases[i];
       double wd = 0, cd = 0;
       const DeviceProfile& dev = p.devices[static_cast<size_t>(d)];
-      for (const auto& x : ph.work) wd += work_ms(x, dev);
+      const double stream = ph.work.empty() ? dev.stream_gbps : shared_stream_gbps(p, d, busy);
+      for (const auto& x : ph.work) wd += work_ms(x, dev, stream);
       for (const auto& x : ph.transfers) {
         cd += transfer_ms(x, d, p);
         // Under overlap the transport encrypts what it sends and decrypts

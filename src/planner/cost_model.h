@@ -37,6 +37,14 @@ struct Prediction {
 
 // Milliseconds of one kernel call on a device.
 double work_ms(const parallel::Work& w, const DeviceProfile& d);
+// The same with the device streaming at `stream_gbps` (its share of a host's
+// bandwidth while other devices there stream too) rather than its own rate.
+double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gbps);
+// The streaming rate of device `d` while the devices `busy` of the profile
+// (d among them) compute at once: its stream_gbps, or, where some share its
+// host, its threads' share of the host's bandwidth if that is less (each
+// other's threads weighted by its emulated speed).
+double shared_stream_gbps(const ClusterProfile& p, int d, const std::vector<int>& busy);
 // Milliseconds device `from` spends in one transfer: per ring or tree step
 // the worst latency to its peers, then its bytes over its slowest link.
 double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& p);

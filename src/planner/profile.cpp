@@ -83,7 +83,7 @@ json DeviceProfile::to_json() const {
   }
   return {{"name", name},     {"threads", threads},       {"gemm", g},
           {"attention_gflops", attention_gflops},         {"elementwise_gbps", elementwise_gbps},
-          {"stream_gbps", stream_gbps}, {"zero_gbps", zero_gbps}, {"crypto_gbps", crypto_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
+          {"stream_gbps", stream_gbps}, {"host_stream_gbps", host_stream_gbps}, {"host", host}, {"zero_gbps", zero_gbps}, {"crypto_gbps", crypto_gbps}, {"memory_bytes", memory_bytes}, {"runtime_bytes", runtime_bytes},
           {"speed", speed}};
 }
 
@@ -109,6 +109,9 @@ Result<DeviceProfile> DeviceProfile::from_json(const json& j) {
   TESSERA_ASSIGN_OR_RETURN(d.attention_gflops, positive(j, "attention_gflops"));
   TESSERA_ASSIGN_OR_RETURN(d.elementwise_gbps, positive(j, "elementwise_gbps"));
   TESSERA_ASSIGN_OR_RETURN(d.stream_gbps, positive(j, "stream_gbps"));
+  TESSERA_ASSIGN_OR_RETURN(d.host_stream_gbps, core::json_field_number(j, "host_stream_gbps", 0.0, 1e12, 0.0));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t host, core::json_field_int(j, "host", -1, 1 << 20, -1));
+  d.host = static_cast<int>(host);
   TESSERA_ASSIGN_OR_RETURN(d.zero_gbps, core::json_field_number(j, "zero_gbps", 0.0, 1e12, 0.0));
   TESSERA_ASSIGN_OR_RETURN(d.crypto_gbps, core::json_field_number(j, "crypto_gbps", 0.0, 1e12, 0.0));
   TESSERA_ASSIGN_OR_RETURN(d.memory_bytes, core::json_field_int(j, "memory_bytes", 0, INT64_MAX));
@@ -364,6 +367,16 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     float* const f = reinterpret_cast<float*>(buf.get());
     std::fill(f, f + floats, 1.0f);
     d.stream_gbps = stream_read_gbps(pool, f, floats);
+    // With every CPU of the host reading: what the devices emulated on it
+    // share when they stream at once (a tp step's, each its share of the
+    // weights). Two readers on the Intel Xeon read 15-24 GB/s in all, one 13-14.
+    const int cpus = core::usable_cpus();
+    if (cpus > d.threads) {
+      core::ThreadPool all(std::min(cpus, 256));
+      d.host_stream_gbps = stream_read_gbps(&all, f, floats);
+    } else {
+      d.host_stream_gbps = d.stream_gbps;
+    }
   }
   {
     // A generation's KV caches as its prompt first writes them: a K and a V
@@ -399,8 +412,8 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  // (9: cold samples and the stream read sized by the last-level cache.)
-  return base + "/tessera/profile9-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
+  // (10: the host's streaming read with every CPU reading.)
+  return base + "/tessera/profile10-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
          std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
          (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) +
          (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) +

@@ -32,6 +32,14 @@ struct DeviceProfile {
   double attention_gflops = 0;
   double elementwise_gbps = 0;  // bytes read + written per second by layer norm, in GB/s
   double stream_gbps = 0;       // a streaming read
+  // The same read with every CPU of the host reading at once, in all: the
+  // memory bandwidth that devices emulated on one host share (two local
+  // devices decoding at once each read 0.55-0.87x of stream_gbps on an Intel
+  // Xeon). 0: not measured.
+  double host_stream_gbps = 0;
+  // Devices with the same host (>= 0) share its memory bandwidth while they
+  // compute at once: the local devices of one machine. -1: a host of its own.
+  int host = -1;
   // Fresh memory allocated and zeroed, page faults included: what a
   // generation's KV caches cost when it starts (0: not measured).
   double zero_gbps = 0;

@@ -1,6 +1,5 @@
 #include "runtime/cluster_profile.h"
 
-#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -177,10 +176,7 @@ Result<double> transfer_cpu_s(bool secure) {
 // takes time from an overlapped exchange's work only where that work holds
 // every core this process may use. With one to spare, it runs there: 0.
 double crypto_gbps_if_shared(bool encrypted, int threads) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cores = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return !encrypted || threads < cores ? 0.0 : crypto_gbps_or_zero();
+  return !encrypted || threads < core::usable_cpus() ? 0.0 : crypto_gbps_or_zero();
 }
 
 Result<json> ask(const std::string& endpoint, const ClusterProfileOptions& o, const ProfileJob& job) {

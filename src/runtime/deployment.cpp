@@ -196,6 +196,7 @@ Result<ClusterProfile> Cluster::profile(const model::ModelConfig& c, int64_t row
     const int K = size();
     TESSERA_ASSIGN_OR_RETURN(planner::DeviceProfile d, device_profile(c, rows, opts_.threads_per_device, opts_.reprofile));
     d.memory_bytes /= K;  // local devices share this machine's memory
+    if (K > 1) d.host = 0;  // and its memory bandwidth
     p.devices.assign(static_cast<size_t>(K), d);
     // Once: a prefill's and a decode step's plans are priced on the same links.
     if (!local_links_) {

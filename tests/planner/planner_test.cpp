@@ -152,6 +152,46 @@ TEST(CostModel, EncryptionUnderAnOverlappedExchangeTakesTheWorksCores) {
   EXPECT_NEAR(seq.value().devices[0].compute_ms, 200, 1e-6);
 }
 
+// Local devices of one host share its memory bandwidth while they compute
+// at once: a step's GEMM on both (4 MB of F32 weights each, 10 GB/s alone:
+// 0.4 ms) takes each half of the host's 12 GB/s (0.667 ms); a phase that
+// only device 0 computes in streams at its own rate. A partner at half speed
+// idles half the time, so device 0 gets 12 / 1.5 = 8 GB/s (0.5 ms).
+TEST(CostModel, LocalDevicesStreamingAtOnceShareTheHostsBandwidth) {
+  parallel::Schedule s;
+  s.devices.resize(2);
+  for (int d = 0; d < 2; ++d) {
+    s.devices[static_cast<size_t>(d)].phases.push_back({"both", 0, {parallel::gemm("g", 1, 1000, 1000)}, {}, false});
+    s.devices[static_cast<size_t>(d)].phases.push_back(
+        {"one", 1, d == 0 ? std::vector<parallel::Work>{parallel::gemm("g", 1, 1000, 1000)} : std::vector<parallel::Work>{}, {}, false});
+  }
+  const auto at = [&](ClusterProfile p) {
+    for (auto& d : p.devices) d.gemm = {{1, 1000, 1000, 1e6}};  // bound by the stream alone
+    const auto pred = predict(s, p);
+    EXPECT_TRUE(pred.ok());
+    return pred.ok() ? pred.value().devices[0].compute_ms : -1.0;
+  };
+  ClusterProfile p = cluster({device(10), device(10)}, 1, 1000);
+  for (auto& d : p.devices) d.host_stream_gbps = 12;
+  EXPECT_NEAR(at(p), 0.4 + 0.4, 1e-3) << "no host named: each its own";
+  for (auto& d : p.devices) d.host = 0;
+  EXPECT_NEAR(at(p), 4e6 / 6e9 * 1e3 + 0.4, 1e-3);
+  EXPECT_NEAR(shared_stream_gbps(p, 1, {0, 1}), 6, 1e-12);
+  EXPECT_NEAR(shared_stream_gbps(p, 1, {1}), 10, 1e-12);
+  p.devices[1].speed = 0.5;
+  EXPECT_NEAR(at(p), 4e6 / 8e9 * 1e3 + 0.4, 1e-3);
+  p.devices[1].speed = 1;
+  p.devices[1].host = 1;
+  EXPECT_NEAR(at(p), 0.8, 1e-3) << "another host";
+  for (auto& d : p.devices) d.host = 0, d.host_stream_gbps = 30;
+  EXPECT_NEAR(at(p), 0.8, 1e-3) << "a host that feeds both at their own rate";
+  // Round trip through JSON.
+  const auto back = DeviceProfile::from_json(p.devices[0].to_json());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->host, 0);
+  EXPECT_EQ(back->host_stream_gbps, 30);
+}
+
 TEST(CostModel, EmulatedSpeedScalesKernels) {
   const parallel::Work w = parallel::gemm("g", 100, 100, 100);
   EXPECT_NEAR(work_ms(w, device(10, 0.25)), 4 * work_ms(w, device(10)), 1e-12);
@@ -759,6 +799,9 @@ TEST(Profile, MeasuresAQuantizedModelsOwnKernels) {
   }
   EXPECT_FALSE(q8.empty());
   EXPECT_EQ(q8, f32);
+  EXPECT_GT(d->stream_gbps, 0);
+  EXPECT_GT(d->host_stream_gbps, 0);
+  EXPECT_EQ(d->host, -1);  // a deployment names the host its local devices share
   model::ModelConfig f = c;
   f.weights = kernels::WeightType::kF32;
   EXPECT_NE(device_cache_path(c, 2, 1), device_cache_path(f, 2, 1));

@@ -89,7 +89,8 @@ TEST(LocalProfileTest, LossyTypesAddTheirOwnRatesOnEveryLocalDevice) {
 
 // A generation's prefill and decode step are priced on profiles of
 // different row counts: local links are measured once for both, so the two
-// plans see one link (two measurements of an emulated link differ).
+// plans see one link (two measurements of an emulated link differ), and one
+// host.
 TEST(LocalProfileTest, EveryRowCountsProfileHasTheSameLinks) {
   ClusterOptions o;
   o.model_dir = std::string(TESSERA_TEST_DATA) + "/gpt2-tiny";
@@ -111,6 +112,12 @@ TEST(LocalProfileTest, EveryRowCountsProfileHasTheSameLinks) {
       EXPECT_GE(prefill->links[a][b].latency_ms, 0.2 * 0.95) << a << "->" << b;
       EXPECT_EQ(prefill->links[a][b].latency_ms, step->links[a][b].latency_ms) << a << "->" << b;
       EXPECT_EQ(prefill->links[a][b].bandwidth_mbps, step->links[a][b].bandwidth_mbps) << a << "->" << b;
+    }
+  // They share this machine's memory bandwidth, which each profile measured.
+  for (const auto* p : {&prefill.value(), &step.value()})
+    for (const auto& d : p->devices) {
+      EXPECT_EQ(d.host, 0);
+      EXPECT_GT(d.host_stream_gbps, 0);
     }
 }
 
