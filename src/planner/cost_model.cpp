@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "core/check.h"
 #include "model/config.h"
@@ -27,6 +28,18 @@ double shared_stream_gbps(const ClusterProfile& p, int d, const std::vector<int>
   }
   if (!shared) return me.stream_gbps;
   return std::min(me.stream_gbps, me.host_stream_gbps * me.threads / demand);
+}
+
+ClusterProfile streaming_at_once(ClusterProfile p) {
+  std::vector<int> all(static_cast<size_t>(p.size()));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<double> rate;
+  for (int d = 0; d < p.size(); ++d) rate.push_back(shared_stream_gbps(p, d, all));
+  for (int d = 0; d < p.size(); ++d) {
+    p.devices[static_cast<size_t>(d)].stream_gbps = rate[static_cast<size_t>(d)];
+    p.devices[static_cast<size_t>(d)].host = -1;
+  }
+  return p;
 }
 
 double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gbps) {

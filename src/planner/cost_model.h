@@ -45,6 +45,10 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gb
 // host, its threads' share of the host's bandwidth if that is less (each
 // other's threads weighted by its emulated speed).
 double shared_stream_gbps(const ClusterProfile& p, int d, const std::vector<int>& busy);
+// The profile with every device streaming at its share while all of them
+// compute at once (a pipeline's overlapped steps, one group at each stage),
+// each then a host of its own.
+ClusterProfile streaming_at_once(ClusterProfile p);
 // Milliseconds device `from` spends in one transfer: per ring or tree step
 // the worst latency to its peers, then its bytes over its slowest link.
 double transfer_ms(const parallel::Transfer& t, int from, const ClusterProfile& p);

@@ -484,9 +484,11 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       auto calls_of = [&](int k, int64_t g) {
         return std::max<double>(k, std::ceil(static_cast<double>(batch) / static_cast<double>(g)));
       };
+      // Every stage computes at once then, sharing a host's bandwidth.
+      const ClusterProfile at_once = streaming_at_once(sp.subset(step_members));
       if (stages > 1) {
         const int64_t g = std::min<int64_t>(rows, (batch + stages - 1) / stages);
-        auto gp = evaluate(step, ct, sp.subset(step_members), g, 0, o.kv_dtype, step_keys);
+        auto gp = evaluate(step, ct, at_once, g, 0, o.kv_dtype, step_keys);
         const double calls = calls_of(stages, g);
         if (gp.ok() && calls * detail::overlapped_call_ms(*gp) < r.step_ms) {
           r.step_ms = calls * detail::overlapped_call_ms(*gp);
@@ -505,7 +507,7 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       std::string evened;
       if (ds != nullptr && batch > 1 && step.world > 1) {
         const int64_t g = std::min<int64_t>(rows, (batch + step.world - 1) / step.world);
-        const detail::StageMap sm = detail::balance_stages(*ds, step, ct, sp.subset(step_members), g, o.kv_dtype, step_keys);
+        const detail::StageMap sm = detail::balance_stages(*ds, step, ct, at_once, g, o.kv_dtype, step_keys);
         const double ms = sm.map.empty() ? kInf : calls_of(step.world, g) * sm.call_ms;
         if (ms < r.step_ms * 0.99) {
           Plan plan = before;

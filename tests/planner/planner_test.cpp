@@ -178,6 +178,12 @@ TEST(CostModel, LocalDevicesStreamingAtOnceShareTheHostsBandwidth) {
   EXPECT_NEAR(at(p), 4e6 / 6e9 * 1e3 + 0.4, 1e-3);
   EXPECT_NEAR(shared_stream_gbps(p, 1, {0, 1}), 6, 1e-12);
   EXPECT_NEAR(shared_stream_gbps(p, 1, {1}), 10, 1e-12);
+  // A pipeline's overlapped steps: every stage at once, whatever the phases say.
+  const ClusterProfile once = streaming_at_once(p);
+  for (const auto& d : once.devices) {
+    EXPECT_NEAR(d.stream_gbps, 6, 1e-12);
+    EXPECT_EQ(d.host, -1);
+  }
   p.devices[1].speed = 0.5;
   EXPECT_NEAR(at(p), 4e6 / 8e9 * 1e3 + 0.4, 1e-3);
   p.devices[1].speed = 1;
@@ -979,6 +985,21 @@ TEST(Planner, APipelinesOverlappedStepIsPricedOnOneGroupAtEachStage) {
   EXPECT_LT(row->step_ms, in_turn);
   EXPECT_GE(row->step_ms, in_turn / 2);
   EXPECT_EQ(row->plan.options.value("overlap", false), true);
+  // Both devices on one host, whose bandwidth feeds them 2 GB/s each at
+  // once: the stages computing together now wait on their weights, and the
+  // steps cost more (each alone, in turn, still streams at 10).
+  ClusterProfile shared = p;
+  for (auto& d : shared.devices) d.host = 0, d.host_stream_gbps = 4;
+  const auto t2 = plan_all(c, shared, o);
+  ASSERT_TRUE(t2.ok()) << t2.status().to_string();
+  bool seen = false;
+  for (const Candidate& r : t2.value().rows)
+    if (r.plan.strategy == "pipeline" && r.members.size() == 2 && !r.plan.decode) {
+      EXPECT_GT(r.step_ms, row->step_ms * 1.01);
+      EXPECT_LE(r.step_ms, in_turn + 1e-3);  // the note gives 3 decimals
+      seen = true;
+    }
+  EXPECT_TRUE(seen);
   // One sequence alone never overlaps: its price is a step in turn.
   o.decode_batch = 1;
   const auto alone = plan_all(c, p, o);
