@@ -369,7 +369,9 @@ Result<DeviceProfile> measure_device(const model::ModelConfig& c, int64_t n, int
     d.stream_gbps = stream_read_gbps(pool, f, floats);
     // With every CPU of the host reading: what the devices emulated on it
     // share when they stream at once (a tp step's, each its share of the
-    // weights). Two readers on the Intel Xeon read 15-24 GB/s in all, one 13-14.
+    // weights). On one Intel Xeon VM two readers read 15-24 GB/s in all
+    // against 13-14 alone in one session, and twice one reader's rate in
+    // the next.
     const int cpus = core::usable_cpus();
     if (cpus > d.threads) {
       core::ThreadPool all(std::min(cpus, 256));
@@ -412,9 +414,10 @@ std::string device_cache_path(const model::ModelConfig& c, int64_t n, int thread
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   // The GEMM path is part of the key: libxsmm and OpenBLAS differ in speed.
-  // (10: the host's streaming read with every CPU reading.)
+  // (10: the host's streaming read with every CPU reading, which depends on
+  // how many this process may use: -c.)
   return base + "/tessera/profile10-" + kernels::gemm_path_name(kernels::gemm_path()) + "-" + host + "-F" + std::to_string(c.hidden) + "-H" + std::to_string(c.heads) + "-I" +
-         std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) +
+         std::to_string(c.intermediate) + (c.llama_style() ? "-Q" + std::to_string(c.qkv_width()) : std::string()) + "-n" + std::to_string(n) + "-t" + std::to_string(threads) + "-c" + std::to_string(core::usable_cpus()) +
          (c.weights != kernels::WeightType::kF32 ? std::string("-") + kernels::weight_type_name(c.weights) : std::string()) +
          (c.head_type() != c.weights ? std::string("-head-") + kernels::weight_type_name(c.head_type()) : std::string()) +
          (c.other_type() != c.weights && c.other_type() != c.head_type() ? std::string("-mix-") + kernels::weight_type_name(c.other_type())

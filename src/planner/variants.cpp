@@ -8,7 +8,11 @@ namespace tessera::planner {
 
 using core::Result;
 
-double linear_sum_ms(const parallel::Schedule& s, const ClusterProfile& p) {
+double linear_sum_ms(const parallel::Schedule& s, const ClusterProfile& given) {
+  // A variant's devices compute at once: those of one host share its bandwidth.
+  std::vector<int> members;
+  for (int d = 0; d < std::min(static_cast<int>(s.devices.size()), given.size()); ++d) members.push_back(d);
+  const ClusterProfile p = streaming_at_once(given.subset(members));
   double worst = 0;
   for (size_t d = 0; d < s.devices.size(); ++d) {
     const DeviceProfile& dev = p.devices[std::min(d, p.devices.size() - 1)];

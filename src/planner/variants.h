@@ -32,6 +32,7 @@ struct VariantChoice {
 };
 
 // Each device's sum of work_ms and transfer_ms over its schedule; the largest.
+// The devices compute at once (streaming_at_once).
 double linear_sum_ms(const parallel::Schedule& s, const ClusterProfile& p);
 
 // `plan` with its open choices decided for `rows` rows on `p` (device i of the

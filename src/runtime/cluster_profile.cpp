@@ -393,7 +393,9 @@ Result<planner::ClusterProfile> profile_cluster(const ClusterProfileOptions& o, 
     d->name = ep + " (" + d->name + ")";
     p.devices.push_back(std::move(*d));
   }
-  // Devices behind the same host share its memory.
+  // Devices behind the same host share its memory, and its memory bandwidth
+  // while they compute at once (each measured the host's figure with the
+  // CPUs it may use); a host named by a daemon is not taken.
   std::vector<std::string> hosts;
   TESSERA_ASSIGN_OR_RETURN(hosts.emplace_back(), endpoint_host(o.cluster.terminal));
   for (const std::string& ep : o.cluster.workers) {
@@ -401,7 +403,13 @@ Result<planner::ClusterProfile> profile_cluster(const ClusterProfileOptions& o, 
   }
   std::map<std::string, int> sharing;
   for (const std::string& h : hosts) ++sharing[h];
-  for (int d = 0; d < world; ++d) p.devices[static_cast<size_t>(d)].memory_bytes /= sharing[hosts[static_cast<size_t>(d)]];
+  std::map<std::string, int> host_ids;
+  for (int d = 0; d < world; ++d) {
+    const std::string& h = hosts[static_cast<size_t>(d)];
+    DeviceProfile& dev = p.devices[static_cast<size_t>(d)];
+    dev.memory_bytes /= sharing[h];
+    dev.host = sharing[h] > 1 ? host_ids.emplace(h, static_cast<int>(host_ids.size())).first->second : -1;
+  }
 
   // The links: every daemon joins one group with the terminal.
   ProfileJob lj;

@@ -594,6 +594,8 @@ TEST(DaemonTest, ProfilePlanAndAutoRunThroughDaemons) {
   // The terminal and daemon b share this host's memory three ways.
   EXPECT_LT(p->devices[0].memory_bytes, static_cast<int64_t>(core::available_memory_bytes() / 2));
   EXPECT_LT(p->devices[2].memory_bytes, static_cast<int64_t>(core::available_memory_bytes() / 2));
+  // And its memory bandwidth: one host for all three (whatever a daemon says).
+  for (const auto& d : p->devices) EXPECT_EQ(d.host, 0) << d.name;
   for (int from = 0; from < 3; ++from)
     for (int to = 0; to < 3; ++to) {
       if (from == to) continue;
