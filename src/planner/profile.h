@@ -35,7 +35,7 @@ struct DeviceProfile {
   // The same read with every CPU of the host reading at once, in all: the
   // memory bandwidth that devices emulated on one host share (two local
   // devices decoding at once each read 0.55-0.87x of stream_gbps on an Intel
-  // Xeon). 0: not measured.
+  // Xeon VM in one session, their full rate in the next). 0: not measured.
   double host_stream_gbps = 0;
   // Devices with the same host (>= 0) share its memory bandwidth while they
   // compute at once: the local devices of one machine. -1: a host of its own.
