@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/check.h"
@@ -40,6 +41,57 @@ ClusterProfile streaming_at_once(ClusterProfile p) {
     p.devices[static_cast<size_t>(d)].host = -1;
   }
   return p;
+}
+
+std::vector<double> phase_work_ms(const ClusterProfile& p, const std::vector<const std::vector<parallel::Work>*>& work) {
+  const size_t K = work.size();
+  std::vector<double> out(K, 0.0);
+  std::vector<int> active;
+  for (size_t d = 0; d < K; ++d)
+    if (work[d] != nullptr && !work[d]->empty()) active.push_back(static_cast<int>(d));
+  const auto full_ms = [&](int d, double stream) {
+    double ms = 0;
+    for (const auto& x : *work[static_cast<size_t>(d)]) ms += work_ms(x, p.devices[static_cast<size_t>(d)], stream);
+    return ms;
+  };
+  // Processor sharing: each device's work advances at the rate of the set
+  // still busy, and whoever finishes first leaves the others its share, so a
+  // larger share streams alone at the end. `left` is the fraction not done.
+  std::vector<double> left(K, 1.0), T(K, 0.0);
+  double now = 0;
+  while (!active.empty()) {
+    bool shared = false;
+    for (int d : active) {
+      const double own = p.devices[static_cast<size_t>(d)].stream_gbps;
+      const double rate = shared_stream_gbps(p, d, active);
+      shared = shared || rate < own;
+      T[static_cast<size_t>(d)] = full_ms(d, rate);
+    }
+    if (!shared) {  // nothing shared (any longer): each at its own rate
+      for (int d : active) out[static_cast<size_t>(d)] = now + left[static_cast<size_t>(d)] * T[static_cast<size_t>(d)];
+      break;
+    }
+    double dt = std::numeric_limits<double>::infinity();
+    for (int d : active) dt = std::min(dt, left[static_cast<size_t>(d)] * T[static_cast<size_t>(d)]);
+    now += dt;
+    std::vector<int> still;
+    for (int d : active) {
+      const auto u = static_cast<size_t>(d);
+      left[u] = T[u] > 0 ? left[u] - dt / T[u] : 0.0;
+      if (left[u] > 1e-12) still.push_back(d);
+      else out[u] = now;
+    }
+    // At least the device that set dt finishes (rounding aside): no loop.
+    if (still.size() == active.size()) {
+      const auto first = std::min_element(still.begin(), still.end(), [&](int a, int b) {
+        return left[static_cast<size_t>(a)] * T[static_cast<size_t>(a)] < left[static_cast<size_t>(b)] * T[static_cast<size_t>(b)];
+      });
+      out[static_cast<size_t>(*first)] = now;
+      still.erase(first);
+    }
+    active.swap(still);
+  }
+  return out;
 }
 
 double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gbps) {
@@ -209,21 +261,19 @@ core::Result<Prediction> predict(const parallel::Schedule& s, const ClusterProfi
   Prediction out;
   out.devices.resize(static_cast<size_t>(K));
   std::vector<double> t(static_cast<size_t>(K), 0.0), w(static_cast<size_t>(K)), c(static_cast<size_t>(K));
-  std::vector<int> busy;
+  std::vector<const std::vector<parallel::Work>*> work;
   for (size_t i = 0; i < phases; ++i) {
     std::vector<int> part;
     bool overlapped = false;
     // The devices computing in this phase: those of one host share its
     // memory bandwidth (all of tp's devices at a step, one pipeline stage).
-    busy.clear();
-    for (int d = 0; d < K; ++d)
-      if (!s.devices[static_cast<size_t>(d)].phases[i].work.empty()) busy.push_back(d);
+    work.clear();
+    for (int d = 0; d < K; ++d) work.push_back(&s.devices[static_cast<size_t>(d)].phases[i].work);
+    const std::vector<double> work_of = phase_work_ms(p, work);
     for (int d = 0; d < K; ++d) {
       const auto& ph = s.devices[static_cast<size_t>(d)].phases[i];
-      double wd = 0, cd = 0;
+      double wd = work_of[static_cast<size_t>(d)], cd = 0;
       const DeviceProfile& dev = p.devices[static_cast<size_t>(d)];
-      const double stream = ph.work.empty() ? dev.stream_gbps : shared_stream_gbps(p, d, busy);
-      for (const auto& x : ph.work) wd += work_ms(x, dev, stream);
       for (const auto& x : ph.transfers) {
         cd += transfer_ms(x, d, p);
         // Under overlap the transport encrypts what it sends and decrypts

@@ -45,6 +45,11 @@ double work_ms(const parallel::Work& w, const DeviceProfile& d, double stream_gb
 // host, its threads' share of the host's bandwidth if that is less (each
 // other's threads weighted by its emulated speed).
 double shared_stream_gbps(const ClusterProfile& p, int d, const std::vector<int>& busy);
+// Each device's milliseconds for its work of one phase (`work[d]`; null or
+// empty: none), the devices with work computing at once: where some share a
+// host each streams at its share (shared_stream_gbps) until one finishes,
+// whose share then goes to those still busy (processor sharing).
+std::vector<double> phase_work_ms(const ClusterProfile& p, const std::vector<const std::vector<parallel::Work>*>& work);
 // The profile with every device streaming at its share while all of them
 // compute at once (a pipeline's overlapped steps, one group at each stage),
 // each then a host of its own.

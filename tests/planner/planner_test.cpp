@@ -191,6 +191,39 @@ TEST(CostModel, LocalDevicesStreamingAtOnceShareTheHostsBandwidth) {
   EXPECT_NEAR(at(p), 0.8, 1e-3) << "another host";
   for (auto& d : p.devices) d.host = 0, d.host_stream_gbps = 30;
   EXPECT_NEAR(at(p), 0.8, 1e-3) << "a host that feeds both at their own rate";
+  // Uneven work: the smaller share ends at the shared rate, and the larger
+  // one's rest streams alone (processor sharing), not the whole at 6 GB/s.
+  {
+    p.devices[1].host = 0;
+    p.devices[0].host_stream_gbps = p.devices[1].host_stream_gbps = 12;
+    const std::vector<parallel::Work> two = {parallel::gemm("g", 1, 1000, 1000), parallel::gemm("g", 1, 1000, 1000)};
+    const std::vector<parallel::Work> one = {parallel::gemm("g", 1, 1000, 1000)};
+    const std::vector<parallel::Work> none;
+    for (auto& d : p.devices) d.gemm = {{1, 1000, 1000, 1e6}};
+    const auto ms = phase_work_ms(p, {&two, &one});
+    ASSERT_EQ(ms.size(), 2u);
+    EXPECT_NEAR(ms[1], 4e6 / 6e9 * 1e3, 1e-9);
+    EXPECT_NEAR(ms[0], 4e6 / 6e9 * 1e3 + 4e6 / 10e9 * 1e3, 1e-9);
+    const auto alone = phase_work_ms(p, {&two, &none});
+    EXPECT_NEAR(alone[0], 0.8, 1e-9);
+    EXPECT_EQ(alone[1], 0.0);
+    const auto null = phase_work_ms(p, {nullptr, &one});
+    EXPECT_EQ(null[0], 0.0);
+    EXPECT_NEAR(null[1], 0.4, 1e-9);
+    const auto even = phase_work_ms(p, {&one, &one});
+    EXPECT_NEAR(even[0], 4e6 / 6e9 * 1e3, 1e-9);
+    EXPECT_NEAR(even[1], 4e6 / 6e9 * 1e3, 1e-9);
+    // Three devices, work 3:2:1 on a host of 12 GB/s: 4 each, then 6, then 10.
+    ClusterProfile three = cluster({device(10), device(10), device(10)}, 1, 1000);
+    for (auto& d : three.devices) d.host = 0, d.host_stream_gbps = 12, d.gemm = {{1, 1000, 1000, 1e6}};
+    const std::vector<parallel::Work> w3(3, parallel::gemm("g", 1, 1000, 1000));
+    const auto m3 = phase_work_ms(three, {&w3, &two, &one});
+    const double a = 4e6 / 4e9 * 1e3, b = a + 4e6 / 6e9 * 1e3, c = b + 4e6 / 10e9 * 1e3;
+    EXPECT_NEAR(m3[2], a, 1e-9);
+    EXPECT_NEAR(m3[1], b, 1e-9);
+    EXPECT_NEAR(m3[0], c, 1e-9);
+    for (auto& d : p.devices) d.host_stream_gbps = 30;
+  }
   // Three on one host, two of them busy: each of those gets half.
   ClusterProfile three = cluster({device(10), device(10), device(10)}, 1, 1000);
   for (auto& d : three.devices) d.host = 0, d.host_stream_gbps = 12;
