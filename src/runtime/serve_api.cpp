@@ -411,6 +411,26 @@ StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop
   return s;
 }
 
+std::string StopFilter::add(const std::string& piece) {
+  if (stopped_) return {};
+  text_ += piece;
+  const StopScan s = scan_stop(text_, stop_, false);
+  std::string delta = s.sendable > sent_ ? text_.substr(sent_, s.sendable - sent_) : std::string();
+  sent_ = std::max(sent_, s.sendable);
+  stopped_ = s.stopped;
+  return delta;
+}
+
+std::string StopFilter::finish(const std::string& tail) {
+  if (stopped_) return {};
+  text_ += tail;
+  const StopScan s = scan_stop(text_, stop_, true);
+  std::string rest = s.sendable > sent_ ? text_.substr(sent_, s.sendable - sent_) : std::string();
+  sent_ = std::max(sent_, s.sendable);
+  stopped_ = s.stopped;
+  return rest;
+}
+
 int http_status(core::ErrorCode code) {
   switch (code) {
     case core::ErrorCode::kInvalidArgument:

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -139,5 +140,27 @@ struct StopScan {
   bool stopped = false;  // a stop string was found; text ends at `sendable`
 };
 StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop, bool final);
+
+// An answer's text as it grows, and what of it may be sent at each step
+// (scan_stop). At the end, whatever ended it (an end-of-turn token,
+// max_tokens, the deadline), what was held back is sent, unless a stop
+// string ended the text: a held-back "\n" of a "\n\n" that never came
+// is part of the answer.
+class StopFilter {
+ public:
+  explicit StopFilter(std::vector<std::string> stop) : stop_(std::move(stop)) {}
+  // Appends a piece; returns what became sendable ("" once stopped).
+  std::string add(const std::string& piece);
+  // Appends the decoder's last bytes; returns the rest (cut at a stop
+  // string they complete; "" once stopped).
+  std::string finish(const std::string& tail);
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stop_;
+  std::string text_;
+  size_t sent_ = 0;
+  bool stopped_ = false;
+};
 
 }  // namespace tessera::runtime::api

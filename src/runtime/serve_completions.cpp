@@ -70,8 +70,7 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   // inside one): what the stream decoder releases, scanned for stop strings.
   std::optional<model::StreamDecoder> decoder;
   if (engine_.tokenizer() != nullptr) decoder.emplace(*engine_.tokenizer());
-  std::string text;
-  size_t sent = 0;
+  api::StopFilter filter(r.stop);
   int64_t chars = characters(g.echo_text);  // in the answer's text
   bool stop = false, gone = false, late = false;
   g.want_logprobs = r.logprobs >= 0;
@@ -89,11 +88,10 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
     g.text_offsets.push_back(chars);
     std::string delta;
     if (decoder) {
-      if (auto piece = decoder->step(id); piece.ok()) text += *piece, chars += characters(*piece);
-      const api::StopScan s = api::scan_stop(text, r.stop, false);
-      if (s.sendable > sent) delta = text.substr(sent, s.sendable - sent);
-      sent = std::max(sent, s.sendable);
-      if (s.stopped) stop = true;
+      std::string piece;
+      if (auto p = decoder->step(id); p.ok()) piece = std::move(*p), chars += characters(piece);
+      delta = filter.add(piece);
+      if (filter.stopped()) stop = true;
     }
     if (engine_.ends_turn(id)) stop = true;
     if (!emit(delta, id)) gone = true;
@@ -117,11 +115,15 @@ Status Server::generate(const api::CompletionRequest& r, Generation& g, Clock::t
   });
   if (!st.ok()) return st;
   if (late && !stop) return core::timeout_error("the request's deadline passed during generation");
-  if (stop) g.finish = "stop";
-  if (!stop && decoder) {  // what was held back: an unfinished character, or a stop string that never came
-    if (auto tail = decoder->flush(); tail.ok()) text += *tail;
-    if (text.size() > sent) emit(text.substr(sent), -1);
+  // What was held back (an unfinished character, or the start of a stop
+  // string that never came) ends the answer, after an end-of-turn too.
+  if (decoder && !filter.stopped()) {
+    std::string tail;
+    if (auto t = decoder->flush(); t.ok()) tail = std::move(*t);
+    if (std::string rest = filter.finish(tail); !rest.empty()) emit(rest, -1);
+    if (filter.stopped()) stop = true;
   }
+  if (stop) g.finish = "stop";
   return core::ok_status();
 }
 

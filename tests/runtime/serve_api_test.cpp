@@ -192,6 +192,33 @@ TEST(ServeApiTest, StopScanHoldsBackPossibleStops) {
   EXPECT_EQ(s.sendable, 2u);
 }
 
+TEST(ServeApiTest, StopFilterSendsWhatWasHeldBackAtTheEnd) {
+  // "Done.\n" then an end-of-turn: the "\n" held back for "\n\n" is sent.
+  StopFilter f({"\n\n"});
+  EXPECT_EQ(f.add("Done."), "Done.");
+  EXPECT_EQ(f.add("\n"), "");
+  EXPECT_EQ(f.finish(""), "\n");
+  EXPECT_FALSE(f.stopped());
+  // A stop string ends the text; nothing after it, at the end neither.
+  StopFilter g({"###"});
+  EXPECT_EQ(g.add("a#"), "a");
+  EXPECT_EQ(g.add("##b"), "");
+  EXPECT_TRUE(g.stopped());
+  EXPECT_EQ(g.add("c"), "");
+  EXPECT_EQ(g.finish("d"), "");
+  // The decoder's last bytes may complete a stop string: cut there.
+  StopFilter h({"ab"});
+  EXPECT_EQ(h.add("xa"), "x");
+  EXPECT_EQ(h.finish("b tail"), "");
+  EXPECT_TRUE(h.stopped());
+  // An incomplete character waits for the next piece, and goes at the end.
+  StopFilter u({});
+  EXPECT_EQ(u.add("e\xC3"), "e");
+  EXPECT_EQ(u.add("\xA9!"), "\xC3\xA9!");
+  EXPECT_EQ(u.add("\xE2\x82"), "");
+  EXPECT_EQ(u.finish(""), "\xE2\x82");
+}
+
 TEST(ServeApiTest, ChatMessagesAndFields) {
   auto r = parse_chat(R"({"messages":[{"role":"developer","content":"be kind"},
                                       {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]},
