@@ -262,7 +262,13 @@ void Server::routes() {
     else send_error(res, res.status, "request failed");
   });
   svr_.set_logger([this](const httplib::Request&, const httplib::Response& res) {
-    metrics_.request(res.status, std::chrono::duration<double>(Clock::now() - t_request_start).count());
+    // A request refused before routing (a bad request line, an over-long
+    // URI) never set its start: it took no time of ours, not the clock's
+    // age or the previous request's on this connection.
+    const Clock::time_point start = t_request_start;
+    t_request_start = Clock::time_point{};
+    const double s = start == Clock::time_point{} ? 0.0 : std::chrono::duration<double>(Clock::now() - start).count();
+    metrics_.request(res.status, s);
   });
   svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) { health(res); });
   svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -320,14 +326,20 @@ bool Server::admit(httplib::Response& res) {
 
 void Server::admitted(httplib::Response& res, const std::function<void()>& body) {
   if (!admit(res)) return;
+  // Guards: a body that throws (httplib answers 500) still gives its turn
+  // and its place back, or with --max-batch 1 every later request would wait.
+  struct Leave {
+    Admission& a;
+    ~Leave() { a.leave(); }
+  } leave{admission_};
   const auto deadline = Clock::now() + std::chrono::milliseconds(opts_.deadline_ms);
-  if (admission_.acquire(deadline)) {
-    body();
-    admission_.release();
-  } else {
-    send_error(res, 504, "the request's deadline passed while it waited in the queue");
-  }
-  admission_.leave();
+  if (!admission_.acquire(deadline))
+    return send_error(res, 504, "the request's deadline passed while it waited in the queue");
+  struct Release {
+    Admission& a;
+    ~Release() { a.release(); }
+  } release{admission_};
+  body();
 }
 
 void Server::fail(httplib::Response& res, const Status& st) {

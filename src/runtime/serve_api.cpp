@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <random>
+#include <unordered_set>
 
 #include "core/json.h"
 #include "model/tokenizer.h"
@@ -122,6 +123,7 @@ Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_t
   }
   if (const json* bias = member(j, "logit_bias")) {
     if (!bias->is_object()) return bad("\"logit_bias\" must be an object of token ids to biases in [-100, 100]");
+    std::unordered_set<int64_t> seen;  // keys are unique as strings, not as ids ("01", "1")
     for (const auto& [key, v] : bias->items()) {
       int64_t id = -1;
       const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
@@ -129,7 +131,7 @@ Status sampling_fields(const json& j, const ApiLimits& limits, const char* max_t
         return bad("\"logit_bias\" key \"" + key.substr(0, 32) + "\" is not a token id in [0, " + std::to_string(limits.vocab) + ")");
       if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
         return bad("\"logit_bias\"[\"" + key + "\"] must be a number in [-100, 100]");
-      if (std::any_of(r.logit_bias.begin(), r.logit_bias.end(), [&](const auto& e) { return e.first == id; }))
+      if (!seen.insert(id).second)
         return bad("\"logit_bias\" names token " + std::to_string(id) + " twice");
       // -100 bans the token outright (OpenAI: "should result in a ban").
       const double b = v.get<double>();

@@ -303,7 +303,7 @@ Status Server::run_choices(const api::CompletionRequest& r, std::vector<Generati
       break;  // no thread: fewer choices side by side
     }
   }
-  work();
+  helper();  // this thread's share, its exception caught like a helper's (the helpers must be joined)
   for (std::thread& t : helpers) t.join();
   for (int k = 0; k < extra; ++k) admission_.release();
   return first;
@@ -417,7 +417,7 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
         size_t finished = 0, last_choice = 0;
         if (!admission_.acquire(deadline)) {
           st = core::timeout_error("the request's deadline passed while it waited in the queue");
-        } else {
+        } else try {
           st = echo_prompt(*request, *g);
           if (st.ok()) gs.assign(static_cast<size_t>(request->n), *g);
           // Each choice but the last to finish ends with its finish event
@@ -451,6 +451,11 @@ void Server::answer(const httplib::Request& req, const Shape& shape, const api::
           };
           if (st.ok() && !gs.empty()) st = run_choices(*request, gs, deadline, conn, hooks);
           admission_.release();
+        } catch (const std::exception& e) {
+          // A provider runs outside httplib's handler: an exception here
+          // would end the process. It ends the stream with an error instead.
+          admission_.release();
+          st = core::internal_error(std::string("the request failed: ") + e.what());
         }
         leave();
         if (alive) {

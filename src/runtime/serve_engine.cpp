@@ -70,7 +70,7 @@ void Engine::probe_dropped() {
   for (const auto& ep : dropped)
     if (probe(ep, std::chrono::milliseconds(300))) {
       std::lock_guard<std::mutex> l(view_mu_);
-      back_.push_back(ep);
+      if (std::find(back_.begin(), back_.end(), ep) == back_.end()) back_.push_back(ep);  // may wait a while
     }
 }
 
@@ -104,10 +104,15 @@ Status Engine::with_failover(const std::function<Status(Session&)>& attempt) {
 void Engine::count_bytes(const Session& session) {
   const json stats = session.last_stats();
   if (!stats.contains("ranks")) return;
+  std::vector<int> members;  // (a failover in another request may rewrite them)
+  {
+    std::lock_guard<std::mutex> l(view_mu_);
+    members = members_;
+  }
   for (const auto& r : stats["ranks"]) {
     const int rank = r.value("rank", -1);
-    if (rank < 0 || rank >= static_cast<int>(members_.size())) continue;
-    metrics_.bytes(device(members_[static_cast<size_t>(rank)]).name, r.value("bytes_sent", int64_t{0}));
+    if (rank < 0 || rank >= static_cast<int>(members.size())) continue;
+    metrics_.bytes(device(members[static_cast<size_t>(rank)]).name, r.value("bytes_sent", int64_t{0}));
   }
 }
 
@@ -140,7 +145,10 @@ bool Engine::probe(const std::string& endpoint, std::chrono::milliseconds timeou
 
 Status Engine::ensure_session() {
   bool readmit = false;
-  {
+  // Returned devices join only when no request is on the session: a new
+  // session's jobs would wait for daemons still in the old one's (a daemon
+  // runs one job at a time), for up to --timeout.
+  if (users_ == 0) {
     std::lock_guard<std::mutex> l(view_mu_);
     for (const auto& ep : back_)
       for (int d = 0; d < cluster_->size(); ++d)

@@ -554,6 +554,7 @@ TEST(ServeTest, BadRequestsGet400AndDoNotDisturbOthers) {
 }
 
 TEST(ServeTest, BodyOverTheLimitGets413) {
+  const auto began = Clock::now();
   Server s({"--model", kData + "/gpt2-tiny", "--devices", "1", "--max-body", "2048"});
   ASSERT_TRUE(s.up()) << s.proc().log();
   std::vector<int64_t> many(1500, 1);
@@ -569,6 +570,16 @@ TEST(ServeTest, BodyOverTheLimitGets413) {
   r = s.post("/v1/completions", {{"prompt", kPrompt}, {"max_tokens", 2}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+  // A request line httplib refuses before routing counts no time: the
+  // durations add up to less than this test has run (not the clock's age).
+  EXPECT_EQ(s.raw_head("GARBAGE\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  auto m = s.client().Get("/metrics");
+  ASSERT_TRUE(m);
+  const std::string name = "\ntessera_request_duration_seconds_sum ";
+  const size_t at = m->body.find(name);
+  ASSERT_NE(at, std::string::npos) << m->body;
+  EXPECT_LT(std::atof(m->body.c_str() + at + name.size()), std::chrono::duration<double>(Clock::now() - began).count())
+      << m->body;
 }
 
 // Connections that hold a thread: idle ones, ones stuck in their request
