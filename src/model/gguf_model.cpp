@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <span>
 #include <string_view>
 
@@ -223,8 +224,10 @@ Status gguf_adjust_config(const GgufFile& f, ModelConfig& c) {
     }
     c.mix_weights = c.weights;
     c.mix_layer_scale = main > 0 ? own / main : 1.0;
-    for (const auto& [type, n] : by_type)
+    for (const auto& [type, n] : by_type) {
       if (type != c.weights && n / all > c.mix_other_share) c.mix_other = type, c.mix_other_share = n / all;
+      c.mix_block = std::lcm(c.mix_block, kernels::block_elems(type));
+    }
     const GgufTensor* head = f.tensor("output.weight") != nullptr ? f.tensor("output.weight") : f.tensor("token_embd.weight");
     if (head != nullptr)
       if (const auto t = kernel_type(head->type)) c.mix_head = *t;

@@ -356,10 +356,13 @@ std::vector<Range> split_in_units(int64_t n, int64_t unit, const std::vector<dou
 }
 
 // Quantized weights: shards cut columns on whole blocks, so each device
-// holds the single device's blocks and their sums agree (quant.h).
+// holds the single device's blocks and their sums agree (quant.h). A mixed
+// file's cuts fall on the blocks of every type it holds (a Q8_0 file's
+// K-quant ffn_down is 256 wide).
 int64_t column_unit(const model::ModelConfig& c, int64_t width) {
   if (c.weights == kernels::WeightType::kF32) return 1;
-  const int64_t block = kernels::block_elems(c.weights);
+  int64_t block = kernels::block_elems(c.weights);
+  if (c.mixed()) block = std::lcm(block, c.mix_block);
   return block / std::gcd(width, block);
 }
 
@@ -370,13 +373,15 @@ std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<do
   // heads as devices, so no K/V head is computed or cached twice; with more
   // devices the query heads are split and neighbours share (replicate) a
   // K/V head (model::HeadShard) rather than refusing.
+  return split_in_units(c.heads, head_unit(c, static_cast<int>(ratios.size())), ratios);
+}
+
+int64_t head_unit(const model::ModelConfig& c, int devices) {
+  // A group's g * head_dim output columns may not be whole blocks (Qwen's
+  // 640 against Q4_K's 256): then whole runs of groups that are.
   const int64_t g = c.kv_group();
-  if (g > 1 && static_cast<int64_t>(ratios.size()) <= c.kv_head_count()) {
-    std::vector<Range> groups = split_by_ratio(c.kv_head_count(), ratios);
-    for (Range& r : groups) r = {r.begin * g, r.end * g};
-    return groups;
-  }
-  return split_in_units(c.heads, column_unit(c, c.head_dim()), ratios);
+  if (g > 1 && devices <= c.kv_head_count()) return g * column_unit(c, g * c.head_dim());
+  return column_unit(c, c.head_dim());
 }
 
 std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios) {

@@ -326,6 +326,11 @@ int64_t model_layer_weight_bytes(const model::ModelConfig& c, int64_t l);
 // Tensor-parallel shards (tp, and galaxy's MHA and MLP blocks): the heads and
 // FFN columns of each device, and what a device loads.
 std::vector<Range> head_ranges(const model::ModelConfig& c, const std::vector<double>& ratios);
+// The query heads head_ranges splits in on `devices` devices: whole K/V
+// groups while the devices are no more than the K/V heads, and runs of them
+// (or of heads) whose attention-output columns are whole blocks of quantized
+// weights (the last run may be short).
+int64_t head_unit(const model::ModelConfig& c, int devices);
 std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios);
 model::LoadOptions shard_load_options(Range heads, Range ffn, int rank);
 

@@ -208,7 +208,10 @@ void search_heads(const Strategy& s, const model::ModelConfig& c, const ClusterP
                   Best& best, std::vector<std::string>& notes) {
   const int K = p.size();
   const int64_t n = o.rows, H = c.heads, I = c.intermediate;
-  const int64_t group = c.kv_group() > 1 && K <= c.kv_head_count() ? c.kv_group() : 1;
+  // head_ranges' unit where whole units make up the heads (the counts
+  // planned are then the counts run); else whole groups, which it rounds.
+  const int64_t unit = parallel::head_unit(c, K);
+  const int64_t group = H % unit == 0 ? unit : c.kv_group() > 1 && K <= c.kv_head_count() ? c.kv_group() : 1;
   const int64_t units = H / group;  // attention units: heads, or K/V groups
   const std::vector<double> cap = capacities(s, c, p, n, o);
   auto one_hot = [&](int d) {

@@ -157,3 +157,60 @@ TEST(QuantizedWeights, TheTrainedCopyModelKeepsItsTask) {
 
 }  // namespace
 }  // namespace tessera::parallel
+
+namespace tessera::parallel {
+namespace {
+
+// Shards of quantized weights start on whole blocks of every type the layers
+// hold: grouped K/V heads whose group is not whole blocks wide (a Qwen-14B
+// shape: 5 heads of 128 per group against Q4_K's 256), and a mixed file whose
+// main type is Q8_0 but whose ffn_down is a K-quant (intermediate 4864).
+TEST(QuantizedWeights, ShardsStartOnTheBlocksOfEveryTypeTheLayersHold) {
+  model::ModelConfig gqa;
+  gqa.hidden = 5120;
+  gqa.heads = 40;
+  gqa.kv_heads = 8;
+  gqa.intermediate = 13824;
+  gqa.weights = WeightType::kQ4_K;
+  model::ModelConfig mixed;
+  mixed.hidden = 896;
+  mixed.heads = 14;
+  mixed.kv_heads = 2;
+  mixed.intermediate = 4864;
+  mixed.weights = mixed.mix_weights = WeightType::kQ8_0;
+  mixed.mix_other = WeightType::kQ4_K;
+  mixed.mix_other_share = 0.2;
+  mixed.mix_block = 256;
+  ASSERT_TRUE(mixed.mixed());
+  for (const model::ModelConfig* c : {&gqa, &mixed}) {
+    for (const std::vector<double>& ratios : {std::vector<double>{1, 1}, {1, 1, 1}, {2, 1, 1}, {1, 3}, {1, 1, 1, 1, 1, 1, 1, 1}}) {
+      const auto heads = head_ranges(*c, ratios);
+      const auto ffn = ffn_ranges(*c, ratios);
+      ASSERT_EQ(heads.size(), ratios.size());
+      ASSERT_EQ(ffn.size(), ratios.size());
+      EXPECT_EQ(heads.front().begin, 0);
+      EXPECT_EQ(heads.back().end, c->heads);
+      EXPECT_EQ(ffn.back().end, c->intermediate);
+      for (size_t d = 0; d < ratios.size(); ++d) {
+        if (d > 0) {
+          EXPECT_EQ(heads[d].begin, heads[d - 1].end);
+          EXPECT_EQ(ffn[d].begin, ffn[d - 1].end);
+        }
+        // (An empty shard at the end starts where the matrix ends.)
+        if (heads[d].begin < c->heads) {
+          EXPECT_EQ(heads[d].begin * c->head_dim() % 256, 0) << c->heads << " heads, device " << d << " of " << ratios.size();
+        }
+        if (ffn[d].begin < c->intermediate) {
+          EXPECT_EQ(ffn[d].begin % 256, 0) << c->intermediate << " columns, device " << d << " of " << ratios.size();
+        }
+        // While devices are no more than K/V heads, whole groups.
+        if (static_cast<int64_t>(ratios.size()) <= c->kv_head_count()) {
+          EXPECT_EQ(heads[d].begin % c->kv_group(), 0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::parallel
