@@ -332,6 +332,9 @@ Result<Deployment> deploy(Cluster& cluster, const model::ModelConfig& c, const D
     out.chosen->members = out.members;
   } else {
     out.plan = r.plan;
+    // The type the caller holds the weights in (--quantize on a folder, a
+    // quantized GGUF's own): every rank loads it, and a pair's decode too.
+    if (out.plan.weights == kernels::WeightType::kF32) out.plan.weights = c.weights;
     out.plan.world = static_cast<int>(devices.size());
     if (!out.plan.ratios.empty() && static_cast<int>(out.plan.ratios.size()) != out.plan.world)
       return core::invalid_argument("--partition names " + std::to_string(out.plan.ratios.size()) + " devices, the plan has " +

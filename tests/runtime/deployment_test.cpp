@@ -137,6 +137,20 @@ TEST(DeploymentTest, AFixedPlanRunsOnTheDevicesOfferedInRankOrder) {
   EXPECT_EQ(s.cluster->memory, (std::vector<int64_t>{kGB, 2 * kGB, 512 * kMB}));
   EXPECT_EQ(s.memory_limits, (std::vector<int64_t>{kGB, 2 * kGB, 512 * kMB}));
   EXPECT_EQ(s.device_speeds, (std::vector<double>{1, 1, 0.5}));
+  EXPECT_EQ(s.plan.weights, kernels::WeightType::kF32);
+  // Weights held quantized (--quantize on a folder): a fixed plan loads them
+  // so on every rank (it ran in F32 before), unless it names a type itself.
+  model::ModelConfig q8 = *cfg;
+  q8.weights = kernels::WeightType::kQ8_0;
+  auto quantized = deploy(*c, q8, r, {0, 3, 1});
+  ASSERT_TRUE(quantized.ok()) << quantized.status().to_string();
+  EXPECT_EQ(quantized->plan.weights, kernels::WeightType::kQ8_0);
+  EXPECT_EQ(quantized->session.plan.weights, kernels::WeightType::kQ8_0);
+  r.plan.weights = kernels::WeightType::kQ4_0;
+  quantized = deploy(*c, q8, r, {0, 3, 1});
+  ASSERT_TRUE(quantized.ok()) << quantized.status().to_string();
+  EXPECT_EQ(quantized->plan.weights, kernels::WeightType::kQ4_0);
+  r.plan.weights = kernels::WeightType::kF32;
 
   // The terminal alone: no daemon in the session.
   r.plan = parallel::single_device_plan();
