@@ -70,6 +70,7 @@ class PairDecoder final : public Decoder {
 
   Status init(const model::CacheSpec& spec) {
     positions_ = spec.positions;
+    half_ = spec.dtype == core::DType::kF16;
     const Plan& d = *plan_.decode;
     if (sync_.rank() >= d.world) return core::ok_status();
     TESSERA_ASSIGN_OR_RETURN(const Strategy* ds, strategy_for(d.strategy));
@@ -84,7 +85,10 @@ class PairDecoder final : public Decoder {
 
   // The same choice on every rank: it depends on the plan, n and pos0 only.
   bool handover(int64_t n, int64_t pos0) const {
-    bool h = pos0 == 0;
+    // Into F16 caches no: the prefill attends over its own F32 K and V,
+    // one device over the rounded ones. The decode layout prefills instead
+    // (the planner pairs nothing then).
+    bool h = pos0 == 0 && !half_;
     for (int r = 0; h && r < plan_.decode->world; ++r) h = prefill_.hands_over_kv(plan_, n, r);
     return h;
   }
@@ -148,6 +152,7 @@ class PairDecoder final : public Decoder {
   const Plan plan_;
   Synchronizer& sync_;
   int64_t positions_ = 0;
+  bool half_ = false;  // F16 caches: no handover
   std::unique_ptr<SubSynchronizer> sub_;
   std::unique_ptr<Decoder> dec_;  // null outside the decode plan's ranks; goes before its synchronizer
 };

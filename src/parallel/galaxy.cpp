@@ -192,8 +192,13 @@ Result<Tensor> Galaxy::run_cached(const model::Transformer& m, const Plan& plan,
     auto attention = [&] {
       if (fl == 0) return;
       model::position_qk(m, l, shard, qkv.f32(), n, 0, pool);
-      if (cache != nullptr) kv->cache_kv(l, qkv.f32(), n, 0, *cache);
       model::AttentionIo io = model::shard_qkv_io(shard, qkv.f32(), n, ctx.f32());
+      if (cache != nullptr) {
+        // Attention reads the cache back, as one device's does: with F16
+        // caches its K and V are the rounded ones.
+        kv->cache_kv(l, qkv.f32(), n, 0, *cache);
+        model::cache_io(*cache, l, shard.kv_width(), n, io);
+      }
       kernels::attention_f32(pool, model::attention_args(m, l, io), scores.f32(), scores.numel());
     };
     // GEMM2 (output projection rows of this rank's heads) per destination

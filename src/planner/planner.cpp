@@ -375,7 +375,10 @@ Result<PlanTable> plan_all(const model::ModelConfig& c, const ClusterProfile& p,
       if (fast != first) sets.push_back(fast);
       return sets;
     };
-    for (size_t i = 0; i < unpaired; ++i) {
+    // (Into F16 caches nothing is handed over, PairDecoder::handover: a
+    // pair would prefill on its decode layout. None is priced then.)
+    const size_t pairable = o.kv_dtype == core::DType::kF16 ? 0 : unpaired;
+    for (size_t i = 0; i < pairable; ++i) {
       const Candidate r = table.rows[i];  // a copy: rows grow below
       if (!r.feasible || r.members.size() < 2 || r.plan.decode) continue;
       for (const Strategy* d : parallel::strategies()) {

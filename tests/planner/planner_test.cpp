@@ -1294,6 +1294,15 @@ TEST(Planner, APairIsPricedByItsPrefillAndItsDecodeLayouts) {
   // galaxy's with the terminal's
   EXPECT_EQ(pairs, (std::map<std::string, int>{{"pipeline", 2}, {"single", 3}, {"tp", 2}}));
   ASSERT_NE(pair, nullptr);
+  // Into F16 caches no prefill hands its K/V over (it attends over unrounded
+  // ones): no pairs are priced then.
+  {
+    PlannerOptions half = o;
+    half.kv_dtype = core::DType::kF16;
+    const auto h = plan_all(c, p, half);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    for (const Candidate& r : h->rows) EXPECT_FALSE(r.plan.decode) << r.plan.to_json().dump();
+  }
   const Candidate& single = row_of(gen.value(), "single");
   EXPECT_EQ(pair->plan.strategy, "voltage");
   EXPECT_EQ(pair->plan.decode->world, 1);
