@@ -14,7 +14,7 @@ void add_cluster_flags(CLI::App* cmd, runtime::ClusterOptions& o, int64_t& timeo
   cmd->add_option("--key", o.key_file, "cluster key file (tessera keygen); default: an ephemeral key");
   cmd->add_flag("--insecure", o.insecure, "no CURVE encryption (benchmarks)");
   cmd->add_option("--memory-limit", o.memory_limit, "memory budget of each device, e.g. 1GB,512MB (checked before loading)");
-  cmd->add_option("--device-speed", o.device_speed, "emulated speed of each device in (0, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
+  cmd->add_option("--device-speed", o.device_speed, "emulated speed of each device in [0.01, 1], e.g. 1,0.5 (kernels idle t(1/s-1))");
   cmd->add_option("--device-order", o.device_order,
                   "the order in which the devices take ranks, the terminal first, e.g. 0,2,1 (a pair decodes on the "
                   "first --decode-devices of them; default: 0,1,..)");

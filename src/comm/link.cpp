@@ -33,6 +33,20 @@ bool split_number(const std::string& s, double* value, std::string* unit) {
 
 }  // namespace
 
+namespace {
+
+// Bounds that keep every later conversion finite: a link's release times as
+// durations, its burst as a byte count (a job's "1e308mb" or "1e300s").
+core::Status check_link(const LinkSpec& l) {
+  if (!(l.latency_s >= 0 && l.latency_s <= 86400)) return core::invalid_argument("link latency must be in [0, 1 day]");
+  if (!(l.bandwidth_bps == 0 || (l.bandwidth_bps >= 1e3 && l.bandwidth_bps <= 1e13)))
+    return core::invalid_argument("link bandwidth must be in [1 kbit, 10000 gbit] per second");
+  if (!(l.burst_bytes >= 0 && l.burst_bytes <= 1024.0 * 1024 * 1024)) return core::invalid_argument("link burst must be in [0, 1 GiB]");
+  return core::ok_status();
+}
+
+}  // namespace
+
 core::Result<LinkSpec> parse_link_spec(std::string_view text) {
   const std::string s = lower(text);
   if (s.empty()) return core::invalid_argument("empty link spec");
@@ -79,6 +93,7 @@ core::Result<LinkSpec> parse_link_spec(std::string_view text) {
   // "100mb" is more likely a bandwidth with a typo than a burst on its own.
   if (have_burst && !have_bw)
     return core::invalid_argument("link spec '" + std::string(text) + "': a burst (b, kb, mb: bytes) needs a bandwidth (bit, kbit, mbit, gbit)");
+  TESSERA_RETURN_IF_ERROR(check_link(spec));
   return spec;
 }
 
@@ -111,6 +126,8 @@ core::Result<LinkMatrix> LinkMatrix::from_json(const std::string& json_text, int
         }
         LinkSpec& l = m.links_[static_cast<size_t>(i) * world + k];
         l.*field = row[k].get<double>() * scale;
+        if (const core::Status st = check_link(l); !st.ok())
+          return core::parse_error("link matrix: '" + std::string(key) + "': " + st.message());
       }
     }
     return core::ok_status();

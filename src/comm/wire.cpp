@@ -167,6 +167,9 @@ std::string routing_id_for(int rank) { return "tsr" + std::to_string(rank); }
 int rank_from_routing_id(const void* data, size_t size) {
   const auto* c = static_cast<const char*>(data);
   if (data == nullptr || size < 4 || size > 13 || std::memcmp(c, "tsr", 3) != 0) return -1;
+  // Only routing_id_for's spelling: "tsr01" is another ROUTER peer than
+  // "tsr1", and must not speak as rank 1 beside it.
+  if (c[3] == '0' && size > 4) return -1;
   int64_t v = 0;
   for (size_t i = 3; i < size; ++i) {
     if (c[i] < '0' || c[i] > '9') return -1;

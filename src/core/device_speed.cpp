@@ -1,5 +1,6 @@
 #include "core/device_speed.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -25,7 +26,7 @@ void pay() {
 }
 }  // namespace
 
-void set_device_speed(double s) { g_speed.store(s > 0 && s < 1 ? s : 1.0); }
+void set_device_speed(double s) { g_speed.store(s > 0 && s < 1 ? std::max(s, kMinDeviceSpeed) : 1.0); }
 double device_speed() { return g_speed.load(std::memory_order_relaxed); }
 void settle_device_speed() { pay(); }
 double device_speed_idle_s() { return t_idle_s; }

@@ -16,7 +16,12 @@
 
 namespace tessera::core {
 
-// s in (0, 1]; 1 (the default) turns the emulation off.
+// The slowest speed emulated: a kernel then idles 99 times its length. A
+// job's speed comes from a peer, and 1e-12 would sleep a daemon for years.
+inline constexpr double kMinDeviceSpeed = 0.01;
+
+// s in [kMinDeviceSpeed, 1] (below is taken as kMinDeviceSpeed); 1 (the
+// default) turns the emulation off.
 void set_device_speed(double s);
 double device_speed();
 

@@ -37,13 +37,27 @@ std::vector<Range> split_by_ratio(int64_t n, const std::vector<double>& ratios) 
   const size_t k = ratios.size();
   std::vector<Range> out(k);
   if (k == 0) return out;
-  double sum = std::accumulate(ratios.begin(), ratios.end(), 0.0);
+  // Shares relative to the largest: a peer's plan may hold 1e308 (whose
+  // sum, and n times it, would be infinite), a NaN or a negative (none).
+  std::vector<double> share(k, 0.0);
+  double top = 0;
+  for (size_t i = 0; i < k; ++i) {
+    share[i] = std::isfinite(ratios[i]) && ratios[i] > 0 ? ratios[i] : 0.0;
+    top = std::max(top, share[i]);
+  }
+  double sum = std::accumulate(share.begin(), share.end(), 0.0);
+  if (!std::isfinite(sum)) {
+    sum = 0;
+    for (double& s : share) sum += (s /= top);
+  }
   if (!(sum > 0)) sum = 1.0;
   std::vector<int64_t> size(k);
   std::vector<std::pair<double, size_t>> rem;
   int64_t given = 0;
   for (size_t i = 0; i < k; ++i) {
-    const double exact = static_cast<double>(n) * ratios[i] / sum;
+    double exact = static_cast<double>(n) * share[i] / sum;
+    if (!std::isfinite(exact)) exact = static_cast<double>(n) * (share[i] / sum);  // (1e300 of 2e300)
+    exact = std::clamp(exact, 0.0, static_cast<double>(n));
     size[i] = static_cast<int64_t>(std::floor(exact));
     given += size[i];
     rem.push_back({exact - static_cast<double>(size[i]), i});

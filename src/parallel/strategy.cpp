@@ -481,6 +481,7 @@ Status complete_plan(Plan& plan, const model::ModelConfig& config) {
     sum += r;
   }
   if (!(sum > 0)) return core::invalid_argument("partition shares must not all be 0");
+  if (!std::isfinite(sum)) return core::invalid_argument("partition shares must add up to a finite number");
   if (plan.options.is_null()) plan.options = json::object();
   if (!plan.options.is_object()) return core::invalid_argument("strategy options must be a JSON object");
   if (config.bp_div > 0 && !s->runs_decoupled())

@@ -59,7 +59,7 @@ void run_daemon_job(const JobSpec& job, WorkerEnv env) {
   if (st.ok()) {
     spdlog::info("job of group {} finished ({})", job.group_id, buffered);
   } else {
-    spdlog::warn("job of group {} ended: {} ({})", job.group_id, st.to_string(), buffered);
+    spdlog::warn("job of group {} ended: {} ({})", job.group_id, core::for_log(st.to_string()), buffered);
   }
 }
 
@@ -88,6 +88,7 @@ Status run_worker_daemon(const DaemonOptions& opts) {
   // One dispatch: each kind of request has its handler; a request that does
   // not parse, or a job the daemon cannot run, is refused with the reason.
   int done = 0;
+  uint64_t refused = 0;  // jobs and requests refused, for the log
   const auto handle = Overloaded{
       // A ping: the terminal checks that the daemon is up and holds its key.
       [&](const PingRequest&) { return answer(ok_answer()); },
@@ -96,21 +97,33 @@ Status run_worker_daemon(const DaemonOptions& opts) {
       [&](const ProfileJob& pj) -> Status {
         if (pj.part == ProfileJob::Part::kDevice) return answer(daemon_device_profile(pj, opts.model_roots, key.has_value()));
         TESSERA_RETURN_IF_ERROR(answer(ok_answer()));
-        const Status st = daemon_link_profile(pj, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
+        Status st = core::ok_status();
+        try {  // a backstop: nothing a peer sends may end the daemon
+          st = daemon_link_profile(pj, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
+        } catch (const std::exception& e) {
+          st = core::internal_error(std::string("link profile failed: ") + e.what());
+        }
         if (st.ok()) spdlog::info("link profile of group {} done", pj.group_id);
-        else spdlog::warn("link profile of group {} ended: {}", pj.group_id, st.to_string());
+        else spdlog::warn("link profile of group {} ended: {}", pj.group_id, core::for_log(st.to_string()));
         return core::ok_status();
       },
       [&](const JobSpec& request) -> Status {
         if (const Status checked = check_daemon_job(request, opts.model_roots); !checked.ok()) {
-          spdlog::warn("control: refused a job: {}", checked.to_string());
-          return answer(refusal(checked.to_string()));
+          // Quoted short and escaped, and logged at the 1st, 2nd, 4th, ... refusal:
+          // the job's fields are the requester's bytes.
+          const std::string why = core::for_log(checked.to_string());
+          if (++refused; (refused & (refused - 1)) == 0) spdlog::warn("control: refused a job ({} so far): {}", refused, why);
+          return answer(refusal(why));
         }
         JobSpec job = request;
         job.insecure = opts.insecure;  // the daemon's own security setting, not the request's
         TESSERA_RETURN_IF_ERROR(answer(ok_answer()));
         ++done;
-        run_daemon_job(job, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
+        try {  // a backstop: nothing a peer sends may end the daemon
+          run_daemon_job(job, WorkerEnv{data_bind, key, nullptr, &opts.model_roots, comm::Millis(60000)});
+        } catch (const std::exception& e) {
+          spdlog::error("job of group {} failed: {}", core::for_log(job.group_id), core::for_log(e.what()));
+        }
         return core::ok_status();
       }};
   while (opts.jobs == 0 || done < opts.jobs) {
@@ -123,8 +136,9 @@ Status run_worker_daemon(const DaemonOptions& opts) {
     }
     auto parsed = parse_control_request(*request);
     if (!parsed.ok()) {
-      spdlog::warn("control: refused a request: {}", parsed.status().to_string());
-      TESSERA_RETURN_IF_ERROR(answer(refusal(parsed.status().to_string())));
+      const std::string why = core::for_log(parsed.status().to_string());
+      if (++refused; (refused & (refused - 1)) == 0) spdlog::warn("control: refused a request ({} so far): {}", refused, why);
+      TESSERA_RETURN_IF_ERROR(answer(refusal(why)));
       continue;
     }
     TESSERA_RETURN_IF_ERROR(std::visit(handle, *parsed));

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/device_speed.h"
 #include "core/limits.h"
 #include "model/tokenizer.h"
 #include "runtime/cluster_profile.h"
@@ -49,10 +50,10 @@ Result<std::vector<double>> parse_device_speeds(const std::string& text, int k) 
     try {
       size_t used = 0;
       const double s = std::stod(item, &used);
-      if (used != item.size() || !(s > 0 && s <= 1)) throw std::invalid_argument("range");
+      if (used != item.size() || !(s >= core::kMinDeviceSpeed && s <= 1)) throw std::invalid_argument("range");
       out.push_back(s);
     } catch (const std::exception&) {
-      return core::invalid_argument("--device-speed: '" + item + "' is not a speed in (0, 1]");
+      return core::invalid_argument("--device-speed: '" + item.substr(0, 32) + "' is not a speed in [0.01, 1]");
     }
   }
   return out;

@@ -1,5 +1,6 @@
 #include "runtime/job.h"
 
+#include "core/device_speed.h"
 #include "core/io.h"
 #include "core/limits.h"
 
@@ -77,8 +78,8 @@ Result<JobSpec> JobSpec::from_object(const json& j) {
   if (t < 1 || t > 256) return core::invalid_argument("job: threads must be in [1, 256]");
   s.threads = static_cast<int>(t);
   if (auto sp = j.find("device_speed"); sp != j.end()) {  // optional: older jobs run at full speed
-    if (!sp->is_number() || !(sp->get<double>() > 0 && sp->get<double>() <= 1))
-      return core::invalid_argument("job: device_speed must be a number in (0, 1]");
+    if (!sp->is_number() || !(sp->get<double>() >= core::kMinDeviceSpeed && sp->get<double>() <= 1))
+      return core::invalid_argument("job: device_speed must be a number in [0.01, 1]");
     s.device_speed = sp->get<double>();
   }
   TESSERA_ASSIGN_OR_RETURN(s.plan, parallel::Plan::from_json(*plan));

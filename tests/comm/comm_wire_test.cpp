@@ -145,6 +145,9 @@ TEST(Wire, RoutingIds) {
   EXPECT_EQ(rank_from_routing_id("tsrx1", 5), -1);
   EXPECT_EQ(rank_from_routing_id("abc12", 5), -1);
   EXPECT_EQ(rank_from_routing_id("tsr99999999999", 14), -1);
+  EXPECT_EQ(rank_from_routing_id("tsr0", 4), 0);
+  EXPECT_EQ(rank_from_routing_id("tsr01", 5), -1);  // not the canonical spelling of rank 1
+  EXPECT_EQ(rank_from_routing_id("tsr007", 6), -1);
 }
 
 TEST(Link, ParsesSpecs) {
@@ -175,7 +178,9 @@ TEST(Link, ParsesSpecs) {
   EXPECT_DOUBLE_EQ(s->burst_bytes, 1048576);
   EXPECT_DOUBLE_EQ(s->latency_s, 2e-3);
   for (const char* bad : {"", "fast", "100", "100mb", "-1mbit", "1mbit,2mbit", "2ms,3ms", "1mbit,", "mbit",
-                          "1mbit,2kb,3kb", "64kb,2ms"}) {
+                          "1mbit,2kb,3kb", "64kb,2ms",
+                          // Beyond what durations and byte counts hold (a hostile job's link):
+                          "1gbit,1e308mb", "1e300s", "1e308gbit", "1gbit,86401s", "999bit", "1e20kbit", "1gbit,2048mb"}) {
     EXPECT_FALSE(parse_link_spec(bad).ok()) << bad;
   }
 }

@@ -17,12 +17,23 @@
 
 #include "core/duration.h"
 #include "core/io.h"
+#include "core/logging.h"
 #include "core/memory.h"
 #include "core/json.h"
 #include "core/tensor.h"
 
 namespace tessera::core {
 namespace {
+
+// A peer's text in a log line: escaped, cut, and its length said.
+TEST(LogTest, PeerTextIsEscapedAndCut) {
+  EXPECT_EQ(core::for_log("plain text"), "plain text");
+  EXPECT_EQ(core::for_log(std::string("a\nb\x1b[2J\x7f\xff", 9)), "a\\x0ab\\x1b[2J\\x7f\\xff");
+  const std::string big(1 << 20, 'x');
+  const std::string cut = core::for_log(big, 16);
+  EXPECT_EQ(cut, std::string(16, 'x') + "... (1048576 bytes)");
+  EXPECT_EQ(core::for_log(big).size(), 240u + std::string("... (1048576 bytes)").size());
+}
 
 TEST(JsonTest, RefusesDuplicateKeysAtAnyDepth) {
   EXPECT_TRUE(parse_json(R"({"a":1,"b":{"a":2}})", "doc").ok());

@@ -1,6 +1,9 @@
 // Shard maths for 1..8 devices, no network.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include <numeric>
 
 #include "parallel/partition.h"
@@ -31,6 +34,13 @@ TEST(PartitionTest, UnevenRatiosFollowTheShares) {
   const auto s = range_sizes(split_by_ratio(2, {1, 1, 1}));
   EXPECT_EQ(std::accumulate(s.begin(), s.end(), int64_t{0}), 2);
   EXPECT_EQ(range_sizes(split_by_ratio(7, {0.5, 0.5})), (std::vector<int64_t>{4, 3}));
+  // A peer's absurd shares split n all the same, with no overflow: huge
+  // (their sum infinite), NaN, infinite and negative ones count as none.
+  EXPECT_EQ(range_sizes(split_by_ratio(10, {1e308, 1e308})), (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(range_sizes(split_by_ratio(10, {1e308, 1})), (std::vector<int64_t>{10, 0}));
+  EXPECT_EQ(range_sizes(split_by_ratio(10, {1e300, 1e300, 2e300})), (std::vector<int64_t>{3, 2, 5}));
+  EXPECT_EQ(range_sizes(split_by_ratio(10, {std::nan(""), 1, -1, std::numeric_limits<double>::infinity()})), (std::vector<int64_t>{0, 10, 0, 0}));
+  EXPECT_EQ(range_sizes(split_by_ratio(5, {0, 0})), (std::vector<int64_t>{3, 2}));
 }
 
 TEST(PartitionTest, ParsesRatios) {

@@ -135,6 +135,8 @@ TEST(StrategyTest, PlansAreCheckedByTheirStrategy) {
   EXPECT_FALSE(complete_plan(single_many, cfg).ok());
   Plan bad_ratios = make_plan("voltage", 2, {1, -1});
   EXPECT_FALSE(complete_plan(bad_ratios, cfg).ok());
+  Plan huge_ratios = make_plan("tp", 2, {1e308, 1e308});  // their sum is infinite
+  EXPECT_FALSE(complete_plan(huge_ratios, cfg).ok());
   Plan bad_type = make_plan("voltage", 2, {}, {{"overlap", "yes"}});
   EXPECT_FALSE(complete_plan(bad_type, cfg).ok());
   for (int chunks : {0, kMaxTileStreams + 1}) {

@@ -279,6 +279,8 @@ TEST(DeploymentTest, InProcessOnlyForOnePlainLocalDevice) {
 TEST(DeploymentTest, ListsAndRows) {
   EXPECT_EQ(parse_device_speeds("1,0.5", 2).value(), (std::vector<double>{1, 0.5}));
   EXPECT_FALSE(parse_device_speeds("1,0", 2).ok());
+  EXPECT_FALSE(parse_device_speeds("1,0.001", 2).ok());  // below kMinDeviceSpeed: a kernel would idle 999 times its length
+  EXPECT_TRUE(parse_device_speeds("1,0.01", 2).ok());
   EXPECT_FALSE(parse_device_speeds("1", 2).ok());
   EXPECT_FALSE(parse_memory_limits("1GB,x", 2).ok());
   auto cfg = model::load_config(kModel);

@@ -88,6 +88,11 @@ TEST(JobTest, EveryFieldIsBounded) {
   ASSERT_TRUE(run_timeout.ok());
   EXPECT_EQ(run_timeout->run_timeout_ms, 1000);
   EXPECT_FALSE(with("threads", 100000).ok());
+  // A speed of 1e-12 would make the daemon idle for years after one kernel.
+  EXPECT_FALSE(with("device_speed", 1e-12).ok());
+  EXPECT_FALSE(with("device_speed", 0).ok());
+  EXPECT_FALSE(with("device_speed", 1.5).ok());
+  EXPECT_TRUE(with("device_speed", 0.01).ok());
   EXPECT_FALSE(with("rank", 2).ok());
   EXPECT_FALSE(with("rank", "1").ok());
   EXPECT_FALSE(with("link", std::string(70000, '1')).ok());
