@@ -413,24 +413,18 @@ StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop
   return s;
 }
 
-std::string StopFilter::add(const std::string& piece) {
+std::string StopFilter::add(const std::string& piece) { return advance(piece, false); }
+
+std::string StopFilter::finish(const std::string& tail) { return advance(tail, true); }
+
+std::string StopFilter::advance(const std::string& more, bool final) {
   if (stopped_) return {};
-  text_ += piece;
-  const StopScan s = scan_stop(text_, stop_, false);
+  text_ += more;
+  const StopScan s = scan_stop(text_, stop_, final);
   std::string delta = s.sendable > sent_ ? text_.substr(sent_, s.sendable - sent_) : std::string();
   sent_ = std::max(sent_, s.sendable);
   stopped_ = s.stopped;
   return delta;
-}
-
-std::string StopFilter::finish(const std::string& tail) {
-  if (stopped_) return {};
-  text_ += tail;
-  const StopScan s = scan_stop(text_, stop_, true);
-  std::string rest = s.sendable > sent_ ? text_.substr(sent_, s.sendable - sent_) : std::string();
-  sent_ = std::max(sent_, s.sendable);
-  stopped_ = s.stopped;
-  return rest;
 }
 
 int http_status(core::ErrorCode code) {

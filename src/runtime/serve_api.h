@@ -157,6 +157,7 @@ class StopFilter {
   bool stopped() const { return stopped_; }
 
  private:
+  std::string advance(const std::string& more, bool final);
   std::vector<std::string> stop_;
   std::string text_;
   size_t sent_ = 0;
