@@ -190,14 +190,9 @@ class WorkerLoop {
     model::CacheSpec spec;
     std::unique_ptr<parallel::Decoder> dec;
   };
-  // A whole model's caches for `spec` (a shard holds no more).
+  // This rank's caches for `spec`, as the planner counts them.
   double kv_bytes(const model::CacheSpec& spec) const {
-    const model::ModelConfig& c = model_.config();
-    double b = 0;
-    for (int64_t l = 0; l < c.layers; ++l)
-      b += 2.0 * static_cast<double>(spec.positions) * static_cast<double>(c.decoupled(l) ? c.bp_div * c.hidden : c.kv_width()) *
-           static_cast<double>(core::dtype_size(spec.dtype));
-    return b;
+    return static_cast<double>(parallel::kv_cache_bytes(plan_, model_.config(), job_.rank, spec.positions, spec.dtype));
   }
   double committed_kv_bytes() const {
     double b = 0;
