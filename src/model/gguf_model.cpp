@@ -190,14 +190,23 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   }
   TESSERA_ASSIGN_OR_RETURN(j["rms_norm_eps"], meta_float(f, p + "attention.layer_norm_rms_epsilon", 1e-6));
   TESSERA_ASSIGN_OR_RETURN(j["rope_theta"], meta_float(f, p + "rope.freq_base", 10000.0));
+  // As llama.cpp reads it: a factor (or the older scale_linear) with no
+  // type is linear.
+  std::string kind = "linear";
   if (m.contains(p + "rope.scaling.type")) {
-    TESSERA_ASSIGN_OR_RETURN(const std::string kind, meta_string(f, p + "rope.scaling.type"));
-    if (kind == "linear") {
-      TESSERA_ASSIGN_OR_RETURN(const double factor, meta_float(f, p + "rope.scaling.factor", 0.0));
-      j["rope_scaling"] = {{"type", "linear"}, {"factor", factor}};
-    } else if (kind != "none") {
-      return core::unimplemented("GGUF: rope scaling '" + kind + "' is not supported (linear)");
-    }
+    TESSERA_ASSIGN_OR_RETURN(kind, meta_string(f, p + "rope.scaling.type"));
+  }
+  double factor = 0;
+  if (m.contains(p + "rope.scaling.factor")) {
+    TESSERA_ASSIGN_OR_RETURN(factor, meta_float(f, p + "rope.scaling.factor", 0.0));
+  } else if (m.contains(p + "rope.scale_linear")) {
+    TESSERA_ASSIGN_OR_RETURN(factor, meta_float(f, p + "rope.scale_linear", 0.0));
+  }
+  if (kind != "none" && factor != 0 && factor != 1) {
+    if (kind != "linear") return core::unimplemented("GGUF: rope scaling '" + kind.substr(0, 32) + "' is not supported (linear)");
+    j["rope_scaling"] = {{"type", "linear"}, {"factor", factor}};
+  } else if (kind != "none" && kind != "linear") {
+    return core::unimplemented("GGUF: rope scaling '" + kind.substr(0, 32) + "' is not supported (linear)");
   }
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = f.tensor("output.weight") == nullptr;
@@ -713,7 +722,15 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
   }
   TESSERA_ASSIGN_OR_RETURN(const std::string cfg_text, core::read_file(dir + "/config.json"));
   TESSERA_ASSIGN_OR_RETURN(const ModelConfig c, parse_config(cfg_text));
-  const json cj = json::parse(cfg_text, nullptr, false);
+  json cj = json::parse(cfg_text, nullptr, false);
+  // transformers 5's "rope_parameters" as 4's two keys, which the rest reads.
+  if (cj.contains("rope_parameters") && cj["rope_parameters"].is_object()) {
+    json rs = cj["rope_parameters"];
+    if (rs.contains("rope_theta")) cj["rope_theta"] = rs["rope_theta"];
+    rs.erase("rope_theta");
+    cj["rope_scaling"] = rs;
+    cj.erase("rope_parameters");
+  }
   const std::string mt = cj.value("model_type", "");
   const std::map<std::string, std::string> arch_of{{"gpt2", "gpt2"}, {"llama", "llama"}, {"mistral", "llama"},
                                                    {"qwen2", "qwen2"}, {"qwen3", "qwen3"}};
@@ -730,6 +747,15 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
       return core::unimplemented("quantize: llama.cpp reads llama3 rope scaling for its llama architecture only");
   }
   if (c.bp_div > 0) return core::unimplemented("quantize: a decoupled (block_parallel) checkpoint has no GGUF form");
+  // llama.cpp's gpt2 has tanh GELU and the default attention scale; a file
+  // that says otherwise would load as another model.
+  if (arch == "gpt2") {
+    const std::string act = cj.value("activation_function", "gelu_new");
+    if ((act != "gelu_new" && act != "gelu_pytorch_tanh") || !cj.value("scale_attn_weights", true) ||
+        cj.value("scale_attn_by_inverse_layer_idx", false))
+      return core::unimplemented("quantize: a gpt2 config with activation_function '" + act +
+                                 "' or non-default attention scaling has no GGUF form (gelu_new, scale_attn_weights)");
+  }
   TESSERA_ASSIGN_OR_RETURN(const TensorStore store, TensorStore::open_dir(dir));
   TESSERA_ASSIGN_OR_RETURN(const ArchRules rules, rules_for(arch));
   // Hugging Face name -> (GGUF name, rule); names are normalised to the
@@ -820,7 +846,10 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
   w.add_u32("general.file_type", ftype);
   if (q != kernels::WeightType::kF32) w.add_u32("general.quantization_version", 2);
   w.add_u32(p + "block_count", static_cast<uint32_t>(c.layers));
-  w.add_u32(p + "context_length", static_cast<uint32_t>(c.max_positions));
+  // A sliding window: the context a reader may use with full attention
+  // (Tessera refuses longer sequences from the folder too).
+  w.add_u32(p + "context_length", static_cast<uint32_t>(c.sliding_window > 0 ? std::min(c.max_positions, c.sliding_window)
+                                                                              : c.max_positions));
   w.add_u32(p + "embedding_length", static_cast<uint32_t>(c.hidden));
   w.add_u32(p + "feed_forward_length", static_cast<uint32_t>(c.intermediate));
   w.add_u32(p + "attention.head_count", static_cast<uint32_t>(c.heads));

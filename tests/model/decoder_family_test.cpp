@@ -127,6 +127,24 @@ TEST(DecoderConfigTest, FieldsAreReadPerFamily) {
   const ModelConfig lin = patched("llama-tiny", {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}}).value();
   ASSERT_EQ(plain.rope_inv_freq.size(), lin.rope_inv_freq.size());
   for (size_t i = 0; i < lin.rope_inv_freq.size(); ++i) EXPECT_FLOAT_EQ(lin.rope_inv_freq[i], plain.rope_inv_freq[i] / 2);
+  // transformers 5's "rope_parameters" (no top-level rope_theta or
+  // rope_scaling): the same frequencies as 4's two keys.
+  const nlohmann::json llama31 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                  {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  nlohmann::json v4 = {{"rope_theta", 500000.0}, {"rope_scaling", llama31}};
+  nlohmann::json params = llama31;
+  params["rope_theta"] = 500000.0;
+  nlohmann::json v5 = {{"rope_theta", nullptr}, {"rope_scaling", nullptr}, {"rope_parameters", params}};
+  const ModelConfig four = patched("llama-tiny", v4).value(), five = patched("llama-tiny", v5).value();
+  EXPECT_EQ(five.rope_inv_freq, four.rope_inv_freq);
+  EXPECT_NE(five.rope_inv_freq, plain.rope_inv_freq);
+  const ModelConfig q3five = patched("qwen3-tiny", {{"rope_theta", nullptr}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}}}}).value();
+  EXPECT_EQ(q3five.rope_inv_freq, q3.rope_inv_freq);
+  // Qwen3's attention_bias covers o_proj too; Mistral has no biases whatever it says.
+  EXPECT_TRUE(patched("qwen3-tiny", {{"attention_bias", true}}).value().o_bias);
+  EXPECT_FALSE(patched("llama-tiny", {{"model_type", "mistral"}, {"architectures", {"MistralForCausalLM"}}, {"attention_bias", true}})
+                   .value()
+                   .attention_bias);
 }
 
 TEST(DecoderConfigTest, BadFieldsAreNamed) {
@@ -143,6 +161,10 @@ TEST(DecoderConfigTest, BadFieldsAreNamed) {
   expect_error(patched("llama-tiny", {{"model_type", "llama4"}}), "llama4");
   expect_error(patched("llama-tiny", {{"architectures", {"Qwen3ForSequenceClassification"}}}), "Qwen3ForSequenceClassification");
   expect_error(patched("llama-tiny", {{"rope_scaling", {{"rope_type", "llama3"}}}}), "factor");
+  expect_error(patched("llama-tiny", {{"rope_parameters", {{"full_attention", {{"rope_theta", 1e4}}}}}}), "per layer type");
+  expect_error(patched("llama-tiny", {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}), "yarn");
+  expect_error(patched("llama-tiny", {{"partial_rotary_factor", 0.5}}), "partial_rotary_factor");
+  expect_error(patched("llama-tiny", {{"rope_parameters", 3}}), "rope_parameters");
 }
 
 TEST(DecoderConfigTest, MistralsSlidingWindowIsRefusedNotIgnored) {
@@ -164,6 +186,11 @@ TEST(DecoderConfigTest, MistralsSlidingWindowIsRefusedNotIgnored) {
   ASSERT_FALSE(longer.ok());
   EXPECT_NE(longer.status().message().find("sliding_window"), std::string::npos) << longer.status().to_string();
   EXPECT_FALSE(m.make_cache(5).ok());
+  // No key at all: MistralConfig's 4096; null: no window.
+  j.erase("sliding_window");
+  EXPECT_EQ(parse_config(j.dump()).value().sliding_window, 4096);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(parse_config(j.dump()).value().sliding_window, 0);
 }
 
 TEST(DecoderConfigTest, MissingAndMisshapedTensorsAreNamed) {

@@ -6,6 +6,9 @@
 // kept: the same logits as --quantize on the folder), with the tokenizer and
 // chat template.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <fstream>
+#include <filesystem>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/dtype.h"
+#include "core/io.h"
 #include "model/chat_template.h"
 #include "model/gen_model.h"
 #include "model/gguf.h"
@@ -394,6 +398,41 @@ TEST(Gguf, TokenizerAndChatTemplateTravelInTheFile) {
   EXPECT_EQ(ChatTemplate::load(bare).status().code(), core::ErrorCode::kNotFound);
   std::remove(gguf.c_str());
   std::remove(bare.c_str());
+}
+
+// A folder written by transformers 5 ("rope_parameters", no rope_theta or
+// rope_scaling) quantizes to the same file as 4's: Llama 3.1's scaling and
+// theta travel. A gpt2 config whose activation llama.cpp's gpt2 lacks is
+// refused rather than written as another model.
+TEST(Gguf, TheWriterReadsEitherRopeFormatAndRefusesWhatItCannotKeep) {
+  namespace fs = std::filesystem;
+  const std::string tmp = ::testing::TempDir() + "/gguf-rope5-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::copy(kData + "/llama3rope-tiny", tmp);
+  nlohmann::json j = nlohmann::json::parse(core::read_file(tmp + "/config.json").value());
+  ASSERT_TRUE(j["rope_scaling"].is_object());
+  nlohmann::json params = j["rope_scaling"];
+  params["rope_theta"] = j["rope_theta"];
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["rope_parameters"] = params;
+  { std::ofstream(tmp + "/config.json") << j.dump(); }
+  ASSERT_TRUE(write_gguf_model(kData + "/llama3rope-tiny", "f32", tmp + "-4.gguf").ok());
+  ASSERT_TRUE(write_gguf_model(tmp, "f32", tmp + "-5.gguf").ok());
+  auto four = Transformer::load(tmp + "-4.gguf"), five = Transformer::load(tmp + "-5.gguf"), folder = Transformer::load(tmp);
+  ASSERT_TRUE(four.ok() && five.ok() && folder.ok()) << five.status().to_string();
+  EXPECT_EQ(five->config().rope_inv_freq, four->config().rope_inv_freq);
+  EXPECT_EQ(folder->config().rope_inv_freq, four->config().rope_inv_freq);
+  fs::remove_all(tmp);
+  fs::copy(kData + "/gpt2-tiny", tmp);
+  j = nlohmann::json::parse(core::read_file(tmp + "/config.json").value());
+  j["activation_function"] = "relu";
+  { std::ofstream(tmp + "/config.json") << j.dump(); }
+  auto relu = write_gguf_model(tmp, "f32", tmp + "-relu.gguf");
+  ASSERT_FALSE(relu.ok());
+  EXPECT_NE(relu.status().message().find("relu"), std::string::npos) << relu.status().message();
+  fs::remove_all(tmp);
+  for (const char* f : {"-4.gguf", "-5.gguf", "-relu.gguf"}) std::remove((tmp + f).c_str());
 }
 
 TEST(Gguf, UnsupportedModelsAreRefusedWithTheReason) {

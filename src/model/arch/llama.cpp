@@ -17,15 +17,31 @@ namespace {
 // (none/"default", "linear", "llama3"); any other type is an error naming it.
 core::Result<std::vector<float>> rope_frequencies(const json& j, int64_t d) {
   if (d % 2 != 0) return core::invalid_argument("config.json: head_dim " + std::to_string(d) + " is odd; RoPE needs pairs");
-  TESSERA_ASSIGN_OR_RETURN(const double theta, number_field(j, "rope_theta", 1.0, 1e12, 10000.0));
+  // transformers 5 writes theta and scaling in one "rope_parameters" object
+  // (and neither top-level key); 4 wrote "rope_theta" and "rope_scaling".
+  const json* params = nullptr;
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    if (!j["rope_parameters"].is_object()) return core::parse_error("config.json: 'rope_parameters' is not an object");
+    params = &j["rope_parameters"];
+    for (const auto& [key, v] : params->items())
+      if (v.is_object())  // one per layer type ("full_attention", "sliding_attention")
+        return core::unimplemented("config.json: rope_parameters per layer type ('" + key.substr(0, 32) + "') are not supported");
+  }
+  for (const json* o : {&j, params}) {
+    if (o == nullptr || !o->contains("partial_rotary_factor") || (*o)["partial_rotary_factor"].is_null()) continue;
+    TESSERA_ASSIGN_OR_RETURN(const double part, number_field(*o, "partial_rotary_factor", 0.0, 1.0, 1.0));
+    if (part != 1.0) return core::unimplemented("config.json: partial_rotary_factor " + std::to_string(part) + " is not supported (1)");
+  }
+  const json& theta_from = params != nullptr && params->contains("rope_theta") ? *params : j;
+  TESSERA_ASSIGN_OR_RETURN(const double theta, number_field(theta_from, "rope_theta", 1.0, 1e12, 10000.0));
   // As Hugging Face forms them: fp32 exponents 2i/d, then 1 / theta^e.
   std::vector<float> f(static_cast<size_t>(d / 2));
   for (int64_t i = 0; i < d / 2; ++i) {
     const float e = static_cast<float>(2 * i) / static_cast<float>(d);
     f[static_cast<size_t>(i)] = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(e)));
   }
-  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return f;
-  const json& s = j["rope_scaling"];
+  if (params == nullptr && (!j.contains("rope_scaling") || j["rope_scaling"].is_null())) return f;
+  const json& s = params != nullptr ? *params : j["rope_scaling"];
   if (!s.is_object()) return core::parse_error("config.json: 'rope_scaling' is not an object");
   std::string type;
   for (const char* key : {"rope_type", "type"})
@@ -83,10 +99,10 @@ core::Status parse_llama(const json& j, const std::string& type, ModelConfig& c)
   TESSERA_ASSIGN_OR_RETURN(c.tied_head, bool_field(j, "tie_word_embeddings", false));
   TESSERA_ASSIGN_OR_RETURN(c.mlp_bias, bool_field(j, "mlp_bias", false));
   TESSERA_ASSIGN_OR_RETURN(const bool attention_bias, bool_field(j, "attention_bias", false));
-  // Qwen2 always has q/k/v biases and none on o_proj; Llama's
-  // attention_bias covers all four; Qwen3's the q/k/v ones.
-  c.attention_bias = type == "qwen2" || attention_bias;
-  c.o_bias = type == "llama" && attention_bias;
+  // Qwen2 always has q/k/v biases and none on o_proj; Llama's and Qwen3's
+  // attention_bias covers all four; Mistral has none, whatever it says.
+  c.attention_bias = type == "qwen2" || (type != "mistral" && attention_bias);
+  c.o_bias = (type == "llama" || type == "qwen3") && attention_bias;
   c.qk_norm = type == "qwen3";
   // A sliding window is a mask this family does not build: sequences longer
   // than the window are refused (Transformer::validate_input).
@@ -96,6 +112,8 @@ core::Status parse_llama(const json& j, const std::string& type, ModelConfig& c)
   }
   if (sliding && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     TESSERA_ASSIGN_OR_RETURN(c.sliding_window, int_field(j, "sliding_window", 1, 1 << 24));
+  } else if (type == "mistral" && !j.contains("sliding_window")) {
+    c.sliding_window = 4096;  // MistralConfig's default; only null means none
   }
   c.act = kernels::Activation::kNone;  // the gate's SiLU is swiglu_f32's
   c.causal_attention = c.llama_layers = c.final_norm = true;
