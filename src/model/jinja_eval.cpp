@@ -157,6 +157,10 @@ Flow Evaluator::exec_for(const Node& n, Scope& scope, std::string& out) {
   const auto len = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < len; ++k) {
     step(n.line);
+    // Each iteration starts from the outer names, as in Jinja: what a
+    // `{% set %}` in the body assigned does not carry to the next one.
+    for (auto it = loop_scope.vars.begin(); it != loop_scope.vars.end();)
+      it = it->first == "loop" ? std::next(it) : loop_scope.vars.erase(it);
     // The loop object: updated in place unless the template kept a reference to it.
     Value& loop = loop_scope.vars["loop"];
     if (loop.t != Value::Dict || loop.dict.use_count() != 1) {

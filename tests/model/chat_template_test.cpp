@@ -77,6 +77,11 @@ TEST(Jinja, ForLoops) {
             "01253");
   // A set inside a loop does not leak out of it.
   EXPECT_EQ(render("{% set n = 0 %}{% for x in xs %}{% set n = n + 1 %}{% endfor %}{{ n }}", ctx), "0");
+  // Nor from one iteration to the next (Python's Jinja2 3.1 renders these so).
+  EXPECT_EQ(render("{% set c = 0 %}{% for i in range(3) %}{{ c }}{% set c = c + 1 %}{% endfor %}"), "000");
+  EXPECT_EQ(render("{% for m in ms %}{% if m.role == 'system' %}{% set sys = m.content %}{% endif %}[{{ sys }}]{% endfor %}",
+                   {{"ms", {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "U"}}}}}),
+            "[S][]");
 }
 
 TEST(Jinja, ConditionalsAndSet) {
