@@ -521,7 +521,8 @@ Result<std::unique_ptr<Tokenizer>> tokenizer_of(const GgufFile& f) {
   }
   json tj = {{"version", "1.0"},
              {"added_tokens", added},
-             {"normalizer", nullptr},
+             // Qwen2's tokenizer.json composes (NFC) before splitting; llama.cpp does too.
+             {"normalizer", pre == "qwen2" ? json{{"type", "NFC"}} : json()},
              {"pre_tokenizer", pre_tok},
              {"post_processor", nullptr},
              {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
@@ -712,6 +713,25 @@ kernels::WeightType matrix_type(kernels::WeightType q, bool mixed, const std::st
   return WT::kF32;  // written as F16
 }
 
+// Whether tokenizer.json's post-processor (or one in its Sequence) is a
+// TemplateProcessing whose "single" begins with a SpecialToken (a BOS).
+bool template_starts_with_special(const std::string& path) {
+  if (!core::file_exists(path)) return false;
+  auto text = core::read_file(path);
+  if (!text.ok()) return false;
+  const json tj = json::parse(*text, nullptr, false);
+  if (!tj.is_object() || !tj.contains("post_processor") || !tj["post_processor"].is_object()) return false;
+  std::vector<const json*> procs = {&tj["post_processor"]};
+  if (const json& pp = tj["post_processor"]; pp.value("type", "") == "Sequence" && pp.contains("processors") && pp["processors"].is_array())
+    for (const json& x : pp["processors"]) procs.push_back(&x);
+  for (const json* x : procs) {
+    if (!x->is_object() || x->value("type", "") != "TemplateProcessing" || !x->contains("single")) continue;
+    const json& single = (*x)["single"];
+    if (single.is_array() && !single.empty() && single[0].is_object() && single[0].contains("SpecialToken")) return true;
+  }
+  return false;
+}
+
 Result<QuantizeReport> write_model(const std::string& dir, const std::string& type, const std::string& out) {
   kernels::WeightType q = kernels::WeightType::kF32;
   bool f16 = false, mixed = false;
@@ -892,12 +912,15 @@ Result<QuantizeReport> write_model(const std::string& dir, const std::string& ty
     return x.is_number_integer() ? x.get<int64_t>() : -1;
   };
   int64_t bos = id_of("bos_token_id"), eos = id_of("eos_token_id");
-  bool add_bos = false;
+  // Llama 3 says it in tokenizer.json's post-processor (a template whose
+  // single sequence starts with a special token); tokenizer_config.json's
+  // add_bos_token, where given, decides.
+  bool add_bos = template_starts_with_special(dir + "/tokenizer.json");
   if (core::file_exists(dir + "/tokenizer_config.json")) {
     TESSERA_ASSIGN_OR_RETURN(const std::string tc_text, core::read_file(dir + "/tokenizer_config.json"));
     const json tc = json::parse(tc_text, nullptr, false);
     if (tc.is_object()) {
-      add_bos = tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean() && tc["add_bos_token"].get<bool>();
+      if (tc.contains("add_bos_token") && tc["add_bos_token"].is_boolean()) add_bos = tc["add_bos_token"].get<bool>();
       if (tc.contains("chat_template") && tc["chat_template"].is_string())
         w.add_string("tokenizer.chat_template", tc["chat_template"].get<std::string>());
       // The tokenizer's own BOS/EOS tokens name the ids (config.json's may lie outside a small vocabulary).

@@ -389,6 +389,40 @@ TEST(Gguf, TokenizerAndChatTemplateTravelInTheFile) {
   ASSERT_TRUE(ta.ok() && tb.ok()) << tb.status().to_string();
   const nlohmann::json msgs = nlohmann::json::parse(R"([{"role":"user","content":"hi"},{"role":"assistant","content":"yo"}])");
   EXPECT_EQ(ta->render(msgs, true).value(), tb->render(msgs, true).value());
+  // Llama 3 asks for its BOS in tokenizer.json's post-processor, not with
+  // add_bos_token: the file must carry it, and encode the same.
+  {
+    namespace fs = std::filesystem;
+    const std::string bos_dir = ::testing::TempDir() + "/gguf-bos-" + std::to_string(::getpid());
+    fs::remove_all(bos_dir);
+    fs::copy(dir, bos_dir);
+    nlohmann::json tj = nlohmann::json::parse(core::read_file(bos_dir + "/tokenizer.json").value());
+    ASSERT_TRUE((*a)->eos_id().has_value());
+    const std::string eos = std::to_string(*(*a)->eos_id());
+    const nlohmann::json templ = nlohmann::json::parse(
+        R"({"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<|endoftext|>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],)"
+        R"("pair":[{"SpecialToken":{"id":"<|endoftext|>","type_id":0}},{"Sequence":{"id":"A","type_id":0}},{"Sequence":{"id":"B","type_id":1}}],)"
+        R"("special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[)" + eos + R"(],"tokens":["<|endoftext|>"]}}})");
+    tj["post_processor"] = {{"type", "Sequence"}, {"processors", nlohmann::json::array({tj["post_processor"], templ})}};
+    { std::ofstream(bos_dir + "/tokenizer.json") << tj.dump(); }
+    nlohmann::json tc = nlohmann::json::parse(core::read_file(bos_dir + "/tokenizer_config.json").value());
+    tc["bos_token"] = "<|endoftext|>";
+    tc.erase("add_bos_token");
+    { std::ofstream(bos_dir + "/tokenizer_config.json") << tc.dump(); }
+    const std::string bos_gguf = bos_dir + ".gguf";
+    ASSERT_TRUE(write_gguf_model(bos_dir, "f32", bos_gguf).ok());
+    auto folder = load_tokenizer(bos_dir);
+    auto file = load_tokenizer(bos_gguf);
+    ASSERT_TRUE(folder.ok() && file.ok()) << file.status().to_string();
+    auto x = (*folder)->encode("Hello world", true);
+    auto y = (*file)->encode("Hello world", true);
+    ASSERT_TRUE(x.ok() && y.ok());
+    ASSERT_FALSE(x->empty());
+    EXPECT_EQ(x->front(), *(*a)->eos_id());
+    EXPECT_EQ(*x, *y);
+    fs::remove_all(bos_dir);
+    std::remove(bos_gguf.c_str());
+  }
   // A placeholder vocabulary (no tokenizer.json) says so.
   const std::string bare = ::testing::TempDir() + "/gguf-bare-" + std::to_string(::getpid()) + ".gguf";
   ASSERT_TRUE(write_gguf_model(kData + "/gpt2-tiny", "f32", bare).ok());
