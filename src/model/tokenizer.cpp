@@ -493,8 +493,6 @@ core::Status parse_decoder(const Json* j, DecoderConfig& cfg, int depth = 0) {
 
 }  // namespace
 
-namespace {
-
 // "bos_token": "<s>" or {"content": "<s>", ...}.
 std::optional<std::string> config_token(const Json* config, const char* key) {
   const Json* v = config ? member(*config, key) : nullptr;
@@ -504,8 +502,6 @@ std::optional<std::string> config_token(const Json* config, const char* key) {
   if (content != nullptr && content->is_string()) return content->get<std::string>();
   return std::nullopt;
 }
-
-}  // namespace
 
 core::Status parse_common(const Json& root, const Json* config, TokenizerParts& parts) {
   parts.bos_token = config_token(config, "bos_token");

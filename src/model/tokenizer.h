@@ -84,7 +84,10 @@ core::Result<std::unique_ptr<Tokenizer>> parse_tokenizer_json(const std::string&
 // [PAD]/[UNK]/[CLS]/[SEP]/[MASK] as special tokens and a "[CLS] $A [SEP]" template.
 core::Result<std::unique_ptr<Tokenizer>> load_wordpiece_vocab_txt(const std::string& path, bool lowercase = true);
 // GPT-2 defaults: ByteLevel pre-tokenizer without prefix space, <|endoftext|> special, no template.
+// With tokenizer_config.json's text (OPT's): its bos/eos/unk/pad tokens are
+// special, and add_bos_token puts the BOS first, as GPT2TokenizerFast does.
 core::Result<std::unique_ptr<Tokenizer>> load_bpe_vocab_merges(const std::string& vocab_json,
-                                                               const std::string& merges_txt);
+                                                               const std::string& merges_txt,
+                                                               const std::string* config_text = nullptr);
 
 }  // namespace tessera::model

@@ -669,7 +669,8 @@ core::Result<std::unique_ptr<Tokenizer>> bpe_from_json(const Json& root, const J
 namespace tessera::model {
 
 core::Result<std::unique_ptr<Tokenizer>> load_bpe_vocab_merges(const std::string& vocab_json,
-                                                               const std::string& merges_txt) {
+                                                               const std::string& merges_txt,
+                                                               const std::string* config_text) {
   TESSERA_ASSIGN_OR_RETURN(const std::string text, core::read_file(vocab_json));
   tok::TokenizerParts parts;
   try {
@@ -680,6 +681,24 @@ core::Result<std::unique_ptr<Tokenizer>> load_bpe_vocab_merges(const std::string
   TESSERA_ASSIGN_OR_RETURN(tok::MergeList merges, tok::read_merges_txt(merges_txt));
   if (auto eos = parts.vocab.find("<|endoftext|>")) {
     parts.added.push_back({.id = *eos, .content = "<|endoftext|>", .special = true});
+  }
+  if (config_text != nullptr) {
+    const tok::Json config = tok::Json::parse(*config_text, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) return core::parse_error("tokenizer_config.json: not a JSON object");
+    for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+      const auto t = tok::config_token(&config, key);
+      if (!t) continue;
+      const auto id = parts.vocab.find(*t);
+      if (!id) continue;
+      const bool known = std::any_of(parts.added.begin(), parts.added.end(), [&](const auto& a) { return a.id == *id; });
+      if (!known) parts.added.push_back({.id = *id, .content = *t, .special = true});
+    }
+    parts.bos_token = tok::config_token(&config, "bos_token");
+    parts.eos_token = tok::config_token(&config, "eos_token");
+    TESSERA_ASSIGN_OR_RETURN(const bool add_bos, tok::json_bool(config, "add_bos_token", false));
+    if (add_bos && parts.bos_token) {
+      if (const auto bos = parts.vocab.find(*parts.bos_token)) parts.template_prefix = {*bos};
+    }
   }
   parts.decoder.steps.emplace_back();  // a default step is ByteLevel
   tok::BpeConfig cfg;  // GPT-2: ByteLevel without prefix space, with its regex

@@ -186,6 +186,8 @@ struct TokenizerParts {
 // added_tokens, normalizer, post_processor and decoder of a tokenizer.json;
 // bos_token / eos_token of tokenizer_config.json (`config`, may be null).
 core::Status parse_common(const Json& root, const Json* config, TokenizerParts& parts);
+// tokenizer_config.json's "bos_token": "<s>" or {"content": "<s>", ...} (config may be null).
+std::optional<std::string> config_token(const Json* config, const char* key);
 
 // Typed JSON lookups that never throw: missing or null gives `fallback`, a wrong type an error.
 core::Result<bool> json_bool(const Json& obj, const char* key, bool fallback);

@@ -230,9 +230,24 @@ core::Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& dir) 
     TESSERA_ASSIGN_OR_RETURN(const std::string config, core::read_file(config_path));
     return parse_tokenizer_json(text, json_path, &config);
   }
-  if (core::file_exists(dir + "/vocab.txt")) return load_wordpiece_vocab_txt(dir + "/vocab.txt");
+  // Without tokenizer.json, tokenizer_config.json still says what the slow
+  // tokenizer's defaults do not: OPT's BOS, an uncased BERT's casing.
+  std::optional<std::string> config;
+  if (core::file_exists(dir + "/tokenizer_config.json")) {
+    TESSERA_ASSIGN_OR_RETURN(config, core::read_file(dir + "/tokenizer_config.json"));
+  }
+  if (core::file_exists(dir + "/vocab.txt")) {
+    bool lowercase = true;
+    if (config) {
+      const tok::Json c = tok::Json::parse(*config, nullptr, false);
+      if (c.is_object()) {
+        TESSERA_ASSIGN_OR_RETURN(lowercase, tok::json_bool(c, "do_lower_case", true));
+      }
+    }
+    return load_wordpiece_vocab_txt(dir + "/vocab.txt", lowercase);
+  }
   if (core::file_exists(dir + "/vocab.json") && core::file_exists(dir + "/merges.txt")) {
-    return load_bpe_vocab_merges(dir + "/vocab.json", dir + "/merges.txt");
+    return load_bpe_vocab_merges(dir + "/vocab.json", dir + "/merges.txt", config ? &*config : nullptr);
   }
   return core::not_found("no tokenizer.json, vocab.txt or vocab.json + merges.txt in '" + dir + "'");
 }

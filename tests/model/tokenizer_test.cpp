@@ -145,6 +145,23 @@ TEST_F(TokenizerFiles, LoadTokenizerFallsBackToVocabFiles) {
   auto bpe = must(load_tokenizer(dir_with("bpe_txt", kDir + "/bytelevel_bpe", {"vocab.json", "merges.txt"})));
   ASSERT_NE(bpe, nullptr);
   EXPECT_EQ(bpe->encode("Hello, world!").value(), (std::vector<int64_t>{40, 69, 76, 364, 12, 314, 265, 76, 68, 1}));
+  // With tokenizer_config.json (as OPT ships it): its BOS first when
+  // add_bos_token says so, and its tokens special (not split by BPE).
+  const std::string opt = dir_with("bpe_opt", kDir + "/bytelevel_bpe", {"vocab.json", "merges.txt"});
+  ASSERT_TRUE(core::write_file(opt + "/tokenizer_config.json",
+                               R"({"add_bos_token": true, "bos_token": {"content": "<|endoftext|>"}, "eos_token": "<|endoftext|>"})")
+                  .ok());
+  auto with_bos = must(load_tokenizer(opt));
+  ASSERT_NE(with_bos, nullptr);
+  EXPECT_EQ(with_bos->encode("Hello, world!").value(), (std::vector<int64_t>{0, 40, 69, 76, 364, 12, 314, 265, 76, 68, 1}));
+  EXPECT_EQ(with_bos->encode("Hello, world!", false).value(), (std::vector<int64_t>{40, 69, 76, 364, 12, 314, 265, 76, 68, 1}));
+  // A cased BERT (do_lower_case false) keeps its capitals.
+  const std::string cased = dir_with("wp_cased", kDir + "/wordpiece", {"vocab.txt"});
+  ASSERT_TRUE(core::write_file(cased + "/tokenizer_config.json", R"({"do_lower_case": false})").ok());
+  auto wp_cased = must(load_tokenizer(cased));
+  ASSERT_NE(wp_cased, nullptr);
+  EXPECT_NE(wp_cased->encode("Hello").value(), wp->encode("Hello").value());
+  EXPECT_EQ(wp_cased->encode("hello").value(), wp->encode("hello").value());
 }
 
 TEST_F(TokenizerFiles, TemplateProcessingAddsClsAndSep) {
