@@ -121,9 +121,11 @@ struct ModelConfig {
   // layers' weights, by which a GEMM's time is weighed (cost model).
   kernels::WeightType mix_other = kernels::WeightType::kF32;
   double mix_other_share = 0;
-  // The least common multiple of the block widths of every type the layers'
-  // matrices hold (Q8_0 with Q4_K: 256): where a mixed file's shards may cut.
-  int64_t mix_block = 1;
+  // Where a mixed file's shards may cut: the least common multiple of the
+  // block widths of the attention-output matrices' types (head cuts) and of
+  // the FFN-down ones' (FFN cuts). A Qwen2.5-0.5B Q4_K_M file: 32 (Q8_0)
+  // and 256 (Q4_K). 0: unknown, the main type's block.
+  int64_t mix_attn_block = 0, mix_ffn_block = 0;
   bool mixed() const { return weights != kernels::WeightType::kF32 && weights == mix_weights; }
   // The type a mixed file's other layer weights are in (`weights` where none).
   kernels::WeightType other_type() const { return mixed() && mix_other_share > 0 ? mix_other : weights; }

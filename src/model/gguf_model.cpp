@@ -233,9 +233,16 @@ Status gguf_adjust_config(const GgufFile& f, ModelConfig& c) {
     }
     c.mix_weights = c.weights;
     c.mix_layer_scale = main > 0 ? own / main : 1.0;
-    for (const auto& [type, n] : by_type) {
+    for (const auto& [type, n] : by_type)
       if (type != c.weights && n / all > c.mix_other_share) c.mix_other = type, c.mix_other_share = n / all;
-      c.mix_block = std::lcm(c.mix_block, kernels::block_elems(type));
+    // The blocks that column cuts must respect: attn_output's and ffn_down's.
+    for (const GgufTensor& t : f.tensors()) {
+      const auto type = kernel_type(t.type);
+      if (t.name.rfind("blk.", 0) != 0 || t.ne.size() != 2 || !type) continue;
+      int64_t* block = t.name.ends_with(".attn_output.weight") ? &c.mix_attn_block
+                       : t.name.ends_with(".ffn_down.weight")  ? &c.mix_ffn_block
+                                                               : nullptr;
+      if (block != nullptr) *block = std::lcm(std::max<int64_t>(*block, 1), kernels::block_elems(*type));
     }
     const GgufTensor* head = f.tensor("output.weight") != nullptr ? f.tensor("output.weight") : f.tensor("token_embd.weight");
     if (head != nullptr)

@@ -357,12 +357,11 @@ std::vector<Range> split_in_units(int64_t n, int64_t unit, const std::vector<dou
 
 // Quantized weights: shards cut columns on whole blocks, so each device
 // holds the single device's blocks and their sums agree (quant.h). A mixed
-// file's cuts fall on the blocks of every type it holds (a Q8_0 file's
-// K-quant ffn_down is 256 wide).
-int64_t column_unit(const model::ModelConfig& c, int64_t width) {
+// file's cuts fall on the blocks of the matrix they cut (`mixed_block`: a
+// Q8_0 file's K-quant ffn_down is 256 wide, its attn_output 32).
+int64_t column_unit(const model::ModelConfig& c, int64_t width, int64_t mixed_block) {
   if (c.weights == kernels::WeightType::kF32) return 1;
-  int64_t block = kernels::block_elems(c.weights);
-  if (c.mixed()) block = std::lcm(block, c.mix_block);
+  const int64_t block = c.mixed() && mixed_block > 0 ? mixed_block : kernels::block_elems(c.weights);
   return block / std::gcd(width, block);
 }
 
@@ -380,12 +379,12 @@ int64_t head_unit(const model::ModelConfig& c, int devices) {
   // A group's g * head_dim output columns may not be whole blocks (Qwen's
   // 640 against Q4_K's 256): then whole runs of groups that are.
   const int64_t g = c.kv_group();
-  if (g > 1 && devices <= c.kv_head_count()) return g * column_unit(c, g * c.head_dim());
-  return column_unit(c, c.head_dim());
+  if (g > 1 && devices <= c.kv_head_count()) return g * column_unit(c, g * c.head_dim(), c.mix_attn_block);
+  return column_unit(c, c.head_dim(), c.mix_attn_block);
 }
 
 std::vector<Range> ffn_ranges(const model::ModelConfig& c, const std::vector<double>& ffn_ratios) {
-  return split_in_units(c.intermediate, column_unit(c, 1), ffn_ratios);
+  return split_in_units(c.intermediate, column_unit(c, 1, c.mix_ffn_block), ffn_ratios);
 }
 
 model::LoadOptions shard_load_options(Range heads, Range ffn, int rank) {

@@ -142,9 +142,9 @@ struct StopScan {
 StopScan scan_stop(const std::string& text, const std::vector<std::string>& stop, bool final);
 
 // An answer's text as it grows, and what of it may be sent at each step
-// (scan_stop). At the end, whatever ended it (an end-of-turn token,
-// max_tokens, the deadline), what was held back is sent, unless a stop
-// string ended the text: a held-back "\n" of a "\n\n" that never came
+// (scan_stop). At the end (an end-of-turn token, max_tokens; a deadline is
+// an error instead), what was held back is sent, unless a stop string
+// ended the text: a held-back "\n" of a "\n\n" that never came
 // is part of the answer.
 class StopFilter {
  public:

@@ -45,7 +45,7 @@ class WorkerLoop {
              const parallel::Strategy& strategy, int64_t weight_bytes, int64_t rss_before_load)
       : job_(job), group_(group), model_(model), plan_(plan), strategy_(strategy), pool_(job.threads),
         sync_(group, comm::Millis(job.run_timeout_ms > 0 ? job.run_timeout_ms : job.timeout_ms)), weight_bytes_(weight_bytes),
-        rss_before_load_(rss_before_load), kv_budget_(core::available_memory_bytes()) {}
+        rss_before_load_(rss_before_load) {}
 
   // Until "stop" (ok) or an error; `silence` ends a job whose terminal
   // stopped pinging.
@@ -96,16 +96,6 @@ class WorkerLoop {
           return core::invalid_argument("prefix-cache slot " + std::to_string(g.slot) + " holds no caches of this shape");
       } else {
         s.dec.reset();  // the slot's old caches go before the new ones are allocated
-        s.spec = {};
-        // Each cache is mapped lazily and checked alone against what is
-        // available, which untouched pages do not lessen: all the slots
-        // together must fit what was available when the job began.
-        const double others = committed_kv_bytes();
-        if (kv_budget_ > 0 && others + kv_bytes(spec) > static_cast<double>(kv_budget_))
-          return core::resource_exhausted("prefix-cache slot " + std::to_string(g.slot) + ": its KV cache (" +
-                                          std::to_string(static_cast<int64_t>(kv_bytes(spec)) >> 20) + " MiB) beside the other slots' (" +
-                                          std::to_string(static_cast<int64_t>(others) >> 20) + " MiB) exceeds the " +
-                                          std::to_string(kv_budget_ >> 20) + " MiB available when the job began");
         TESSERA_ASSIGN_OR_RETURN(s.dec, parallel::make_decoder(strategy_, model_, plan_, sync_, spec));
         s.spec = spec;
       }
@@ -190,18 +180,7 @@ class WorkerLoop {
     model::CacheSpec spec;
     std::unique_ptr<parallel::Decoder> dec;
   };
-  // This rank's caches for `spec`, as the planner counts them.
-  double kv_bytes(const model::CacheSpec& spec) const {
-    return static_cast<double>(parallel::kv_cache_bytes(plan_, model_.config(), job_.rank, spec.positions, spec.dtype));
-  }
-  double committed_kv_bytes() const {
-    double b = 0;
-    for (const Slot& s : slots_)
-      if (s.dec) b += kv_bytes(s.spec);
-    return b;
-  }
   std::vector<Slot> slots_;
-  const uint64_t kv_budget_;  // bytes available when the job began (0: unknown)
   int64_t positions_ = 0;
   bool first_chunk_ = false;
   double decode_ms_ = 0;

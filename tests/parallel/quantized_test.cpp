@@ -161,10 +161,11 @@ TEST(QuantizedWeights, TheTrainedCopyModelKeepsItsTask) {
 namespace tessera::parallel {
 namespace {
 
-// Shards of quantized weights start on whole blocks of every type the layers
-// hold: grouped K/V heads whose group is not whole blocks wide (a Qwen-14B
-// shape: 5 heads of 128 per group against Q4_K's 256), and a mixed file whose
-// main type is Q8_0 but whose ffn_down is a K-quant (intermediate 4864).
+// Shards of quantized weights start on whole blocks of the matrix they cut:
+// grouped K/V heads whose group is not whole blocks wide (a Qwen-14B shape: 5
+// heads of 128 per group against Q4_K's 256), and a mixed file whose main
+// type is Q8_0, its attn_output Q8_0 (32) and its ffn_down a K-quant (256;
+// a Qwen2.5-0.5B Q4_K_M shape: its heads split 7/7 as before).
 TEST(QuantizedWeights, ShardsStartOnTheBlocksOfEveryTypeTheLayersHold) {
   model::ModelConfig gqa;
   gqa.hidden = 5120;
@@ -180,9 +181,16 @@ TEST(QuantizedWeights, ShardsStartOnTheBlocksOfEveryTypeTheLayersHold) {
   mixed.weights = mixed.mix_weights = WeightType::kQ8_0;
   mixed.mix_other = WeightType::kQ4_K;
   mixed.mix_other_share = 0.2;
-  mixed.mix_block = 256;
+  mixed.mix_attn_block = 32;
+  mixed.mix_ffn_block = 256;
   ASSERT_TRUE(mixed.mixed());
-  for (const model::ModelConfig* c : {&gqa, &mixed}) {
+  EXPECT_EQ(range_sizes(head_ranges(mixed, {1, 1})), (std::vector<int64_t>{7, 7}));
+  struct Case {
+    const model::ModelConfig* c;
+    int64_t head_block, ffn_block;
+  };
+  for (const Case& k : {Case{&gqa, 256, 256}, Case{&mixed, 32, 256}}) {
+    const model::ModelConfig* c = k.c;
     for (const std::vector<double>& ratios : {std::vector<double>{1, 1}, {1, 1, 1}, {2, 1, 1}, {1, 3}, {1, 1, 1, 1, 1, 1, 1, 1}}) {
       const auto heads = head_ranges(*c, ratios);
       const auto ffn = ffn_ranges(*c, ratios);
@@ -198,10 +206,10 @@ TEST(QuantizedWeights, ShardsStartOnTheBlocksOfEveryTypeTheLayersHold) {
         }
         // (An empty shard at the end starts where the matrix ends.)
         if (heads[d].begin < c->heads) {
-          EXPECT_EQ(heads[d].begin * c->head_dim() % 256, 0) << c->heads << " heads, device " << d << " of " << ratios.size();
+          EXPECT_EQ(heads[d].begin * c->head_dim() % k.head_block, 0) << c->heads << " heads, device " << d << " of " << ratios.size();
         }
         if (ffn[d].begin < c->intermediate) {
-          EXPECT_EQ(ffn[d].begin % 256, 0) << c->intermediate << " columns, device " << d << " of " << ratios.size();
+          EXPECT_EQ(ffn[d].begin % k.ffn_block, 0) << c->intermediate << " columns, device " << d << " of " << ratios.size();
         }
         // While devices are no more than K/V heads, whole groups.
         if (static_cast<int64_t>(ratios.size()) <= c->kv_head_count()) {
